@@ -1,0 +1,25 @@
+# keepwarm: `make run` runs the daemon on the Chinook demo; `make test` runs every test against real services.
+SHELL := /bin/bash
+GO ?= go
+
+# The local services that scripts/services starts (fixed, non-default loopback ports).
+export KEEPWARM_REDIS_URL ?= redis://127.0.0.1:16379/0
+export KEEPWARM_POSTGRES_URL ?= postgres://keepwarm@127.0.0.1:15432/keepwarm?sslmode=disable
+
+.PHONY: services services-down test vet build
+
+services:
+	scripts/services up
+
+services-down:
+	scripts/services down
+
+build:
+	$(GO) build -o keepwarm ./cmd/keepwarm
+
+vet:
+	$(GO) vet ./...
+
+test: services
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...

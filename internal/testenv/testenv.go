@@ -1,0 +1,133 @@
+// Package testenv connects tests to the real Redis and PostgreSQL that scripts/services starts.
+//
+// Tests never skip when a server is missing: they fail with a message that says how to start it. Each test gets
+// its own key prefix (Redis) or schema (PostgreSQL) and cleans it up, so tests can run in parallel.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults match scripts/services; the environment (`eval "$(scripts/services env)"`) overrides them.
+const (
+	DefaultRedisURL    = "redis://127.0.0.1:16379/0"
+	DefaultPostgresURL = "postgres://keepwarm@127.0.0.1:15432/keepwarm?sslmode=disable"
+)
+
+const howToStart = "start the local services with `scripts/services up` (or run `make test`, which does it), " +
+	"or point %s at a running server"
+
+// RedisURL is KEEPWARM_REDIS_URL or DefaultRedisURL.
+func RedisURL() string { return envOr("KEEPWARM_REDIS_URL", DefaultRedisURL) }
+
+// PostgresURL is KEEPWARM_POSTGRES_URL or DefaultPostgresURL.
+func PostgresURL() string { return envOr("KEEPWARM_POSTGRES_URL", DefaultPostgresURL) }
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// Redis returns a new client with its own connection pool, standing for one application process. It fails the
+// test, saying how to start Redis, when the server does not answer. The client is closed on cleanup.
+func Redis(tb testing.TB) *redis.Client {
+	tb.Helper()
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		tb.Fatalf("parse KEEPWARM_REDIS_URL %q: %v", RedisURL(), err)
+	}
+	c := redis.NewClient(opt)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		_ = c.Close()
+		tb.Fatalf("redis at %s is not reachable (%v): "+howToStart, RedisURL(), err, "KEEPWARM_REDIS_URL")
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Prefix returns a key prefix unique to this test ("kwtest:<name>:<random>:") and deletes every key under it on
+// cleanup, so tests that share one Redis never see each other's keys.
+func Prefix(tb testing.TB, c redis.UniversalClient) string {
+	tb.Helper()
+	name := strings.NewReplacer("/", "_", " ", "_", ":", "_").Replace(tb.Name())
+	p := "kwtest:" + name + ":" + randHex(4) + ":"
+	tb.Cleanup(func() { DeletePrefix(c, p) })
+	return p
+}
+
+// DeletePrefix deletes every key that starts with p, including keys whose template puts text before the prefix
+// (for example "lock:" + p), by scanning for *p*.
+func DeletePrefix(c redis.UniversalClient, p string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, "*"+p+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			c.Del(ctx, batch...)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		c.Del(ctx, batch...)
+	}
+}
+
+// Postgres returns a pool on the test database. It fails the test, saying how to start PostgreSQL, when the
+// server does not answer. The pool is closed on cleanup.
+func Postgres(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, PostgresURL())
+	if err != nil {
+		tb.Fatalf("parse KEEPWARM_POSTGRES_URL: %v", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		tb.Fatalf("postgresql at %s is not reachable (%v): "+howToStart, PostgresURL(), err, "KEEPWARM_POSTGRES_URL")
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// Schema creates a schema unique to this test and drops it (with everything in it) on cleanup. It returns the
+// schema's name, already safe to splice into SQL as an identifier.
+func Schema(tb testing.TB, pool *pgxpool.Pool) string {
+	tb.Helper()
+	name := "kwtest_" + randHex(6)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "create schema "+pgx.Identifier{name}.Sanitize()); err != nil {
+		tb.Fatalf("create schema %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), "drop schema "+pgx.Identifier{name}.Sanitize()+" cascade"); err != nil {
+			tb.Errorf("drop schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err)) // programmer/system error: never happens on Linux
+	}
+	return hex.EncodeToString(b)
+}
