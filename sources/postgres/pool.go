@@ -1,0 +1,63 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// NewPool returns a connection pool for dsn (a postgres:// URL or keyword/value string; TLS comes from its
+// sslmode, sslrootcert, sslcert and sslkey). maxConns > 0 caps the pool (pgxpool's default is the larger of 4
+// and the number of CPUs); connectTimeout > 0 bounds each connection attempt. It sets application_name to
+// "keepwarm" unless the dsn sets one. It does not connect: use Ping. Parse errors never contain the password.
+func NewPool(ctx context.Context, dsn string, maxConns int32, connectTimeout time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: parse dsn: %w", scrubParseError(err))
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	if connectTimeout > 0 {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "keepwarm"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: new pool: %w", err)
+	}
+	return pool, nil
+}
+
+// ParseDSN checks that dsn parses, without connecting. The error never contains the password.
+func ParseDSN(dsn string) error {
+	if _, err := pgxpool.ParseConfig(dsn); err != nil {
+		return scrubParseError(err)
+	}
+	return nil
+}
+
+// scrubParseError keeps only the reason of a connection string parse error. pgconn masks the password in the
+// string it quotes, but only on a best-effort basis for malformed input, and net/url quotes the whole URL.
+func scrubParseError(err error) error {
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) {
+		return err
+	}
+	inner := errors.Unwrap(pce)
+	var ue *url.Error
+	switch {
+	case inner == nil:
+		return errors.New("invalid connection string")
+	case errors.As(inner, &ue):
+		return fmt.Errorf("invalid URL: %w", ue.Err)
+	}
+	return inner
+}
