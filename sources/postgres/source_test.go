@@ -92,7 +92,7 @@ func TestValueTypes(t *testing.T) {
 		want string
 	}{
 		{"json", `{"b" : 1,   "a":[1, 2]}`, `{"b" : 1,   "a":[1, 2]}`}, // json keeps the input text
-		{"jsonb", `{"b" : 1,   "a":[1, 2]}`, `{"a": [1, 2], "b": 1}`}, // jsonb normalises it
+		{"jsonb", `{"b" : 1,   "a":[1, 2]}`, `{"a": [1, 2], "b": 1}`},  // jsonb normalises it
 		{"text", "plain text, é", "plain text, é"},
 		{"varchar(20)", "varchar", "varchar"},
 		{"char(6)", "pad", "pad   "},
