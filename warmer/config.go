@@ -1,0 +1,170 @@
+package warmer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// Missing policies: what a refresh does when the origin no longer has the record.
+const (
+	MissingDelete    = "delete"    // delete the cache key, its meta and stale copy
+	MissingKeep      = "keep"      // leave the current value to expire on its own TTL
+	MissingTombstone = "tombstone" // write Tombstone with TombstoneTTL
+)
+
+// Defaults for the zero fields of a KeyspaceConfig.
+const (
+	DefaultJitter           = 0.1
+	DefaultBatchSize        = 100
+	DefaultOriginConcurrent = 4
+	DefaultTopN             = 1000
+	DefaultDecayHalfLife    = 10 * time.Minute
+	DefaultMaxStale         = 5 * time.Minute
+	DefaultLeadMultiple     = 3.0                   // lead is at least this many times the rebuild p95
+	DefaultGatherWindow     = 20 * time.Millisecond // how long a refresher waits to fill a batch
+	DefaultPollInterval     = 2 * time.Second       // how often hot-key signals are read
+	DefaultReconcileEvery   = 5 * time.Second       // how often hot keys' PTTLs are re-read
+)
+
+// KeyspaceConfig is one keyspace as the warmer needs it. Durations are wall-clock; zero fields take the
+// DefaultX values noted on them.
+type KeyspaceConfig struct {
+	Name string          // bounded label value, e.g. "track"
+	Keys *lockstep.Keys  // key layout; required
+	Src  Source          // origin of values; required
+	TTL  time.Duration   // base TTL of a written value; > 0
+	// Jitter spreads written TTLs over [TTL, TTL×(1+Jitter)); in [0,1]. Zero means none: set DefaultJitter
+	// explicitly if wanted (the config loader does).
+	Jitter float64
+	// RefreshAhead is how long before expiry a hot key is refreshed; the lead actually used is never less than
+	// LeadMultiple × the key's measured rebuild p95. Default TTL/5.
+	RefreshAhead time.Duration
+	LockTTL      time.Duration // lease on a key's lock while it is rebuilt; > StatementTimeout. Default 5s.
+	StaleTTL     time.Duration // TTL of the stale copy; 0 writes none (also when Keys has no stale template)
+	// StatementTimeout bounds one origin query; lease extensions stop after StatementTimeout plus a margin.
+	// Default LockTTL/2.
+	StatementTimeout time.Duration
+
+	BatchSize        int     // ids per origin query and per pipeline; default DefaultBatchSize
+	MaxOriginQueries int     // concurrent origin queries; default DefaultOriginConcurrent
+	OriginRate       float64 // origin queries per second (token bucket); 0 means unlimited
+
+	TopN          int           // hot = the TopN best-scored ids (plus pinned); default DefaultTopN
+	MinScore      float64       // and only those scoring at least this; 0 means no floor
+	MaxTracked    int           // bound on tracked ids; coldest leave first; default 10×TopN
+	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
+	LFU           bool          // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
+
+	MaxStale      time.Duration // fail-safe: how long a value may be kept past its TTL while the origin fails
+	MaxValueBytes int           // values larger than this are refused (counted as errors); 0 means no limit
+
+	Missing      string        // MissingDelete (default), MissingKeep or MissingTombstone
+	Tombstone    []byte        // value written for a missing record under MissingTombstone
+	TombstoneTTL time.Duration // TTL of a tombstone; required with MissingTombstone
+
+	Pinned    []string // ids that are always hot
+	AccessKey string   // sorted set of access scores; default lockstep.DefaultAccessKeyPrefix+Name
+
+	LeadMultiple   float64       // default DefaultLeadMultiple
+	PollInterval   time.Duration // default DefaultPollInterval
+	ReconcileEvery time.Duration // default DefaultReconcileEvery
+	GatherWindow   time.Duration // default DefaultGatherWindow
+}
+
+// withDefaults returns c with its zero fields set to their defaults, or an error naming each invalid field.
+func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("keyspace %q: %s: %s", c.Name, field, fmt.Sprintf(format, args...)))
+	}
+	if c.Name == "" {
+		bad("name", "is empty")
+	}
+	if c.Keys == nil {
+		bad("keys", "is nil")
+	}
+	if c.Src == nil {
+		bad("source", "is nil")
+	}
+	if c.TTL <= 0 {
+		bad("ttl", "%v is not > 0", c.TTL)
+	}
+	if c.Jitter < 0 || c.Jitter > 1 {
+		bad("jitter", "%v is outside [0,1]", c.Jitter)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.RefreshAhead, c.TTL/5)
+	def(&c.LockTTL, 5*time.Second)
+	def(&c.StatementTimeout, c.LockTTL/2)
+	def(&c.DecayHalfLife, DefaultDecayHalfLife)
+	def(&c.MaxStale, DefaultMaxStale)
+	def(&c.PollInterval, DefaultPollInterval)
+	def(&c.ReconcileEvery, DefaultReconcileEvery)
+	def(&c.GatherWindow, DefaultGatherWindow)
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.MaxOriginQueries == 0 {
+		c.MaxOriginQueries = DefaultOriginConcurrent
+	}
+	if c.TopN == 0 {
+		c.TopN = DefaultTopN
+	}
+	if c.MaxTracked == 0 {
+		c.MaxTracked = 10 * c.TopN
+	}
+	if c.LeadMultiple == 0 {
+		c.LeadMultiple = DefaultLeadMultiple
+	}
+	if c.Missing == "" {
+		c.Missing = MissingDelete
+	}
+	if c.AccessKey == "" {
+		c.AccessKey = lockstep.DefaultAccessKeyPrefix + c.Name
+	}
+	for name, d := range map[string]time.Duration{
+		"refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
+		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
+	} {
+		if d < 0 {
+			bad(name, "%v is negative", d)
+		}
+	}
+	if c.RefreshAhead >= c.TTL && c.TTL > 0 {
+		bad("refresh_ahead", "%v is not below the ttl %v", c.RefreshAhead, c.TTL)
+	}
+	if c.LockTTL <= c.StatementTimeout {
+		bad("lock_ttl", "%v must be greater than the statement timeout %v", c.LockTTL, c.StatementTimeout)
+	}
+	if c.BatchSize < 0 || c.MaxOriginQueries < 0 || c.TopN < 0 || c.MaxTracked < 0 || c.MaxValueBytes < 0 {
+		bad("batch_size/max_origin_concurrency/top_n/max_tracked/max_value_bytes", "must not be negative")
+	}
+	if c.MaxTracked < c.TopN+len(c.Pinned) {
+		c.MaxTracked = c.TopN + len(c.Pinned)
+	}
+	if c.OriginRate < 0 {
+		bad("origin_rate", "%v is negative", c.OriginRate)
+	}
+	switch c.Missing {
+	case MissingDelete, MissingKeep:
+	case MissingTombstone:
+		if c.TombstoneTTL <= 0 {
+			bad("tombstone_ttl", "%v is not > 0 (required with missing = \"tombstone\")", c.TombstoneTTL)
+		}
+	default:
+		bad("missing", "%q is not delete, keep or tombstone", c.Missing)
+	}
+	for _, id := range c.Pinned {
+		if err := lockstep.ValidateID(id); err != nil {
+			bad("pinned", "%v", err)
+		}
+	}
+	return c, errors.Join(errs...)
+}

@@ -1,0 +1,319 @@
+package warmer
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/redis/go-redis/v9"
+)
+
+// pttlChunk is how many PTTLs go in one pipeline.
+const pttlChunk = 1000
+
+// expiryTolerance absorbs the difference between the daemon's conservative expiry estimate (taken before the
+// publish was sent) and Redis's own clock.
+const expiryTolerance = 250 * time.Millisecond
+
+// PTTL replies with special meanings.
+const (
+	pttlGone       = time.Duration(-2) // the key does not exist (go-redis returns the raw -2)
+	pttlPersistent = time.Duration(-1) // the key has no TTL (go-redis returns the raw -1)
+)
+
+// pttls reads the PTTL of each id's cache key, pipelined in chunks. A nil slice means Redis failed.
+func (k *keyspace) pttls(ctx context.Context, keys *lockstep.Keys, ids []string) ([]time.Duration, error) {
+	out := make([]time.Duration, len(ids))
+	for start := 0; start < len(ids); start += pttlChunk {
+		end := min(start+pttlChunk, len(ids))
+		pipe := k.w.rdb.Pipeline()
+		cmds := make([]*redis.DurationCmd, end-start)
+		for i, id := range ids[start:end] {
+			ks, err := keys.For(id)
+			if err != nil {
+				cmds[i] = nil
+				continue
+			}
+			cmds[i] = pipe.PTTL(ctx, ks.Cache)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, err
+		}
+		for i, c := range cmds {
+			if c == nil {
+				out[start+i] = pttlGone
+				continue
+			}
+			out[start+i] = c.Val()
+		}
+	}
+	return out, nil
+}
+
+// learnExpiries reads the PTTL of newly hot keys (and of keys an app wrote, learnt from notifications) and
+// schedules them: a missing key is due now, a key without TTL is reported and left alone.
+func (k *keyspace) learnExpiries(ctx context.Context) {
+	k.mu.Lock()
+	var hs []*hotState
+	for _, h := range k.adopt {
+		if h.e.hot == h && h.needPTTL && !h.inflight {
+			hs = append(hs, h)
+		}
+	}
+	k.adopt = k.adopt[:0]
+	keys := k.cfg.Keys
+	k.mu.Unlock()
+	if len(hs) == 0 {
+		return
+	}
+	ids := make([]string, len(hs))
+	for i, h := range hs {
+		ids[i] = h.id
+	}
+	now := k.w.now()
+	ttls, err := k.pttls(ctx, keys, ids)
+	if err != nil {
+		k.redisError(ctx, "read PTTL of new hot keys", err)
+		k.mu.Lock()
+		k.adopt = append(k.adopt, hs...) // try again on the next pass
+		k.mu.Unlock()
+		return
+	}
+	k.redisOK()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i, h := range hs {
+		if h.e.hot != h || h.inflight {
+			continue
+		}
+		h.needPTTL = false
+		k.applyPTTLLocked(h, ttls[i], now, false)
+	}
+}
+
+// reconcile re-reads the PTTL of every hot key. Keyspace notifications can be lost (reconnects, other cluster
+// nodes), so this periodic, pipelined pass is the ground truth for expiries.
+func (k *keyspace) reconcile(ctx context.Context) {
+	k.mu.Lock()
+	hs := make([]*hotState, 0, len(k.hotSet))
+	ids := make([]string, 0, len(k.hotSet))
+	for id, h := range k.hotSet {
+		if !h.inflight {
+			hs = append(hs, h)
+			ids = append(ids, id)
+		}
+	}
+	keys := k.cfg.Keys
+	k.mu.Unlock()
+	if len(hs) == 0 {
+		return
+	}
+	now := k.w.now()
+	ttls, err := k.pttls(ctx, keys, ids)
+	if err != nil {
+		k.redisError(ctx, "reconcile PTTLs", err)
+		return
+	}
+	k.redisOK()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i, h := range hs {
+		if h.e.hot != h || h.inflight {
+			continue
+		}
+		k.applyPTTLLocked(h, ttls[i], now, true)
+	}
+}
+
+// applyPTTLLocked folds a PTTL reading taken at now into h's state and schedule. reconciling marks a reading of
+// a key the daemon was already watching, where "gone" may be an SLO miss.
+func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Time, reconciling bool) {
+	switch {
+	case pttl == pttlPersistent:
+		if !h.persistent {
+			k.log.Warn("hot key has no TTL; keepwarm will not overwrite it", "id", h.id)
+		}
+		h.persistent = true
+		k.q.remove(h)
+		k.gaugesLocked()
+	case pttl < 0: // gone
+		h.persistent = false
+		if reconciling {
+			k.noteGoneLocked(h, now)
+		}
+		h.expiry = time.Time{}
+		k.scheduleLocked(h)
+	default:
+		h.persistent = false
+		exp := now.Add(pttl)
+		if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance || h.idx < 0 {
+			h.expiry = exp
+			k.scheduleLocked(h)
+		}
+	}
+}
+
+// noteGoneLocked counts a hot key found missing: an SLO miss if its expiry had passed without a refresh, else a
+// key deleted or evicted early. Each expiry counts once.
+func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
+	if h.counted || h.absent || h.expiry.IsZero() {
+		return
+	}
+	h.counted = true
+	if !now.Before(h.expiry.Add(-expiryTolerance)) {
+		k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
+		k.log.Warn("hot key expired before its refresh", "id", h.id, "expired_ago", now.Sub(h.expiry))
+		return
+	}
+	k.w.m.vanished.WithLabelValues(k.cfg.Name).Inc()
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
+
+// redisError logs a Redis failure once per outage of this keyspace, not once per key or per pass.
+func (k *keyspace) redisError(ctx context.Context, what string, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	k.mu.Lock()
+	first := !k.redisDown
+	k.redisDown = true
+	k.mu.Unlock()
+	if first {
+		k.log.Error("redis failing; will keep retrying", "op", what, "error", err)
+	}
+}
+
+func (k *keyspace) redisOK() {
+	k.mu.Lock()
+	was := k.redisDown
+	k.redisDown = false
+	k.mu.Unlock()
+	if was {
+		k.log.Info("redis recovered")
+	}
+}
+
+// Keyspace-notification events the warmer listens to.
+var notifyEvents = []string{"expired", "evicted", "del", "set"}
+
+// listen subscribes to keyevent notifications for early notice of expiries, deletions, evictions and writes by
+// apps. It needs notify-keyspace-events to include E plus x, e, g and $ (or A); it says in the log when they are
+// off. In a Redis Cluster every master publishes only its own keys' events, so it subscribes on each master.
+func (w *Warmer) listen(ctx context.Context) {
+	if res, err := w.rdb.ConfigGet(ctx, "notify-keyspace-events").Result(); err == nil {
+		flags := res["notify-keyspace-events"]
+		if !strings.Contains(flags, "E") || !(strings.Contains(flags, "A") ||
+			(strings.ContainsAny(flags, "x") && strings.ContainsAny(flags, "g"))) {
+			w.log.Info("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries",
+				"notify_keyspace_events", flags)
+		}
+	}
+	patterns := make([]string, len(notifyEvents))
+	for i, ev := range notifyEvents {
+		patterns[i] = "__keyevent@" + strconv.Itoa(w.cfg.DB) + "__:" + ev
+	}
+	subscribe := func(c redis.UniversalClient) {
+		ps := c.Subscribe(ctx, patterns...)
+		defer ps.Close()
+		ch := ps.Channel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case msg, ok := <-ch:
+				if !ok {
+					return
+				}
+				w.onEvent(msg.Channel[strings.LastIndexByte(msg.Channel, ':')+1:], msg.Payload)
+			}
+		}
+	}
+	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
+		var wg sync.WaitGroup
+		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				subscribe(c)
+			}()
+			return nil
+		})
+		if err != nil {
+			w.log.Warn("keyspace notifications: cannot reach cluster masters", "error", err)
+		}
+		wg.Wait()
+		return
+	}
+	subscribe(w.rdb)
+}
+
+// onEvent handles one keyevent notification for key.
+func (w *Warmer) onEvent(event, key string) {
+	w.mu.Lock()
+	spaces := make([]*keyspace, 0, len(w.spaces))
+	for _, k := range w.spaces {
+		spaces = append(spaces, k)
+	}
+	w.mu.Unlock()
+	for _, k := range spaces {
+		if k.onEvent(event, key) {
+			return
+		}
+	}
+}
+
+// onEvent reports whether key belongs to this keyspace.
+func (k *keyspace) onEvent(event, key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	m := newMatcher(k.cfg.Keys.Cache.String())
+	if m == nil {
+		return false
+	}
+	id, ok := m.id(key)
+	if !ok {
+		return false
+	}
+	h := k.hotSet[id]
+	if h == nil || h.inflight || h.persistent {
+		return true
+	}
+	now := k.w.now()
+	switch event {
+	case "set":
+		// An app (or the daemon itself, just now) wrote the key: learn the new expiry.
+		if now.Sub(h.lastRefresh) > time.Second {
+			h.needPTTL = true
+			k.adopt = append(k.adopt, h)
+		}
+	case "expired", "evicted", "del":
+		if h.absent {
+			return true
+		}
+		if event == "expired" && !h.expiry.IsZero() {
+			h.expiry = minTime(h.expiry, now)
+		}
+		k.noteGoneLocked(h, now)
+		h.expiry = time.Time{}
+		k.scheduleLocked(h)
+	}
+	k.poke()
+	return true
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

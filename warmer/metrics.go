@@ -1,0 +1,133 @@
+package warmer
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Refresh results, the values of the "result" label of keepwarm_warmer_refreshes_total.
+const (
+	ResultOK       = "ok"        // a new value was published
+	ResultFresh    = "fresh"     // under the lock the key turned out already refreshed by someone else: no query
+	ResultLocked   = "locked"    // an app or another replica held the lock: skipped, re-checked later
+	ResultMissing  = "missing"   // the origin had no row: the missing policy was applied
+	ResultLockLost = "lock_lost" // the lease ran out before publishing: nothing was written
+	ResultError    = "error"     // the origin query or the publish failed
+)
+
+// metrics are the warmer's Prometheus metrics. Labels are bounded: keyspace and result, never a key or an id.
+type metrics struct {
+	refreshes      *prometheus.CounterVec   // keyspace, result
+	refreshSeconds *prometheus.HistogramVec // keyspace
+	leadSeconds    *prometheus.HistogramVec // keyspace
+	hotExpired     *prometheus.CounterVec   // keyspace: the SLO counter
+	vanished       *prometheus.CounterVec   // keyspace: hot keys deleted or evicted before their expiry
+	originQueries  *prometheus.CounterVec   // keyspace, result
+	originRows     *prometheus.CounterVec   // keyspace
+	originSeconds  *prometheus.HistogramVec // keyspace
+	locks          *prometheus.CounterVec   // keyspace, result
+	leaseExtends   *prometheus.CounterVec   // keyspace, result
+	failSafe       *prometheus.CounterVec   // keyspace
+	tracked        *prometheus.GaugeVec     // keyspace
+	hot            *prometheus.GaugeVec     // keyspace
+	persistent     *prometheus.GaugeVec     // keyspace
+	queued         *prometheus.GaugeVec     // keyspace
+	decays         *prometheus.CounterVec   // keyspace
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	durations := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
+	leads := []float64{0, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+	m := &metrics{
+		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_refreshes_total",
+			Help: "Refresh attempts of hot keys, by keyspace and result (ok, fresh, locked, missing, lock_lost, error).",
+		}, []string{"keyspace", "result"}),
+		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "keepwarm_warmer_refresh_duration_seconds",
+			Help:    "Duration of one refresh batch, from lock acquisition to publish.",
+			Buckets: durations,
+		}, []string{"keyspace"}),
+		leadSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "keepwarm_warmer_lead_time_seconds",
+			Help:    "TTL the previous value had left when a refreshed value was published (0 if it had expired).",
+			Buckets: leads,
+		}, []string{"keyspace"}),
+		hotExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_hot_expired_total",
+			Help: "Hot keys that expired before their refresh. This is keepwarm's SLO and should stay at 0.",
+		}, []string{"keyspace"}),
+		vanished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_hot_vanished_total",
+			Help: "Hot keys found gone before their expiry (deleted by an app or evicted), then rebuilt.",
+		}, []string{"keyspace"}),
+		originQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_origin_queries_total",
+			Help: "Origin (PostgreSQL) queries made by refreshes, by keyspace and result (ok, error).",
+		}, []string{"keyspace", "result"}),
+		originRows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_origin_rows_total",
+			Help: "Values returned by origin queries.",
+		}, []string{"keyspace"}),
+		originSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "keepwarm_warmer_origin_query_duration_seconds",
+			Help:    "Duration of one origin query (one batch).",
+			Buckets: durations,
+		}, []string{"keyspace"}),
+		locks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_lock_acquisitions_total",
+			Help: "Lock acquisitions by the daemon, by result (acquired, held: someone else was rebuilding).",
+		}, []string{"keyspace", "result"}),
+		leaseExtends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_lease_extensions_total",
+			Help: "Lock lease extensions during slow origin queries, by result (ok, lost).",
+		}, []string{"keyspace", "result"}),
+		failSafe: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_failsafe_extensions_total",
+			Help: "Hot values whose TTL was extended because the origin failed (fail-safe), bounded by max_stale.",
+		}, []string{"keyspace"}),
+		tracked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_keys_tracked",
+			Help: "Ids tracked per keyspace (bounded by max_tracked).",
+		}, []string{"keyspace"}),
+		hot: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_keys_hot",
+			Help: "Hot keys per keyspace: pinned plus the top_n by score.",
+		}, []string{"keyspace"}),
+		persistent: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_keys_persistent",
+			Help: "Hot keys found without a TTL (PTTL -1); keepwarm reports and never overwrites them.",
+		}, []string{"keyspace"}),
+		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_keys_due",
+			Help: "Hot keys whose refresh is due now but not yet started (waiting for origin budget).",
+		}, []string{"keyspace"}),
+		decays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_access_decays_total",
+			Help: "Decays of the access sorted set performed by this daemon.",
+		}, []string{"keyspace"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished,
+		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
+		m.persistent, m.queued, m.decays} {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return m, errors.Join(errs...)
+}
+
+// forget removes the keyspace's series, when a reload removes the keyspace.
+func (m *metrics) forget(ks string) {
+	for _, v := range []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.originQueries, m.originRows,
+		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays} {
+		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
+	}
+}

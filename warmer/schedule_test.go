@@ -1,0 +1,196 @@
+package warmer
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+)
+
+func TestLead(t *testing.T) {
+	tests := []struct {
+		name    string
+		ahead   time.Duration
+		mult    float64
+		rebuild time.Duration
+		want    time.Duration
+	}{
+		{"refresh_ahead wins", 5 * time.Second, 3, time.Second, 5 * time.Second},
+		{"slow rebuild wins", 2 * time.Second, 3, time.Second, 3 * time.Second},
+		{"no rebuild yet", 2 * time.Second, 3, 0, 2 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := lead(tt.ahead, tt.mult, tt.rebuild); got != tt.want {
+				t.Errorf("lead(%v, %v, %v) = %v, want %v", tt.ahead, tt.mult, tt.rebuild, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDueAt(t *testing.T) {
+	exp := time.Unix(1000, 0)
+	ld := 4 * time.Second
+	t.Run("u=1 gives exactly expiry-lead", func(t *testing.T) {
+		if got, want := dueAt(exp, ld, time.Second, 1), exp.Add(-ld); !got.Equal(want) {
+			t.Errorf("got %v, want %v", got, want)
+		}
+	})
+	t.Run("offset capped at lead/2", func(t *testing.T) {
+		if got, want := dueAt(exp, ld, time.Hour, 1e-9), exp.Add(-ld-ld/2); !got.Equal(want) {
+			t.Errorf("got %v, want %v", got, want)
+		}
+	})
+	t.Run("offset is delta*-ln(u)", func(t *testing.T) {
+		u := 0.5
+		want := exp.Add(-ld - time.Duration(float64(time.Second)*-math.Log(u)))
+		if got := dueAt(exp, ld, time.Second, u); !got.Equal(want) {
+			t.Errorf("got %v, want %v", got, want)
+		}
+	})
+	t.Run("never after expiry-lead", func(t *testing.T) {
+		for _, u := range []float64{0, 1e-12, 0.1, 0.5, 0.99, 1, 2} {
+			if got := dueAt(exp, ld, 300*time.Millisecond, u); got.After(exp.Add(-ld)) {
+				t.Errorf("u=%v: due %v after expiry-lead %v", u, got, exp.Add(-ld))
+			}
+		}
+	})
+}
+
+func TestDueQueueOrder(t *testing.T) {
+	base := time.Unix(1000, 0)
+	var q dueQueue
+	mk := func(id string, score float64) *hotState {
+		return &hotState{id: id, e: &entry{score: score}, idx: -1}
+	}
+	a, b, c, d := mk("a", 1), mk("b", 9), mk("c", 5), mk("d", 1)
+	q.schedule(a, base.Add(3*time.Second))
+	q.schedule(b, base.Add(1*time.Second))
+	q.schedule(c, base.Add(1*time.Second))
+	q.schedule(d, base.Add(10*time.Second))
+	// Move d to the front: rescheduling must fix the heap, not add a second copy.
+	q.schedule(d, base)
+	if q.Len() != 4 {
+		t.Fatalf("len = %d, want 4", q.Len())
+	}
+	got := q.popDue(base.Add(5*time.Second), 10)
+	var order string
+	for _, h := range got {
+		order += h.id
+	}
+	// d is due first; b and c are due together and the hotter b goes first; a last.
+	if want := "dbca"; order != want {
+		t.Errorf("order = %q, want %q", order, want)
+	}
+	for _, h := range got {
+		if h.idx != -1 {
+			t.Errorf("%s: idx = %d after pop, want -1", h.id, h.idx)
+		}
+	}
+}
+
+func TestDueQueueBudget(t *testing.T) {
+	// More keys due than one batch can take: the nearest expiries go first, the rest stay queued in order.
+	base := time.Unix(1000, 0)
+	var q dueQueue
+	for i := 0; i < 10; i++ {
+		q.schedule(&hotState{id: fmt.Sprint(i), e: &entry{}, idx: -1}, base.Add(time.Duration(9-i)*time.Second))
+	}
+	first := q.popDue(base.Add(time.Hour), 3)
+	if len(first) != 3 || first[0].id != "9" || first[1].id != "8" || first[2].id != "7" {
+		t.Fatalf("first batch = %v, want ids 9,8,7", ids(first))
+	}
+	if q.Len() != 7 {
+		t.Fatalf("left %d, want 7", q.Len())
+	}
+	if got := q.popDue(base.Add(500*time.Millisecond), 100); len(got) != 0 {
+		t.Errorf("popped %v not yet due", ids(got))
+	}
+	q.remove(q.peek())
+	if got := q.peek().id; got != "5" {
+		t.Errorf("after remove, head = %s, want 5", got)
+	}
+}
+
+func ids(hs []*hotState) []string {
+	out := make([]string, len(hs))
+	for i, h := range hs {
+		out[i] = h.id
+	}
+	return out
+}
+
+func TestRebuildEstimate(t *testing.T) {
+	var h hotState
+	h.observeRebuild(100 * time.Millisecond)
+	h.observeRebuild(400 * time.Millisecond)
+	if h.rebuildP95 != 400*time.Millisecond {
+		t.Fatalf("p95 after a slow rebuild = %v, want 400ms", h.rebuildP95)
+	}
+	for i := 0; i < 200; i++ {
+		h.observeRebuild(100 * time.Millisecond)
+	}
+	if h.rebuildP95 > 110*time.Millisecond || h.rebuildP95 < 100*time.Millisecond {
+		t.Errorf("p95 after many fast rebuilds = %v, want ~100ms", h.rebuildP95)
+	}
+	var w rebuildWindow
+	for i := 1; i <= 100; i++ {
+		w.add(time.Duration(i) * time.Millisecond)
+	}
+	if got := w.p95(); got != 96*time.Millisecond {
+		t.Errorf("window p95 = %v, want 96ms", got)
+	}
+}
+
+func TestTrackerSelectAndTrim(t *testing.T) {
+	tr := newTracker(5)
+	tr.setPinned([]string{"p"}, 0)
+	for i, s := range []float64{1, 50, 3, 40, 0.5, 30} {
+		tr.observe(fmt.Sprintf("k%d", i), s, 0)
+	}
+	hot := tr.selectHot([]string{"k0", "k1", "k2", "k3", "k4", "k5"}, 2, 2)
+	want := map[string]bool{"p": true, "k1": true, "k3": true}
+	if fmt.Sprint(hot) != fmt.Sprint(want) {
+		t.Errorf("hot = %v, want %v", hot, want)
+	}
+	// Mark the hot ones so trim keeps them; 7 entries, bound 5: the two coldest non-hot leave.
+	for id := range hot {
+		tr.entries[id].hot = &hotState{}
+	}
+	if n := tr.trim(); n != 2 {
+		t.Fatalf("trim removed %d, want 2", n)
+	}
+	for _, gone := range []string{"k4", "k0"} {
+		if _, ok := tr.entries[gone]; ok {
+			t.Errorf("%s (coldest) still tracked", gone)
+		}
+	}
+	for _, kept := range []string{"p", "k1", "k3", "k5", "k2"} {
+		if _, ok := tr.entries[kept]; !ok {
+			t.Errorf("%s dropped", kept)
+		}
+	}
+	// Unpinning returns the id and clears the flag.
+	if un := tr.setPinned(nil, 0); len(un) != 1 || un[0] != "p" || tr.entries["p"].pinned {
+		t.Errorf("unpinned = %v, pinned flag %v", un, tr.entries["p"].pinned)
+	}
+}
+
+func TestMatcher(t *testing.T) {
+	m := newMatcher("{track}:${id}:v1")
+	if id, ok := m.id("{track}:42:v1"); !ok || id != "42" {
+		t.Errorf("id = %q, %v", id, ok)
+	}
+	if _, ok := m.id("{album}:42:v1"); ok {
+		t.Error("matched another keyspace")
+	}
+	if got, want := m.pattern(), `{track}:*:v1`; got != want {
+		t.Errorf("pattern = %q, want %q", got, want)
+	}
+	if got, want := newMatcher("a*[x]:${id}").pattern(), `a\*\[x\]:*`; got != want {
+		t.Errorf("escaped pattern = %q, want %q", got, want)
+	}
+	if newMatcher("${id}:${id}") != nil {
+		t.Error("two ${id}: want no matcher")
+	}
+}

@@ -1,0 +1,125 @@
+package warmer
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// FullSyncEvery is how often the whole tracked window of the access sorted set (up to max_tracked ids) is read;
+// between syncs only the top of the set (2×top_n) is read on each poll.
+const FullSyncEvery = time.Minute
+
+const syncPage = 10000
+
+// poll reads the hot-key signals (the access sorted set, and Redis LFU counters where enabled), decays and trims
+// the access set, and recomputes the hot set.
+func (k *keyspace) poll(ctx context.Context) {
+	cfg := k.config()
+	now := k.w.now()
+	window := int64(2 * cfg.TopN)
+	var zs []redis.Z
+	var err error
+	if cfg.MinScore > 0 {
+		zs, err = k.w.rdb.ZRevRangeByScoreWithScores(ctx, cfg.AccessKey, &redis.ZRangeBy{
+			Max: "+inf", Min: formatScore(cfg.MinScore), Count: window}).Result()
+	} else {
+		zs, err = k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, 0, window-1).Result()
+	}
+	if err != nil {
+		k.redisError(ctx, "read access set", err)
+		return
+	}
+	var full []redis.Z
+	k.mu.Lock()
+	syncDue := now.Sub(k.lastSync) >= FullSyncEvery
+	k.mu.Unlock()
+	if syncDue && int64(cfg.MaxTracked) > window {
+		full = k.fullSync(ctx, cfg)
+		k.mu.Lock()
+		k.lastSync = now
+		k.mu.Unlock()
+	}
+	lfu := k.scanLFU(ctx, cfg)
+	k.redisOK()
+
+	k.mu.Lock()
+	unix := now.Unix()
+	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
+	for _, z := range full {
+		if id, ok := z.Member.(string); ok {
+			k.tr.observe(id, z.Score+float64(lfu[id]), unix)
+		}
+	}
+	for _, z := range zs {
+		if id, ok := z.Member.(string); ok {
+			k.tr.observe(id, z.Score+float64(lfu[id]), unix)
+			cands = append(cands, id)
+		}
+	}
+	for id, f := range lfu {
+		e := k.tr.entries[id]
+		if e == nil || e.seen != unix {
+			k.tr.observe(id, float64(f), unix)
+		}
+		cands = append(cands, id)
+	}
+	for id := range k.hotSet {
+		cands = append(cands, id)
+	}
+	k.setHotLocked(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore))
+	k.tr.trim()
+	k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
+	k.mu.Unlock()
+
+	k.decay(ctx, cfg)
+}
+
+// fullSync reads the top max_tracked members of the access set in pages, so that the tracked set mirrors it.
+func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig) []redis.Z {
+	var out []redis.Z
+	for start := int64(0); start < int64(cfg.MaxTracked); start += syncPage {
+		stop := min(start+syncPage, int64(cfg.MaxTracked)) - 1
+		page, err := k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, start, stop).Result()
+		if err != nil {
+			k.redisError(ctx, "sync access set", err)
+			return out
+		}
+		out = append(out, page...)
+		if int64(len(page)) < stop-start+1 {
+			break
+		}
+	}
+	return out
+}
+
+// decayEvery is how often the access set's scores are multiplied by 0.5^(decayEvery/half-life).
+func decayEvery(halfLife time.Duration) time.Duration {
+	return min(max(halfLife/10, time.Second), time.Minute)
+}
+
+// decay halves access scores every half-life, atomically in Redis (ZUNIONSTORE of the set onto itself with a
+// weight), then trims the set to max_tracked members, lowest scores first. A lease key makes every daemon
+// replica share one decay per interval instead of each applying its own.
+func (k *keyspace) decay(ctx context.Context, cfg KeyspaceConfig) {
+	every := decayEvery(cfg.DecayHalfLife)
+	ok, err := k.w.rdb.SetNX(ctx, "keepwarm:decay:"+cfg.Name, k.w.now().UnixMilli(), every).Result()
+	if err != nil || !ok {
+		return
+	}
+	weight := math.Pow(0.5, every.Seconds()/cfg.DecayHalfLife.Seconds())
+	pipe := k.w.rdb.Pipeline()
+	pipe.ZUnionStore(ctx, cfg.AccessKey, &redis.ZStore{Keys: []string{cfg.AccessKey}, Weights: []float64{weight}})
+	pipe.ZRemRangeByRank(ctx, cfg.AccessKey, 0, -int64(cfg.MaxTracked)-1)
+	pipe.ZRemRangeByScore(ctx, cfg.AccessKey, "-inf", "(0.001")
+	if _, err := pipe.Exec(ctx); err != nil {
+		k.redisError(ctx, "decay access set", err)
+		return
+	}
+	k.w.m.decays.WithLabelValues(cfg.Name).Inc()
+}
+
+func formatScore(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }

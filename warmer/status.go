@@ -1,0 +1,105 @@
+package warmer
+
+import (
+	"slices"
+	"time"
+)
+
+// KeyStatus is the state of one hot key, as /debug/hotkeys and the status page show it.
+type KeyStatus struct {
+	ID          string        `json:"id"`
+	Key         string        `json:"key"`
+	Pinned      bool          `json:"pinned"`
+	Score       float64       `json:"score"`
+	TTL         time.Duration `json:"ttl_ns"`       // TTL left by the daemon's estimate; 0 when unknown or absent
+	NextRefresh time.Time     `json:"next_refresh"` // zero when not queued
+	LastRefresh time.Time     `json:"last_refresh"` // zero before the daemon's first refresh
+	LastRebuild time.Duration `json:"last_rebuild_ns"`
+	Persistent  bool          `json:"persistent"` // the key has no TTL and is left alone
+	Absent      bool          `json:"absent"`     // the origin had no row at the last refresh
+	LastError   string        `json:"last_error,omitempty"`
+}
+
+// KeyspaceStatus summarises one keyspace.
+type KeyspaceStatus struct {
+	Name    string      `json:"name"`
+	Key     string      `json:"key_template"`
+	Tracked int         `json:"tracked"`
+	Hot     int         `json:"hot"`
+	Due     int         `json:"due"`
+	Keys    []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
+}
+
+// Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
+// first; unknown expiries last). limit ≤ 0 means all.
+func (w *Warmer) Status(limit int) []KeyspaceStatus {
+	w.mu.Lock()
+	spaces := make([]*keyspace, 0, len(w.spaces))
+	for _, k := range w.spaces {
+		spaces = append(spaces, k)
+	}
+	w.mu.Unlock()
+	out := make([]KeyspaceStatus, 0, len(spaces))
+	now := w.now()
+	for _, k := range spaces {
+		out = append(out, k.status(now, limit))
+	}
+	slices.SortFunc(out, func(a, b KeyspaceStatus) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	st := KeyspaceStatus{Name: k.cfg.Name, Key: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
+		Hot: len(k.hotSet)}
+	keys := make([]KeyStatus, 0, len(k.hotSet))
+	for id, h := range k.hotSet {
+		ks := KeyStatus{ID: id, Key: k.cfg.Keys.Cache.Expand(id, ""), Pinned: h.e.pinned, Score: h.e.score,
+			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Persistent: h.persistent, Absent: h.absent,
+			LastError: h.lastErr}
+		if !h.expiry.IsZero() {
+			ks.TTL = max(h.expiry.Sub(now), 0)
+		}
+		if h.idx >= 0 {
+			ks.NextRefresh = h.due
+			if !h.due.After(now) {
+				st.Due++
+			}
+		}
+		keys = append(keys, ks)
+	}
+	slices.SortFunc(keys, func(a, b KeyStatus) int {
+		ua, ub := a.TTL == 0, b.TTL == 0
+		switch {
+		case ua != ub:
+			if ua {
+				return 1
+			}
+			return -1
+		case a.TTL != b.TTL:
+			if a.TTL < b.TTL {
+				return -1
+			}
+			return 1
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	if limit > 0 && len(keys) > limit {
+		keys = keys[:limit]
+	}
+	st.Keys = keys
+	return st
+}

@@ -1,0 +1,168 @@
+package warmer
+
+import (
+	"slices"
+	"time"
+)
+
+// entry is one tracked id. Cold entries cost only this struct and the map slot; hot ones also carry a hotState.
+// The tracked set is bounded by MaxTracked; when it is full the coldest entry leaves first.
+type entry struct {
+	score  float64   // decayed access score plus LFU frequency
+	seen   int64     // unix seconds of the last poll that saw the id in a signal
+	hot    *hotState // non-nil while the id is hot
+	pinned bool
+}
+
+// hotState is the refresh state of a hot key.
+type hotState struct {
+	id  string
+	e   *entry
+	idx int       // position in the due queue, -1 when not queued
+	due time.Time // when the next refresh is due
+
+	expiry      time.Time     // best known expiry of the cache key; zero when unknown or absent
+	needPTTL    bool          // the expiry must be (re)learnt with PTTL before the key is scheduled
+	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
+	inflight    bool          // a refresh batch holds this key
+	absent      bool          // the origin had no row at the last refresh
+	lastRebuild time.Duration // duration of the last successful rebuild (origin query)
+	rebuildP95  time.Duration // decayed-maximum estimate of the rebuild p95
+	lastRefresh time.Time
+	lastErr     string
+	errors      int       // consecutive failed refreshes, for back-off
+	staleSince  time.Time // when the fail-safe first kept this value past its TTL, in the current outage
+	counted     bool      // this expiry was already counted as an SLO miss
+}
+
+// observeRebuild folds d into the key's rebuild estimate: it rises at once to a slower rebuild and decays by 1/16
+// of the gap on a faster one, a cheap upper-quantile tracker that needs no per-key sample buffer.
+func (h *hotState) observeRebuild(d time.Duration) {
+	h.lastRebuild = d
+	if d >= h.rebuildP95 {
+		h.rebuildP95 = d
+		return
+	}
+	h.rebuildP95 -= (h.rebuildP95 - d) / 16
+}
+
+// tracker holds one keyspace's tracked ids. It is not safe for concurrent use: the keyspace's mutex guards it.
+type tracker struct {
+	entries map[string]*entry
+	pinned  map[string]bool
+	max     int
+}
+
+func newTracker(max int) *tracker {
+	return &tracker{entries: make(map[string]*entry), pinned: make(map[string]bool), max: max}
+}
+
+// observe records a score for id, creating the entry if needed.
+func (t *tracker) observe(id string, score float64, now int64) *entry {
+	e := t.entries[id]
+	if e == nil {
+		e = &entry{}
+		t.entries[id] = e
+	}
+	e.score = score
+	e.seen = now
+	return e
+}
+
+// setPinned replaces the set of pinned ids. It returns the entries that are no longer pinned.
+func (t *tracker) setPinned(ids []string, now int64) (unpinned []string) {
+	next := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		next[id] = true
+		e := t.entries[id]
+		if e == nil {
+			e = &entry{seen: now}
+			t.entries[id] = e
+		}
+		e.pinned = true
+	}
+	for id := range t.pinned {
+		if !next[id] {
+			if e := t.entries[id]; e != nil {
+				e.pinned = false
+			}
+			unpinned = append(unpinned, id)
+		}
+	}
+	t.pinned = next
+	return unpinned
+}
+
+// trim drops the coldest entries beyond the bound; pinned and hot entries never leave. It returns how many left.
+func (t *tracker) trim() int {
+	over := len(t.entries) - t.max
+	if over <= 0 {
+		return 0
+	}
+	type cand struct {
+		id    string
+		score float64
+	}
+	cands := make([]cand, 0, len(t.entries))
+	for id, e := range t.entries {
+		if e.pinned || e.hot != nil {
+			continue
+		}
+		cands = append(cands, cand{id, e.score})
+	}
+	if over > len(cands) {
+		over = len(cands)
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		switch {
+		case a.score < b.score:
+			return -1
+		case a.score > b.score:
+			return 1
+		}
+		return 0
+	})
+	for _, c := range cands[:over] {
+		delete(t.entries, c.id)
+	}
+	return over
+}
+
+// selectHot returns the ids that should be hot: every pinned id, plus the topN best-scored candidates whose score
+// is at least minScore. Candidates are the ids the latest signals named and the currently hot ids, so the work is
+// proportional to the hot set, not to the tracked set.
+func (t *tracker) selectHot(candidates []string, topN int, minScore float64) map[string]bool {
+	hot := make(map[string]bool, topN+len(t.pinned))
+	for id := range t.pinned {
+		hot[id] = true
+	}
+	type cand struct {
+		id    string
+		score float64
+	}
+	seen := make(map[string]bool, len(candidates))
+	cs := make([]cand, 0, len(candidates))
+	for _, id := range candidates {
+		e := t.entries[id]
+		if e == nil || seen[id] || t.pinned[id] {
+			continue
+		}
+		seen[id] = true
+		if e.score >= minScore && e.score > 0 {
+			cs = append(cs, cand{id, e.score})
+		}
+	}
+	slices.SortFunc(cs, func(a, b cand) int {
+		switch {
+		case a.score > b.score:
+			return -1
+		case a.score < b.score:
+			return 1
+		}
+		return 0
+	})
+	for i := 0; i < len(cs) && i < topN; i++ {
+		hot[cs[i].id] = true
+	}
+	return hot
+}

@@ -1,0 +1,254 @@
+package warmer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultGrace is how long in-flight refreshes may run after shutdown begins before they are cancelled.
+const DefaultGrace = 10 * time.Second
+
+// Config configures a Warmer. Zero fields take the defaults noted on them.
+type Config struct {
+	Keyspaces []KeyspaceConfig
+	// Grace bounds how long in-flight refreshes may finish after Run's context ends; default DefaultGrace.
+	// Every lock they hold is released either way.
+	Grace time.Duration
+	// Notifications subscribes to Redis keyspace notifications (expired, evicted, del, set) for early notice.
+	// PTTL reconciliation runs either way and is the ground truth; notifications are lost across reconnects.
+	Notifications bool
+	// DB is the Redis database number, used to match keyspace-notification channels; default 0.
+	DB int
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the warmer's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Now is the clock; default time.Now. Tests inject one.
+	Now func() time.Time
+	// Seed seeds jitter and XFetch draws; 0 seeds from the runtime's random source.
+	Seed uint64
+}
+
+// Warmer keeps the hot keys of its keyspaces warm: it tracks which ids are hot, learns when their cache keys
+// expire, and refreshes them from their Source shortly before, under the lockstep token lock. Build it with
+// New and start it with Run; Update swaps the keyspace configuration while it runs.
+type Warmer struct {
+	rdb   redis.UniversalClient
+	cfg   Config
+	log   *slog.Logger
+	m     *metrics
+	now   func() time.Time
+	seed  atomic.Uint64
+	notes chan []KeyspaceConfig
+
+	mu     sync.Mutex
+	spaces map[string]*keyspace
+
+	progress atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
+	running  atomic.Bool
+}
+
+// New validates cfg and returns a Warmer. The error names every invalid field of every keyspace.
+func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
+	if rdb == nil {
+		return nil, errors.New("warmer: nil redis client")
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = DefaultGrace
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	spaces, err := validate(cfg.Keyspaces)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("warmer: register metrics: %w", err)
+	}
+	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now, notes: make(chan []KeyspaceConfig, 1),
+		spaces: make(map[string]*keyspace)}
+	if cfg.Seed == 0 {
+		cfg.Seed = rand.Uint64()
+	}
+	w.seed.Store(cfg.Seed)
+	for _, c := range spaces {
+		w.spaces[c.Name] = w.newKeyspace(c)
+	}
+	return w, nil
+}
+
+func validate(cfgs []KeyspaceConfig) ([]KeyspaceConfig, error) {
+	var errs []error
+	out := make([]KeyspaceConfig, 0, len(cfgs))
+	seen := map[string]bool{}
+	for _, c := range cfgs {
+		d, err := c.withDefaults()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if seen[d.Name] {
+			errs = append(errs, fmt.Errorf("keyspace %q: name: duplicate", d.Name))
+		}
+		seen[d.Name] = true
+		out = append(out, d)
+	}
+	return out, errors.Join(errs...)
+}
+
+// Update replaces the keyspace configuration of a running (or not yet running) Warmer. It validates first and
+// changes nothing on error. Keyspaces whose key templates are unchanged keep their tracked state; new ones start;
+// removed ones stop after their in-flight refreshes.
+func (w *Warmer) Update(cfgs []KeyspaceConfig) error {
+	spaces, err := validate(cfgs)
+	if err != nil {
+		return err
+	}
+	if !w.running.Load() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.applyLocked(spaces, nil)
+		return nil
+	}
+	// Replace any update not yet applied: the newest config wins.
+	select {
+	case <-w.notes:
+	default:
+	}
+	w.notes <- spaces
+	return nil
+}
+
+// Progress returns when a scheduler loop last completed a pass. A systemd watchdog uses it to stop pinging
+// when the scheduler is wedged.
+func (w *Warmer) Progress() time.Time { return time.Unix(0, w.progress.Load()) }
+
+func (w *Warmer) tick() { w.progress.Store(time.Now().UnixNano()) }
+
+// Run starts the keyspaces' scheduler loops and blocks until ctx ends. It then stops scheduling, lets in-flight
+// refreshes finish within Config.Grace (cancelling them after it), releases every lock they hold, and returns
+// nil. It returns an error only if it was already running.
+func (w *Warmer) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return errors.New("warmer: already running")
+	}
+	defer w.running.Store(false)
+	w.tick()
+	// Refresh batches run on workCtx, which outlives ctx by the grace period so they can finish cleanly.
+	workCtx, workCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer workCancel()
+	var loops sync.WaitGroup
+	w.mu.Lock()
+	for _, k := range w.spaces {
+		k.start(ctx, workCtx, &loops)
+	}
+	w.mu.Unlock()
+	if w.cfg.Notifications {
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			w.listen(ctx)
+		}()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			w.log.Info("warmer stopping: waiting for in-flight refreshes", "grace", w.cfg.Grace)
+			loops.Wait()
+			w.mu.Lock()
+			spaces := make([]*keyspace, 0, len(w.spaces))
+			for _, k := range w.spaces {
+				spaces = append(spaces, k)
+			}
+			w.mu.Unlock()
+			done := make(chan struct{})
+			go func() {
+				for _, k := range spaces {
+					k.batches.Wait()
+				}
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(w.cfg.Grace):
+				w.log.Warn("warmer: grace period over; cancelling in-flight refreshes", "grace", w.cfg.Grace)
+				workCancel()
+				<-done
+			}
+			return nil
+		case spaces := <-w.notes:
+			w.mu.Lock()
+			w.applyLocked(spaces, func(k *keyspace) { k.start(ctx, workCtx, &loops) })
+			w.mu.Unlock()
+		}
+	}
+}
+
+// applyLocked installs a validated keyspace set; start launches a new keyspace's loop when running.
+func (w *Warmer) applyLocked(spaces []KeyspaceConfig, start func(*keyspace)) {
+	next := make(map[string]*keyspace, len(spaces))
+	for _, c := range spaces {
+		if k, ok := w.spaces[c.Name]; ok && sameLayout(k.config(), c) {
+			k.update(c)
+			next[c.Name] = k
+			continue
+		}
+		k := w.newKeyspace(c)
+		next[c.Name] = k
+		if old, ok := w.spaces[c.Name]; ok {
+			old.stop()
+		}
+		if start != nil {
+			start(k)
+		}
+	}
+	for name, k := range w.spaces {
+		if _, ok := next[name]; !ok {
+			k.stop()
+			w.m.forget(name)
+		}
+	}
+	w.spaces = next
+}
+
+func sameLayout(a, b KeyspaceConfig) bool {
+	return a.Keys.Cache.String() == b.Keys.Cache.String() && a.Keys.Lock.String() == b.Keys.Lock.String() &&
+		a.Keys.Stale.String() == b.Keys.Stale.String() && a.Keys.Meta.String() == b.Keys.Meta.String() &&
+		a.AccessKey == b.AccessKey
+}
+
+// Keyspaces returns the names of the configured keyspaces.
+func (w *Warmer) Keyspaces() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]string, 0, len(w.spaces))
+	for n := range w.spaces {
+		out = append(out, n)
+	}
+	return out
+}
+
+func (w *Warmer) keyspace(name string) *keyspace {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.spaces[name]
+}
+
+func (w *Warmer) newRand() *rand.Rand {
+	s := w.seed.Add(0x9e3779b97f4a7c15)
+	return rand.New(rand.NewPCG(s, s>>1|1))
+}
