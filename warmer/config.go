@@ -32,10 +32,10 @@ const (
 // KeyspaceConfig is one keyspace as the warmer needs it. Durations are wall-clock; zero fields take the
 // DefaultX values noted on them.
 type KeyspaceConfig struct {
-	Name string          // bounded label value, e.g. "track"
-	Keys *lockstep.Keys  // key layout; required
-	Src  Source          // origin of values; required
-	TTL  time.Duration   // base TTL of a written value; > 0
+	Name string         // bounded label value, e.g. "track"
+	Keys *lockstep.Keys // key layout; required
+	Src  Source         // origin of values; required
+	TTL  time.Duration  // base TTL of a written value; > 0
 	// Jitter spreads written TTLs over [TTL, TTL×(1+Jitter)); in [0,1]. Zero means none: set DefaultJitter
 	// explicitly if wanted (the config loader does).
 	Jitter float64

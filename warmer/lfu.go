@@ -2,7 +2,7 @@ package warmer
 
 import (
 	"context"
-		"strings"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 )
