@@ -157,7 +157,7 @@ func (k *Keys) For(id string) (KeySet, error) {
 	if err := ValidateID(id); err != nil {
 		return KeySet{}, err
 	}
-	if k.tagHasID && k.clusterTag == PlaceholderID && strings.HasPrefix(id, "}") {
+	if k.tagHasID && strings.HasPrefix(k.clusterTag, PlaceholderID) && strings.HasPrefix(id, "}") {
 		return KeySet{}, fmt.Errorf("%w: %q: starts with \"}\", which would empty the key's hash tag", ErrInvalidID, id)
 	}
 	cache := k.Cache.Expand(id, "")
