@@ -1,0 +1,449 @@
+package lockstep
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+)
+
+// Loader reads the value of id from the origin (the database), as the bytes to cache. It returns an error
+// wrapping ErrNotFound when the origin has no such record. Its context carries the values of the Get that
+// started the rebuild but not its cancellation (other callers may be waiting on the same rebuild); it ends when
+// the rebuild lock would expire.
+type Loader func(ctx context.Context, id string) ([]byte, error)
+
+// Client is the app-side read-through cache of one keyspace: Get serves values from Redis and, on a miss, lets
+// exactly one process (the holder of the rebuild lock) call the Loader while the others wait, so a cache miss never
+// becomes a stampede on the origin. It interoperates with keepwarm's daemon and with apps in other languages that
+// follow docs/protocol.md. Make it with New; it is safe for concurrent use. Call Close when done.
+type Client struct {
+	rdb       redis.UniversalClient
+	keyspace  string
+	keys      *Keys
+	load      Loader
+	ttl       time.Duration
+	cfg       config
+	rec       Recorder
+	log       *slog.Logger
+	accessKey string
+
+	flights    singleflight.Group
+	refreshing sync.Map // cache key → struct{}: background refreshes in flight
+
+	closedFlag atomic.Bool
+	mu         sync.Mutex // guards closed and wg.Add
+	closed     bool
+	wg         sync.WaitGroup
+	stop       chan struct{} // closed by Close: stops the access flusher
+
+	access *accessBuf // nil without WithAccessRecording
+}
+
+// New makes the Client of keyspace (a name such as "product", used for metrics labels and the access set
+// AccessKey(keyspace)). rdb may be a single-node, Sentinel or Cluster client (in Cluster mode call
+// keys.CheckCluster first). keys is the keyspace's layout from NewKeys; load reads a value from the origin; ttl
+// (> 0) is the cache TTL before jitter. Every argument and option is checked: errors wrap ErrInvalidArgument and
+// name the argument. With WithAccessRecording, New starts a flusher goroutine that Close stops.
+func New(rdb redis.UniversalClient, keyspace string, keys *Keys, load Loader, ttl time.Duration, opts ...Option) (*Client, error) {
+	var errs []error
+	if rdb == nil {
+		errs = append(errs, argError("rdb", "nil"))
+	}
+	if keyspace == "" {
+		errs = append(errs, argError("keyspace", "empty"))
+	}
+	if keys == nil {
+		errs = append(errs, argError("keys", "nil"))
+	} else if keys.Cache.IsZero() || keys.Lock.IsZero() || keys.Meta.IsZero() {
+		errs = append(errs, argError("keys", "not made by NewKeys"))
+	}
+	if load == nil {
+		errs = append(errs, argError("load", "nil"))
+	}
+	if ttl <= 0 {
+		errs = append(errs, argError("ttl", "%v is not > 0", ttl))
+	}
+	cfg := defaultConfig()
+	for _, o := range opts {
+		if o == nil {
+			errs = append(errs, argError("option", "nil"))
+			continue
+		}
+		if err := o(&cfg); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if cfg.staleTTL > 0 && keys != nil && keys.Stale.IsZero() {
+		errs = append(errs, argError("stale ttl", "the keys have no stale template"))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	c := &Client{
+		rdb:       rdb,
+		keyspace:  keyspace,
+		keys:      keys,
+		load:      load,
+		ttl:       ttl,
+		cfg:       cfg,
+		rec:       cfg.recorder,
+		log:       cfg.logger.With("keyspace", keyspace),
+		accessKey: AccessKey(keyspace),
+		stop:      make(chan struct{}),
+	}
+	if cfg.sampleRate > 0 {
+		c.access = &accessBuf{counts: map[string]float64{}, kick: make(chan struct{}, 1)}
+		c.wg.Add(1)
+		go c.flushLoop()
+	}
+	return c, nil
+}
+
+// Keyspace returns the keyspace name given to New.
+func (c *Client) Keyspace() string { return c.keyspace }
+
+// enter registers a goroutine with Close's WaitGroup; false once the Client is closed.
+func (c *Client) enter() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Add(1)
+	return true
+}
+
+type filled struct {
+	val   []byte
+	stale bool
+}
+
+// Get returns the value of id: from the cache key when present (one round trip); else, coalesced with the
+// process's concurrent Gets of the same id, it takes the rebuild lock and re-reads the cache in one pipelined
+// round trip. The lock holder (leader) calls the Loader and publishes the value with a jittered TTL (and the stale
+// copy with WithStale) in a second round trip, releasing the lock; a concurrent publish found in the re-read is
+// returned instead. Others (followers) poll the cache key with Backoff and, when the wait ends, serve the stale
+// copy if there is one. A follower never calls the Loader.
+//
+// Errors: ErrInvalidID for a bad id; the Loader's error, wrapped (errors.Is(err, ErrNotFound) holds for a
+// missing record, and nothing is cached then); ErrRebuildTimeout when a follower found nothing to serve;
+// ctx.Err() when ctx ends first; ErrClosed after Close; or a Redis error (Get does not fall back to the Loader
+// when Redis fails, so an outage of Redis is not passed on to the origin). If the publish fails (lock lost, Redis
+// error) the loaded value is still returned. The returned slice belongs to the caller.
+func (c *Client) Get(ctx context.Context, id string) ([]byte, error) {
+	ks, err := c.keys.For(id)
+	if err != nil {
+		return nil, err
+	}
+	if c.closedFlag.Load() {
+		return nil, ErrClosed
+	}
+	c.recordAccess(id)
+	var v []byte
+	if c.cfg.xfetchBeta > 0 {
+		v, err = c.readXFetch(ctx, ks)
+	} else {
+		v, err = c.rdb.Get(ctx, ks.Cache).Bytes()
+	}
+	switch {
+	case err == nil:
+		c.rec.Hit(c.keyspace)
+		return v, nil
+	case !errors.Is(err, redis.Nil):
+		return nil, fmt.Errorf("lockstep: get %q: %w", ks.Cache, err)
+	}
+	c.rec.Miss(c.keyspace)
+	ch := c.flights.DoChan(ks.Cache, func() (any, error) {
+		if !c.enter() {
+			return filled{}, ErrClosed
+		}
+		defer c.wg.Done()
+		return c.fill(context.WithoutCancel(ctx), ks)
+	})
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case res := <-ch:
+		f, _ := res.Val.(filled)
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		if f.stale {
+			c.rec.StaleServe(c.keyspace)
+		}
+		if res.Shared {
+			return bytes.Clone(f.val), nil
+		}
+		return f.val, nil
+	}
+}
+
+// readXFetch reads the value, its remaining TTL and its δ in one pipelined round trip, and starts a background
+// refresh when XFetch says so. A missing value returns redis.Nil.
+func (c *Client) readXFetch(ctx context.Context, ks KeySet) ([]byte, error) {
+	var get *redis.StringCmd
+	var pttl *redis.DurationCmd
+	var delta *redis.StringCmd
+	_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		get = p.Get(ctx, ks.Cache)
+		pttl = p.PTTL(ctx, ks.Cache)
+		delta = p.HGet(ctx, ks.Meta, MetaDeltaField)
+		return nil
+	})
+	v, err := get.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	remaining := pttl.Val()
+	ms, derr := strconv.ParseInt(delta.Val(), 10, 64)
+	if pttl.Err() != nil || remaining <= 0 || derr != nil || ms <= 0 {
+		return v, nil // no TTL, or no δ (e.g. written by an app that keeps no meta): nothing to decide on
+	}
+	now := time.Now()
+	if XFetch(now, now.Add(remaining), time.Duration(ms)*time.Millisecond, c.cfg.xfetchBeta, 1-c.cfg.rand()) {
+		c.rec.EarlyRefresh(c.keyspace)
+		c.refreshAsync(ctx, ks)
+	}
+	return v, nil
+}
+
+// fill runs once per process per missing key (singleflight): lock + re-read, then rebuild or wait.
+func (c *Client) fill(ctx context.Context, ks KeySet) (filled, error) {
+	token := NewToken()
+	setCmd := acquireCmd(ctx, ks.Lock, token, c.cfg.lockTTL)
+	var getCmd *redis.StringCmd
+	_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		_ = p.Process(ctx, setCmd)
+		getCmd = p.Get(ctx, ks.Cache)
+		return nil
+	})
+	lead, err := acquired(setCmd)
+	if err != nil {
+		return filled{}, fmt.Errorf("lockstep: acquire %q: %w", ks.Lock, err)
+	}
+	v, err := getCmd.Bytes()
+	if err == nil || !errors.Is(err, redis.Nil) {
+		if lead {
+			c.release(ctx, ks, token)
+		}
+		if err != nil {
+			return filled{}, fmt.Errorf("lockstep: get %q: %w", ks.Cache, err)
+		}
+		return filled{val: v}, nil // published by another leader between our GET and our SET NX
+	}
+	if !lead {
+		c.rec.LockContention(c.keyspace)
+		c.log.Debug("lockstep: rebuild lock held elsewhere; waiting", "id", ks.ID)
+		return c.wait(ctx, ks)
+	}
+	v, err = c.rebuild(ctx, ks, token, false)
+	return filled{val: v}, err
+}
+
+// rebuild calls the Loader under the lock held with token and publishes the result. In refresh mode (an XFetch
+// background refresh) a record gone from the origin is deleted from the cache; on a miss the lock is just
+// released. It returns the loaded value even when the publish failed.
+func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh bool) ([]byte, error) {
+	start := time.Now()
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.lockTTL)
+	v, err := c.load(lctx, ks.ID)
+	cancel()
+	delta := time.Since(start)
+	if err != nil {
+		err = fmt.Errorf("lockstep: load %s %q: %w", c.keyspace, ks.ID, err)
+		result := ResultError
+		if errors.Is(err, ErrNotFound) {
+			result = ResultNotFound
+			if refresh {
+				if perr := Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true}); perr != nil && perr != ErrLockLost {
+					c.log.Warn("lockstep: delete a record gone from the origin", "id", ks.ID, "error", perr)
+				}
+			} else {
+				c.release(ctx, ks, token)
+			}
+			c.log.Debug("lockstep: record not found", "id", ks.ID)
+		} else {
+			c.release(ctx, ks, token)
+			if refresh {
+				c.log.Warn("lockstep: background refresh failed", "id", ks.ID, "error", err)
+			}
+		}
+		c.rec.Rebuild(c.keyspace, time.Since(start), result)
+		return nil, err
+	}
+	err = Publish(ctx, c.rdb, Write{
+		Keys:     ks,
+		Token:    token,
+		Value:    v,
+		TTL:      Jitter(c.ttl, c.cfg.jitter, c.cfg.rand()),
+		StaleTTL: c.cfg.staleTTL,
+		Rebuild:  delta,
+	})
+	switch {
+	case err == nil:
+		c.rec.Rebuild(c.keyspace, time.Since(start), ResultOK)
+	case errors.Is(err, ErrLockLost):
+		c.rec.Rebuild(c.keyspace, time.Since(start), ResultLockLost)
+		c.log.Debug("lockstep: lock expired before publish; value not cached", "id", ks.ID, "rebuild", delta)
+	default:
+		c.rec.Rebuild(c.keyspace, time.Since(start), ResultError)
+		c.log.Warn("lockstep: publish failed; value not cached", "id", ks.ID, "error", err)
+		c.release(ctx, ks, token)
+	}
+	return v, nil
+}
+
+func (c *Client) release(ctx context.Context, ks KeySet, token string) {
+	if _, err := Release(ctx, c.rdb, ks.Lock, token); err != nil {
+		c.log.Warn("lockstep: release lock failed; it expires by itself", "id", ks.ID, "error", err)
+	}
+}
+
+// wait polls the cache key with the Backoff while another process rebuilds. The last poll also reads the stale
+// copy in the same round trip.
+func (c *Client) wait(ctx context.Context, ks KeySet) (filled, error) {
+	b := c.cfg.backoff
+	start := time.Now()
+	deadline := start.Add(b.Total)
+	sleep := b.Initial
+	timer := time.NewTimer(0)
+	<-timer.C
+	defer timer.Stop()
+	done := func(result string) { c.rec.Wait(c.keyspace, time.Since(start), result) }
+	for {
+		remaining := time.Until(deadline)
+		last := sleep >= remaining
+		if last {
+			sleep = max(remaining, 0)
+		}
+		timer.Reset(sleep)
+		select {
+		case <-ctx.Done():
+			done(WaitCanceled)
+			return filled{}, ctx.Err()
+		case <-timer.C:
+		}
+		var get, stale *redis.StringCmd
+		if last && ks.Stale != "" {
+			_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				get = p.Get(ctx, ks.Cache)
+				stale = p.Get(ctx, ks.Stale)
+				return nil
+			})
+		} else {
+			get = c.rdb.Get(ctx, ks.Cache)
+		}
+		v, err := get.Bytes()
+		switch {
+		case err == nil:
+			done(WaitHit)
+			return filled{val: v}, nil
+		case !errors.Is(err, redis.Nil):
+			done(WaitCanceled)
+			return filled{}, fmt.Errorf("lockstep: wait for %q: %w", ks.Cache, err)
+		}
+		if !last {
+			sleep = min(time.Duration(float64(sleep)*b.Multiplier), b.Max)
+			continue
+		}
+		if stale != nil {
+			v, err := stale.Bytes()
+			switch {
+			case err == nil:
+				done(WaitStale)
+				return filled{val: v, stale: true}, nil
+			case !errors.Is(err, redis.Nil):
+				done(WaitCanceled)
+				return filled{}, fmt.Errorf("lockstep: get stale %q: %w", ks.Stale, err)
+			}
+		}
+		done(WaitTimeout)
+		return filled{}, fmt.Errorf("%w: %s %q after %v", ErrRebuildTimeout, c.keyspace, ks.ID, b.Total)
+	}
+}
+
+// refreshAsync starts an XFetch background refresh of ks unless one is already running in this process.
+func (c *Client) refreshAsync(ctx context.Context, ks KeySet) {
+	if _, busy := c.refreshing.LoadOrStore(ks.Cache, struct{}{}); busy {
+		return
+	}
+	if !c.enter() {
+		c.refreshing.Delete(ks.Cache)
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		defer c.wg.Done()
+		defer c.refreshing.Delete(ks.Cache)
+		token := NewToken()
+		ok, err := Acquire(ctx, c.rdb, ks.Lock, token, c.cfg.lockTTL)
+		switch {
+		case err != nil:
+			c.log.Warn("lockstep: background refresh: acquire lock", "id", ks.ID, "error", err)
+			return
+		case !ok:
+			c.rec.LockContention(c.keyspace)
+			c.log.Debug("lockstep: background refresh skipped: lock held elsewhere", "id", ks.ID)
+			return
+		}
+		_, _ = c.rebuild(ctx, ks, token, true)
+	}()
+}
+
+// Invalidate deletes the cache key and meta hash of id (one round trip), so the next Get rebuilds it. It leaves
+// the lock alone (a rebuild in progress still publishes; to drop that value too, invalidate after it) and the stale
+// copy (still served to followers that time out). Errors: ErrInvalidID, ErrClosed, or the Redis error.
+func (c *Client) Invalidate(ctx context.Context, id string) error {
+	ks, err := c.keys.For(id)
+	if err != nil {
+		return err
+	}
+	if c.closedFlag.Load() {
+		return ErrClosed
+	}
+	if err := c.rdb.Del(ctx, ks.Cache, ks.Meta).Err(); err != nil {
+		return fmt.Errorf("lockstep: invalidate %q: %w", ks.Cache, err)
+	}
+	return nil
+}
+
+// Close stops the Client: later Gets return ErrClosed, and Close waits until the goroutines it started (rebuilds
+// whose callers left, XFetch refreshes, the access flusher) have finished, then flushes the buffered access counts.
+// It returns ctx.Err() (wrapped) if ctx ends first. It does not close rdb, which belongs to the caller. Calling it
+// again returns nil.
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.closedFlag.Store(true)
+	c.mu.Unlock()
+	close(c.stop)
+	done := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("lockstep: close %s: %w", c.keyspace, ctx.Err())
+	}
+	if c.access != nil {
+		if err := c.flushAccess(ctx); err != nil {
+			return fmt.Errorf("lockstep: close %s: %w", c.keyspace, err)
+		}
+	}
+	return nil
+}

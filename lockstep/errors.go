@@ -1,0 +1,31 @@
+package lockstep
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Match them with errors.Is; the functions of this package wrap them with context.
+var (
+	// ErrLockLost is returned when a write, release or extension finds the lock no longer holding the caller's
+	// token: the lock expired (the rebuild outlived the lock TTL) and maybe another leader took it. Nothing was
+	// written; a newer value is never overwritten.
+	ErrLockLost = errors.New("lockstep: lock lost")
+	// ErrNotFound means a record does not exist. A Loader returns an error wrapping it when the origin has no row
+	// for the id (Client.Get then returns that error and caches nothing); ExtendValueMany reports it for a cache key
+	// that is gone.
+	ErrNotFound = errors.New("lockstep: not found")
+	// ErrRebuildTimeout is returned by Client.Get to a follower that waited the whole wait budget (see Backoff) for
+	// another process's rebuild, and found neither a fresh value nor a stale copy.
+	ErrRebuildTimeout = errors.New("lockstep: rebuild timeout")
+	// ErrInvalidArgument is wrapped by every error about a bad argument or option; the message names the argument,
+	// e.g. "lockstep: invalid argument: jitter: 1.5 is outside [0, 1]".
+	ErrInvalidArgument = errors.New("lockstep: invalid argument")
+	// ErrClosed is returned by Client.Get and Client.Invalidate after Client.Close.
+	ErrClosed = errors.New("lockstep: client closed")
+)
+
+// argError returns an error wrapping ErrInvalidArgument that names the argument.
+func argError(name, format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrInvalidArgument, name, fmt.Sprintf(format, args...))
+}

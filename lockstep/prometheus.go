@@ -1,0 +1,106 @@
+package lockstep
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// PrometheusRecorder is a Recorder that exports Prometheus metrics, labelled by keyspace (and result where there
+// is one), never by key or id:
+//
+//	keepwarm_lockstep_hits_total{keyspace}
+//	keepwarm_lockstep_misses_total{keyspace}
+//	keepwarm_lockstep_stale_serves_total{keyspace}
+//	keepwarm_lockstep_lock_contentions_total{keyspace}
+//	keepwarm_lockstep_early_refreshes_total{keyspace}
+//	keepwarm_lockstep_rebuild_duration_seconds{keyspace,result}  histogram; its _count counts rebuilds
+//	keepwarm_lockstep_wait_duration_seconds{keyspace,result}     histogram
+//
+// One PrometheusRecorder may serve every Client of a process. It is also a prometheus.Collector.
+type PrometheusRecorder struct {
+	hits, misses, stale, contention, early *prometheus.CounterVec
+	rebuild, wait                          *prometheus.HistogramVec
+}
+
+var _ Recorder = (*PrometheusRecorder)(nil)
+var _ prometheus.Collector = (*PrometheusRecorder)(nil)
+
+// NewPrometheusRecorder makes a PrometheusRecorder and registers its metrics with reg (no global registry). It
+// returns ErrInvalidArgument when reg is nil, or the registration error (e.g. the metrics are already
+// registered there).
+func NewPrometheusRecorder(reg prometheus.Registerer) (*PrometheusRecorder, error) {
+	if reg == nil {
+		return nil, argError("registerer", "nil")
+	}
+	counter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "keepwarm", Subsystem: "lockstep", Name: name, Help: help,
+		}, []string{"keyspace"})
+	}
+	r := &PrometheusRecorder{
+		hits:       counter("hits_total", "Reads answered from the cache key on the first read."),
+		misses:     counter("misses_total", "Reads that found no value on the first read."),
+		stale:      counter("stale_serves_total", "Reads answered with the stale copy after waiting for a rebuild."),
+		contention: counter("lock_contentions_total", "Rebuild locks found held by another process."),
+		early:      counter("early_refreshes_total", "XFetch decisions to refresh a value before it expires."),
+		rebuild: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "keepwarm", Subsystem: "lockstep", Name: "rebuild_duration_seconds",
+			Help:    "Duration of rebuilds under the lock (load and publish), by result.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"keyspace", "result"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "keepwarm", Subsystem: "lockstep", Name: "wait_duration_seconds",
+			Help:    "Time followers waited for another process's rebuild, by result.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2, 5},
+		}, []string{"keyspace", "result"}),
+	}
+	if err := reg.Register(r); err != nil {
+		return nil, fmt.Errorf("lockstep: register prometheus metrics: %w", err)
+	}
+	return r, nil
+}
+
+func (r *PrometheusRecorder) collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.hits, r.misses, r.stale, r.contention, r.early, r.rebuild, r.wait}
+}
+
+// Describe implements prometheus.Collector.
+func (r *PrometheusRecorder) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range r.collectors() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (r *PrometheusRecorder) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range r.collectors() {
+		c.Collect(ch)
+	}
+}
+
+// Hit implements Recorder.
+func (r *PrometheusRecorder) Hit(ks string) { r.hits.WithLabelValues(ks).Inc() }
+
+// Miss implements Recorder.
+func (r *PrometheusRecorder) Miss(ks string) { r.misses.WithLabelValues(ks).Inc() }
+
+// StaleServe implements Recorder.
+func (r *PrometheusRecorder) StaleServe(ks string) { r.stale.WithLabelValues(ks).Inc() }
+
+// LockContention implements Recorder.
+func (r *PrometheusRecorder) LockContention(ks string) { r.contention.WithLabelValues(ks).Inc() }
+
+// EarlyRefresh implements Recorder.
+func (r *PrometheusRecorder) EarlyRefresh(ks string) { r.early.WithLabelValues(ks).Inc() }
+
+// Rebuild implements Recorder.
+func (r *PrometheusRecorder) Rebuild(ks string, d time.Duration, result string) {
+	r.rebuild.WithLabelValues(ks, result).Observe(d.Seconds())
+}
+
+// Wait implements Recorder.
+func (r *PrometheusRecorder) Wait(ks string, d time.Duration, result string) {
+	r.wait.WithLabelValues(ks, result).Observe(d.Seconds())
+}
