@@ -330,6 +330,9 @@ func (c *Client) wait(ctx context.Context, ks KeySet) (filled, error) {
 		case <-ctx.Done():
 			done(WaitCanceled)
 			return filled{}, ctx.Err()
+		case <-c.stop:
+			done(WaitCanceled)
+			return filled{}, ErrClosed
 		case <-timer.C:
 		}
 		var get, stale *redis.StringCmd
@@ -416,20 +419,19 @@ func (c *Client) Invalidate(ctx context.Context, id string) error {
 	return nil
 }
 
-// Close stops the Client: later Gets return ErrClosed, and Close waits until the goroutines it started (rebuilds
-// whose callers left, XFetch refreshes, the access flusher) have finished, then flushes the buffered access counts.
-// It returns ctx.Err() (wrapped) if ctx ends first. It does not close rdb, which belongs to the caller. Calling it
-// again returns nil.
+// Close stops the Client: later Gets return ErrClosed, followers still waiting get ErrClosed, and Close waits
+// until the goroutines it started (rebuilds whose callers left, XFetch refreshes, the access flusher) have
+// finished, then flushes the buffered access counts.
+// It returns ctx.Err() (wrapped) if ctx ends first; calling it again waits again. It does not close rdb, which
+// belongs to the caller.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
+	if !c.closed {
+		c.closed = true
+		c.closedFlag.Store(true)
+		close(c.stop)
 	}
-	c.closed = true
-	c.closedFlag.Store(true)
 	c.mu.Unlock()
-	close(c.stop)
 	done := make(chan struct{})
 	go func() {
 		c.wg.Wait()

@@ -2,10 +2,14 @@ package lockstep_test
 
 import (
 	"context"
+	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/redis/go-redis/v9"
@@ -80,4 +84,80 @@ func (r *roundTrips) take() []string {
 	}
 	r.trips = nil
 	return out
+}
+
+// countingRecorder is a Recorder that counts every event; onContention, when set, runs when a Get becomes a
+// follower (tests use it to act at exactly that moment instead of sleeping).
+type countingRecorder struct {
+	hits, misses, stale, contention, early atomic.Int64
+	mu                                     sync.Mutex
+	rebuilds                               map[string]int // by result
+	waits                                  map[string]int // by result
+	onContention                           func()
+}
+
+func newCountingRecorder() *countingRecorder {
+	return &countingRecorder{rebuilds: map[string]int{}, waits: map[string]int{}}
+}
+
+func (r *countingRecorder) Hit(string)        { r.hits.Add(1) }
+func (r *countingRecorder) Miss(string)       { r.misses.Add(1) }
+func (r *countingRecorder) StaleServe(string) { r.stale.Add(1) }
+func (r *countingRecorder) EarlyRefresh(string) {
+	r.early.Add(1)
+}
+func (r *countingRecorder) LockContention(string) {
+	r.contention.Add(1)
+	if r.onContention != nil {
+		r.onContention()
+	}
+}
+func (r *countingRecorder) Rebuild(_ string, _ time.Duration, result string) {
+	r.mu.Lock()
+	r.rebuilds[result]++
+	r.mu.Unlock()
+}
+func (r *countingRecorder) Wait(_ string, _ time.Duration, result string) {
+	r.mu.Lock()
+	r.waits[result]++
+	r.mu.Unlock()
+}
+func (r *countingRecorder) rebuildCount(result string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rebuilds[result]
+}
+func (r *countingRecorder) waitCount(result string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waits[result]
+}
+
+// newClient makes a Client and closes it on cleanup.
+func newClient(tb testing.TB, rdb redis.UniversalClient, keyspace string, keys *lockstep.Keys, load lockstep.Loader, ttl time.Duration, opts ...lockstep.Option) *lockstep.Client {
+	tb.Helper()
+	opts = append([]lockstep.Option{lockstep.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
+	c, err := lockstep.New(rdb, keyspace, keys, load, ttl, opts...)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := c.Close(ctx); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return c
+}
+
+// lockedRand is a seeded, mutex-guarded source for WithRand.
+func lockedRand(seed uint64) func() float64 {
+	var mu sync.Mutex
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.Float64()
+	}
 }
