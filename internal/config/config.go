@@ -1,0 +1,270 @@
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/robfig/cron/v3"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// Defaults applied by Load. Durations are in their natural unit; sizes in bytes.
+const (
+	DefaultRedisMode         = ModeSingle
+	DefaultRedisDialTimeout  = 5 * time.Second
+	DefaultRedisReadTimeout  = 3 * time.Second
+	DefaultRedisWriteTimeout = 3 * time.Second
+
+	DefaultPostgresMaxConns         = 8
+	DefaultPostgresStatementTimeout = 5 * time.Second
+	DefaultPostgresConnectTimeout   = 5 * time.Second
+
+	DefaultListen    = "127.0.0.1:9471"
+	DefaultLogLevel  = "info"
+	DefaultLogFormat = "json"
+
+	DefaultJitter               = 0.1
+	DefaultRefreshAheadFraction = 0.2
+	DefaultMinLockTTL           = 10 * time.Second // the default lock_ttl is the larger of this and 2 × statement_timeout
+	DefaultStaleTTLFactor       = 10               // the default stale_ttl is 10 × ttl
+	DefaultMissing              = MissingDelete
+	DefaultBatchSize            = 100
+	DefaultMaxOriginConcurrency = 4
+	DefaultTopN                 = 1000
+	DefaultMinScore             = 1.0
+	DefaultMaxValueBytes        = 1 << 20
+	DefaultMaxTrackedFactor     = 10    // the default max_tracked is 10 × top_n ...
+	DefaultMaxTracked           = 10000 // ... or this when top_n is 0
+	DefaultDecayHalfLife        = 10 * time.Minute
+	DefaultMaxStale             = 5 * time.Minute
+)
+
+// MaxValueBytesLimit is the largest max_value_bytes accepted: Redis's own limit on a string value.
+const MaxValueBytesLimit = 512 << 20
+
+// Redis modes.
+const (
+	ModeSingle   = "single"
+	ModeSentinel = "sentinel"
+	ModeCluster  = "cluster"
+)
+
+// Config is keepwarm's configuration, as loaded, defaulted and validated by Load. Treat it as read-only.
+// Printing it (%v, String, Redacted) never shows a secret.
+type Config struct {
+	Path      string // the config file, absolute; relative paths inside it are resolved against its directory
+	Redis     Redis
+	Postgres  Postgres
+	Daemon    Daemon
+	Keyspaces []*Keyspace // [[keyspace]], in file order
+	Hotkeys   []*Hotkeys  // [[hotkeys]], in file order
+	Schedules []*Schedule // [[schedule]], in file order
+}
+
+// Redis is the [redis] section: how keepwarm connects to Redis. RedisOptions turns it into go-redis options.
+type Redis struct {
+	Mode             string        // ModeSingle (default), ModeSentinel or ModeCluster
+	MasterName       string        // the Sentinel master name; required in sentinel mode only
+	Addresses        []string      // host:port; single mode: exactly one; sentinel: the Sentinels; cluster: seed nodes
+	URL              DSN           // instead of Addresses in single and cluster modes: redis://[user:pass@]host:port[/db], rediss:// for TLS
+	Username         string        // ACL user; "" uses the URL's or none
+	Password         Secret        // ACL password; overrides the URL's; set it with KEEPWARM_REDIS_PASSWORD
+	SentinelUsername string        // sentinel mode: the Sentinels' own ACL user
+	SentinelPassword Secret        // sentinel mode: the Sentinels' own password
+	DB               int           // database number; must be 0 in cluster mode
+	TLS              TLS           // [redis.tls]
+	PoolSize         int           // connections per node; 0 means go-redis's default (10 per CPU)
+	DialTimeout      time.Duration // default DefaultRedisDialTimeout
+	ReadTimeout      time.Duration // default DefaultRedisReadTimeout
+	WriteTimeout     time.Duration // default DefaultRedisWriteTimeout
+}
+
+// TLS is the [redis.tls] section. File paths are absolute after Load.
+type TLS struct {
+	Enabled            bool   // use TLS (a rediss:// URL turns it on too)
+	CAFile             string // PEM CA bundle to verify the server; "" uses the system roots
+	CertFile           string // PEM client certificate, for mutual TLS; needs KeyFile
+	KeyFile            string // PEM client key
+	ServerName         string // name to verify in the server certificate; default: the host dialled
+	InsecureSkipVerify bool   // do not verify the server certificate (tests only)
+}
+
+// Postgres is the [postgres] section. TLS is set in the DSN (sslmode=verify-full sslrootcert=/path/ca.pem, and
+// sslcert/sslkey for client certificates).
+type Postgres struct {
+	DSN              DSN           // postgres:// URL or keyword/value string; set it with KEEPWARM_POSTGRES_DSN to keep the password out of the file
+	MaxConns         int32         // pool size; default DefaultPostgresMaxConns
+	StatementTimeout time.Duration // bound on each fetch query; default DefaultPostgresStatementTimeout
+	ConnectTimeout   time.Duration // bound on each connection attempt; default DefaultPostgresConnectTimeout
+}
+
+// Daemon is the [daemon] section.
+type Daemon struct {
+	Listen    string     // HTTP address for /metrics, /healthz and /readyz; default DefaultListen
+	LogLevel  slog.Level // from log_level: debug, info (default), warn or error
+	LogFormat string     // "json" (default) or "text"
+}
+
+// Missing is what the daemon does with a hot key whose id the origin no longer has.
+type Missing string
+
+// Missing policies.
+const (
+	MissingDelete    Missing = "delete"    // delete the cache key (the default)
+	MissingKeep      Missing = "keep"      // leave whatever is cached until its TTL ends
+	MissingTombstone Missing = "tombstone" // write TombstoneValue with TombstoneTTL, so apps see "known missing"
+)
+
+// Keyspace is one [[keyspace]]: one kind of key, its templates, TTLs and how to rebuild it.
+type Keyspace struct {
+	Name  string // unique; used in logs and as a metric label
+	Key   string // cache key template, e.g. "track:${id}"
+	Lock  string // lock key template; default lockstep.DefaultLockTemplate
+	Stale string // stale copy template; "" means no stale copy
+	Meta  string // metadata hash template; default lockstep.DefaultMetaTemplate
+
+	TTL          time.Duration // TTL written with each value, before jitter. Required.
+	Jitter       float64       // TTLs are spread over ±Jitter×TTL, in [0, 1]; default DefaultJitter
+	RefreshAhead RefreshAhead  // how long before expiry a hot key is rebuilt; default 20% of the TTL
+	LockTTL      time.Duration // rebuild lock lease; > postgres.statement_timeout; default max(DefaultMinLockTTL, 2×statement_timeout)
+	StaleTTL     time.Duration // TTL of the stale copy; default DefaultStaleTTLFactor×TTL when Stale is set, else 0
+	MaxStale     time.Duration // fail-safe: how long past expiry a value may be extended while the origin fails; default DefaultMaxStale
+
+	Query    string // SQL taking $1 (text[] of ids), returning rows (id, value). Required.
+	IDsQuery string // SQL listing ids for warmups; optional
+
+	Missing        Missing       // default DefaultMissing
+	TombstoneValue string        // with MissingTombstone: the bytes written
+	TombstoneTTL   time.Duration // with MissingTombstone: their TTL; default TTL
+
+	BatchSize            int           // ids per origin query; default DefaultBatchSize
+	MaxOriginConcurrency int           // origin queries in flight; default DefaultMaxOriginConcurrency
+	OriginRate           float64       // origin queries per second; 0 (default) means unlimited
+	TopN                 int           // hot keys kept warm by access score; 0 means pinned and scheduled keys only; default DefaultTopN
+	MinScore             float64       // minimum access score to count as hot; default DefaultMinScore
+	MaxValueBytes        int           // larger values are not written; default DefaultMaxValueBytes
+	MaxTracked           int           // bound on ids tracked for scoring; default DefaultMaxTrackedFactor×TopN
+	DecayHalfLife        time.Duration // access scores halve over this; default DefaultDecayHalfLife
+	LFU                  bool          // also use Redis's OBJECT FREQ (needs an LFU maxmemory-policy); default false
+
+	keys *lockstep.Keys
+}
+
+// Keys returns the keyspace's parsed key templates.
+func (ks *Keyspace) Keys() *lockstep.Keys { return ks.keys }
+
+// RefreshAhead is how long before expiry a hot key is rebuilt: a fraction of its TTL, or a fixed duration.
+// Exactly one field is non-zero.
+type RefreshAhead struct {
+	Fraction float64       // in (0, 1), e.g. 0.2 for "the last 20% of the TTL"
+	Duration time.Duration // e.g. 2s; less than the TTL
+}
+
+// For returns the refresh-ahead window of a key written with the given TTL.
+func (r RefreshAhead) For(ttl time.Duration) time.Duration {
+	if r.Duration > 0 {
+		return r.Duration
+	}
+	return time.Duration(float64(ttl) * r.Fraction)
+}
+
+// String returns "20%" or "2s".
+func (r RefreshAhead) String() string {
+	if r.Duration > 0 {
+		return r.Duration.String()
+	}
+	return fmt.Sprintf("%g%%", r.Fraction*100)
+}
+
+// Hotkeys is one [[hotkeys]] list: ids pinned in a keyspace, always kept warm.
+type Hotkeys struct {
+	Name     string   // unique among lists
+	Keyspace string   // the keyspace the ids belong to
+	IDs      []string // the inline ids followed by the file's, duplicates removed
+	File     string   // absolute path of the ids file, or ""
+}
+
+// Schedule is one [[schedule]]: a cron-driven warmup.
+type Schedule struct {
+	Name     string        // unique among schedules
+	Cron     string        // as written, e.g. "0 0 3 * * *" or "CRON_TZ=Europe/Paris @daily"
+	Timezone string        // IANA zone for Cron; "" means the daemon's local zone (or Cron's CRON_TZ=)
+	Keyspace string        // the keyspace warmed
+	IDs      []string      // inline ids, or
+	IDsQuery bool          // the keyspace's ids_query, or
+	List     string        // the ids of this [[hotkeys]] list
+	Spread   time.Duration // spread the run's writes over this window; 0 means as fast as Rate allows
+	Rate     float64       // ids per second; 0 means unlimited
+
+	spec cron.Schedule
+}
+
+// Spec returns the parsed cron schedule, time zone included.
+func (s *Schedule) Spec() cron.Schedule { return s.spec }
+
+// CronSpec returns Cron with the time zone folded in ("CRON_TZ=Europe/Paris 0 0 3 * * *"), for a cron.Cron
+// built with CronParser.
+func (s *Schedule) CronSpec() string {
+	if s.Timezone != "" {
+		return "CRON_TZ=" + s.Timezone + " " + s.Cron
+	}
+	return s.Cron
+}
+
+// CronParser returns the parser for schedule specs: five fields, or six with leading seconds, and descriptors
+// such as @hourly and @every 5m (robfig/cron v3).
+func CronParser() cron.Parser {
+	return cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+}
+
+// Keyspace returns the keyspace named name, or nil.
+func (c *Config) Keyspace(name string) *Keyspace {
+	for _, ks := range c.Keyspaces {
+		if ks.Name == name {
+			return ks
+		}
+	}
+	return nil
+}
+
+// Pinned returns the ids pinned in keyspace by its [[hotkeys]] lists: their union, in file order, without
+// duplicates. It returns nil for a keyspace with no lists.
+func (c *Config) Pinned(keyspace string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, h := range c.Hotkeys {
+		if h.Keyspace != keyspace {
+			continue
+		}
+		for _, id := range h.IDs {
+			if !seen[id] {
+				seen[id] = true
+				out = append(out, id)
+			}
+		}
+	}
+	return out
+}
+
+// SchedulesFor returns the schedules that warm keyspace, in file order.
+func (c *Config) SchedulesFor(keyspace string) []*Schedule {
+	var out []*Schedule
+	for _, s := range c.Schedules {
+		if s.Keyspace == keyspace {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// HotkeysList returns the [[hotkeys]] list named name, or nil.
+func (c *Config) HotkeysList(name string) *Hotkeys {
+	i := slices.IndexFunc(c.Hotkeys, func(h *Hotkeys) bool { return h.Name == name })
+	if i < 0 {
+		return nil
+	}
+	return c.Hotkeys[i]
+}

@@ -1,0 +1,298 @@
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// mask replaces every secret that Redacted, String and LogValue print.
+const mask = "xxxxx"
+
+// Secret is a string that never prints: String, GoString, LogValue and MarshalText all give "xxxxx" (or ""
+// when empty). Use Value to get the secret itself.
+type Secret string
+
+// Value returns the secret.
+func (s Secret) Value() string { return string(s) }
+
+// String returns "xxxxx", or "" for an empty secret.
+func (s Secret) String() string {
+	if s == "" {
+		return ""
+	}
+	return mask
+}
+
+// GoString is String, so that %#v does not print the secret either.
+func (s Secret) GoString() string { return strconv.Quote(s.String()) }
+
+// LogValue masks the secret in slog output.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
+// MarshalText masks the secret in JSON, TOML and other encodings.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// DSN is a connection string (a PostgreSQL DSN or a Redis URL) that may hold a password. String, GoString,
+// LogValue and MarshalText mask the password, in URL and keyword/value form alike; a string that cannot be
+// parsed is hidden entirely. Use Value to connect.
+type DSN string
+
+// Value returns the connection string itself.
+func (d DSN) Value() string { return string(d) }
+
+// String returns the connection string with its password masked.
+func (d DSN) String() string { return redactDSN(string(d)) }
+
+// GoString is String, so that %#v does not print the password either.
+func (d DSN) GoString() string { return strconv.Quote(d.String()) }
+
+// LogValue masks the password in slog output.
+func (d DSN) LogValue() slog.Value { return slog.StringValue(d.String()) }
+
+// MarshalText masks the password in JSON, TOML and other encodings.
+func (d DSN) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// RedactedURL returns the Redis URL with its password masked.
+func (r Redis) RedactedURL() string { return r.URL.String() }
+
+// LogValue logs the section without secrets.
+func (r Redis) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("mode", r.Mode),
+		slog.Any("addresses", r.Addresses),
+		slog.String("url", r.RedactedURL()),
+		slog.String("username", r.Username),
+		slog.Int("db", r.DB),
+		slog.Bool("tls", r.TLS.Enabled),
+	)
+}
+
+// String prints the section without secrets.
+func (r Redis) String() string { return fmt.Sprint(r.LogValue()) }
+
+// RedactedDSN returns the DSN with its password masked, in URL or keyword/value form alike. A DSN that cannot
+// be parsed is hidden entirely.
+func (p Postgres) RedactedDSN() string { return p.DSN.String() }
+
+// LogValue logs the section without the DSN's password.
+func (p Postgres) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("dsn", p.RedactedDSN()),
+		slog.Int("max_conns", int(p.MaxConns)),
+		slog.Duration("statement_timeout", p.StatementTimeout),
+		slog.Duration("connect_timeout", p.ConnectTimeout),
+	)
+}
+
+// String prints the section without the DSN's password.
+func (p Postgres) String() string { return fmt.Sprint(p.LogValue()) }
+
+// String is Redacted.
+func (c *Config) String() string { return c.Redacted() }
+
+// Redacted returns the effective configuration, defaults included, in TOML, with every secret masked: the
+// Redis password and Sentinel password, the password in the Redis URL, and the password in the PostgreSQL DSN.
+func (c *Config) Redacted() string {
+	var b strings.Builder
+	w := func(key string, v any) { fmt.Fprintf(&b, "%s = %s\n", key, tomlValue(v)) }
+	b.WriteString("[redis]\n")
+	w("mode", c.Redis.Mode)
+	if c.Redis.MasterName != "" {
+		w("master_name", c.Redis.MasterName)
+	}
+	if c.Redis.URL != "" {
+		w("url", c.Redis.RedactedURL())
+	} else {
+		w("addresses", c.Redis.Addresses)
+	}
+	w("username", c.Redis.Username)
+	w("password", c.Redis.Password.String())
+	if c.Redis.Mode == ModeSentinel {
+		w("sentinel_username", c.Redis.SentinelUsername)
+		w("sentinel_password", c.Redis.SentinelPassword.String())
+	}
+	w("db", c.Redis.DB)
+	w("pool_size", c.Redis.PoolSize)
+	w("dial_timeout", c.Redis.DialTimeout)
+	w("read_timeout", c.Redis.ReadTimeout)
+	w("write_timeout", c.Redis.WriteTimeout)
+	b.WriteString("\n[redis.tls]\n")
+	t := c.Redis.TLS
+	w("enabled", t.Enabled)
+	w("ca_file", t.CAFile)
+	w("cert_file", t.CertFile)
+	w("key_file", t.KeyFile)
+	w("server_name", t.ServerName)
+	w("insecure_skip_verify", t.InsecureSkipVerify)
+
+	b.WriteString("\n[postgres]\n")
+	w("dsn", c.Postgres.RedactedDSN())
+	w("max_conns", c.Postgres.MaxConns)
+	w("statement_timeout", c.Postgres.StatementTimeout)
+	w("connect_timeout", c.Postgres.ConnectTimeout)
+
+	b.WriteString("\n[daemon]\n")
+	w("listen", c.Daemon.Listen)
+	w("log_level", strings.ToLower(c.Daemon.LogLevel.String()))
+	w("log_format", c.Daemon.LogFormat)
+
+	for _, ks := range c.Keyspaces {
+		b.WriteString("\n[[keyspace]]\n")
+		w("name", ks.Name)
+		w("key", ks.Key)
+		w("lock", ks.Lock)
+		if ks.Stale != "" {
+			w("stale", ks.Stale)
+			w("stale_ttl", ks.StaleTTL)
+		}
+		w("meta", ks.Meta)
+		w("ttl", ks.TTL)
+		w("jitter", ks.Jitter)
+		w("refresh_ahead", ks.RefreshAhead.String())
+		w("lock_ttl", ks.LockTTL)
+		w("max_stale", ks.MaxStale)
+		w("query", ks.Query)
+		if ks.IDsQuery != "" {
+			w("ids_query", ks.IDsQuery)
+		}
+		w("missing", string(ks.Missing))
+		if ks.Missing == MissingTombstone {
+			w("tombstone_value", ks.TombstoneValue)
+			w("tombstone_ttl", ks.TombstoneTTL)
+		}
+		w("batch_size", ks.BatchSize)
+		w("max_origin_concurrency", ks.MaxOriginConcurrency)
+		w("origin_rate", ks.OriginRate)
+		w("top_n", ks.TopN)
+		w("min_score", ks.MinScore)
+		w("max_value_bytes", ks.MaxValueBytes)
+		w("max_tracked", ks.MaxTracked)
+		w("decay_half_life", ks.DecayHalfLife)
+		w("lfu", ks.LFU)
+	}
+	for _, h := range c.Hotkeys {
+		b.WriteString("\n[[hotkeys]]\n")
+		w("name", h.Name)
+		w("keyspace", h.Keyspace)
+		if h.File != "" {
+			w("file", h.File)
+		}
+		w("ids", h.IDs)
+	}
+	for _, s := range c.Schedules {
+		b.WriteString("\n[[schedule]]\n")
+		w("name", s.Name)
+		w("cron", s.Cron)
+		if s.Timezone != "" {
+			w("timezone", s.Timezone)
+		}
+		w("keyspace", s.Keyspace)
+		switch {
+		case s.IDsQuery:
+			w("ids_query", true)
+		case s.List != "":
+			w("list", s.List)
+		default:
+			w("ids", s.IDs)
+		}
+		if s.Spread > 0 {
+			w("spread", s.Spread)
+		}
+		if s.Rate > 0 {
+			w("rate", s.Rate)
+		}
+	}
+	return b.String()
+}
+
+func tomlValue(v any) string {
+	switch v := v.(type) {
+	case string:
+		if strings.Contains(v, "\n") && !strings.Contains(v, `"""`) && !strings.HasSuffix(v, `"`) {
+			return `"""` + "\n" + v + `"""`
+		}
+		return strconv.Quote(v)
+	case time.Duration:
+		return strconv.Quote(v.String())
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case []string:
+		q := make([]string, len(v))
+		for i, s := range v {
+			q[i] = strconv.Quote(s)
+		}
+		return "[" + strings.Join(q, ", ") + "]"
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// redactURL masks the password of a URL ("redis://user:pw@host"). A string that does not parse as a URL with a
+// scheme is hidden entirely, since it may be a password typed in the wrong place.
+func redactURL(s string) string {
+	if s == "" {
+		return ""
+	}
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" {
+		return mask
+	}
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), mask)
+	}
+	q := u.Query()
+	changed := false
+	for k := range q {
+		if strings.Contains(strings.ToLower(k), "password") {
+			q.Set(k, mask)
+			changed = true
+		}
+	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// kvPassword matches password=... and sslpassword=... in a keyword/value DSN, quoted or not.
+var kvPassword = regexp.MustCompile(`(?i)(\b\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)`)
+
+// redactDSN masks the password of a connection string in URL or keyword/value form.
+func redactDSN(s string) string {
+	if s == "" {
+		return ""
+	}
+	if strings.Contains(s, "://") {
+		return redactURL(s)
+	}
+	return kvPassword.ReplaceAllString(s, "${1}"+mask)
+}
+
+// secretsIn returns the secret strings of c's raw values, to scrub from error messages: the passwords, and the
+// passwords inside the URL and the DSN.
+func secretsIn(r Redis, dsn string) []string {
+	var out []string
+	add := func(s string) {
+		if len(s) >= 3 {
+			out = append(out, s)
+		}
+	}
+	add(r.Password.Value())
+	add(r.SentinelPassword.Value())
+	for _, s := range []string{r.URL.Value(), dsn} {
+		if u, err := url.Parse(s); err == nil && u.User != nil {
+			if pw, ok := u.User.Password(); ok {
+				add(pw)
+			}
+		}
+		for _, m := range kvPassword.FindAllStringSubmatch(s, -1) {
+			add(strings.Trim(m[2], "'"))
+		}
+	}
+	return out
+}

@@ -1,0 +1,681 @@
+package config
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "time/tzdata" // schedules name IANA zones; do not depend on the host having them
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
+)
+
+func decodeRedis(t *table, dir string, r *Redis) {
+	r.Mode = DefaultRedisMode
+	r.DialTimeout, r.ReadTimeout, r.WriteTimeout = DefaultRedisDialTimeout, DefaultRedisReadTimeout, DefaultRedisWriteTimeout
+	t.str("mode", &r.Mode)
+	t.str("master_name", &r.MasterName)
+	hasAddrs := t.strs("addresses", &r.Addresses)
+	var rawURL string
+	hasURL := t.str("url", &rawURL)
+	r.URL = DSN(rawURL)
+	t.str("username", &r.Username)
+	t.secret("password", &r.Password)
+	t.str("sentinel_username", &r.SentinelUsername)
+	t.secret("sentinel_password", &r.SentinelPassword)
+	hasDB := t.integer("db", &r.DB)
+	t.integer("pool_size", &r.PoolSize)
+	t.duration("dial_timeout", &r.DialTimeout)
+	t.duration("read_timeout", &r.ReadTimeout)
+	t.duration("write_timeout", &r.WriteTimeout)
+	tt := t.sub("tls")
+	tlsSet := decodeTLS(tt, dir, &r.TLS)
+	tt.done()
+	t.done()
+	if t.d.known != nil {
+		return // only recording the keys
+	}
+
+	if !oneOf(r.Mode, ModeSingle, ModeSentinel, ModeCluster) {
+		t.problem("mode", "%q is not a mode: want %q, %q or %q", r.Mode, ModeSingle, ModeSentinel, ModeCluster)
+	}
+	if hasAddrs && hasURL {
+		_, urlEnv := t.d.fromEnv["redis.url"]
+		_, addrsEnv := t.d.fromEnv["redis.addresses"]
+		switch {
+		case urlEnv && !addrsEnv:
+			r.Addresses, hasAddrs = nil, false
+		case addrsEnv && !urlEnv:
+			r.URL, hasURL = "", false
+		default:
+			t.problem("", "set addresses or url, not both")
+		}
+	}
+	if !hasAddrs && !hasURL {
+		t.problem("", "set addresses (a list of host:port) or url (redis://host:port/db)")
+	}
+	for i, a := range r.Addresses {
+		if !validHostPort(a) {
+			t.problem(fmt.Sprintf("addresses[%d]", i), "%q is not host:port", a)
+		}
+	}
+	if hasAddrs && len(r.Addresses) == 0 {
+		t.problem("addresses", "is empty")
+	}
+	if hasURL {
+		urlTLS, urlDB, err := checkRedisURL(r.Mode, r.URL.Value())
+		switch {
+		case err != nil:
+			t.problem("url", "%v", err)
+		default:
+			r.TLS.Enabled = r.TLS.Enabled || urlTLS
+			if hasDB && r.DB != urlDB && urlDB != 0 {
+				t.problem("db", "%d differs from the url's database %d", r.DB, urlDB)
+			} else if !hasDB {
+				r.DB = urlDB
+			}
+		}
+	}
+	switch r.Mode {
+	case ModeSingle:
+		if len(r.Addresses) > 1 {
+			t.problem("addresses", "single mode takes one address, got %d; for Redis Cluster set mode = %q", len(r.Addresses), ModeCluster)
+		}
+	case ModeSentinel:
+		if r.MasterName == "" {
+			t.problem("master_name", "required in sentinel mode")
+		}
+	case ModeCluster:
+		if r.DB != 0 {
+			t.problem("db", "must be 0 in cluster mode, got %d", r.DB)
+		}
+	}
+	if r.Mode != ModeSentinel {
+		if r.MasterName != "" {
+			t.problem("master_name", "is only used in sentinel mode (mode is %q)", r.Mode)
+		}
+		if r.SentinelUsername != "" || r.SentinelPassword != "" {
+			t.problem("", "sentinel_username and sentinel_password are only used in sentinel mode (mode is %q)", r.Mode)
+		}
+	}
+	if r.DB < 0 {
+		t.problem("db", "must be 0 or more, got %d", r.DB)
+	}
+	if r.PoolSize < 0 {
+		t.problem("pool_size", "must be 0 (the go-redis default) or more, got %d", r.PoolSize)
+	}
+	switch {
+	case !r.TLS.Enabled && tlsSet != "":
+		tt.problem("enabled", "is false but %s is set: set enabled = true (or use a rediss:// url)", tlsSet)
+	case r.TLS.Enabled:
+		if _, err := r.TLS.Config(); err != nil {
+			tt.problem("", "%v", err)
+		}
+	}
+}
+
+// decodeTLS returns the name of the first key, other than enabled, that is set.
+func decodeTLS(t *table, dir string, c *TLS) string {
+	t.boolean("enabled", &c.Enabled)
+	var set []string
+	for _, f := range []struct {
+		key string
+		dst *string
+	}{{"ca_file", &c.CAFile}, {"cert_file", &c.CertFile}, {"key_file", &c.KeyFile}, {"server_name", &c.ServerName}} {
+		if t.str(f.key, f.dst) {
+			set = append(set, f.key)
+		}
+	}
+	if t.boolean("insecure_skip_verify", &c.InsecureSkipVerify) && c.InsecureSkipVerify {
+		set = append(set, "insecure_skip_verify")
+	}
+	c.CAFile, c.CertFile, c.KeyFile = resolve(dir, c.CAFile), resolve(dir, c.CertFile), resolve(dir, c.KeyFile)
+	if len(set) == 0 {
+		return ""
+	}
+	return set[0]
+}
+
+// checkRedisURL parses a [redis] url for mode, returning whether it asks for TLS and the database it names.
+// The error never quotes the URL, which may hold a password.
+func checkRedisURL(mode, raw string) (tls bool, db int, err error) {
+	scrub := func(err error) error {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return ue.Err
+		}
+		return err
+	}
+	switch mode {
+	case ModeSentinel:
+		return false, 0, errors.New("not supported in sentinel mode: list the Sentinels in addresses and set master_name")
+	case ModeCluster:
+		o, err := redis.ParseClusterURL(raw)
+		if err != nil {
+			return false, 0, scrub(err)
+		}
+		return o.TLSConfig != nil, 0, nil
+	default:
+		o, err := redis.ParseURL(raw)
+		if err != nil {
+			return false, 0, scrub(err)
+		}
+		return o.TLSConfig != nil, o.DB, nil
+	}
+}
+
+func validHostPort(a string) bool {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil || host == "" {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n > 0 && n < 65536
+}
+
+func decodePostgres(t *table, p *Postgres) {
+	p.StatementTimeout, p.ConnectTimeout = DefaultPostgresStatementTimeout, DefaultPostgresConnectTimeout
+	maxConns := DefaultPostgresMaxConns
+	var dsn string
+	hasDSN := t.str("dsn", &dsn)
+	p.DSN = DSN(dsn)
+	t.integer("max_conns", &maxConns)
+	t.duration("statement_timeout", &p.StatementTimeout)
+	t.duration("connect_timeout", &p.ConnectTimeout)
+	t.done()
+	if t.d.known != nil {
+		return
+	}
+	p.MaxConns = int32(maxConns)
+	switch {
+	case !hasDSN && t.has("dsn"):
+	case !hasDSN || p.DSN == "":
+		t.problem("dsn", "missing: set it here or in %sPOSTGRES_DSN", EnvPrefix)
+	default:
+		if err := pgsource.ParseDSN(dsn); err != nil {
+			t.problem("dsn", "cannot parse: %v", err)
+		}
+	}
+	if maxConns < 1 {
+		t.problem("max_conns", "must be at least 1, got %d", maxConns)
+	}
+}
+
+func decodeDaemon(t *table, d *Daemon) {
+	d.Listen, d.LogFormat = DefaultListen, DefaultLogFormat
+	level := DefaultLogLevel
+	t.str("listen", &d.Listen)
+	t.str("log_level", &level)
+	t.str("log_format", &d.LogFormat)
+	t.done()
+	if t.d.known != nil {
+		return
+	}
+	if !validHostPort(d.Listen) && !strings.HasPrefix(d.Listen, ":") {
+		t.problem("listen", "%q is not host:port", d.Listen)
+	}
+	switch strings.ToLower(level) {
+	case "debug":
+		d.LogLevel = slog.LevelDebug
+	case "info":
+		d.LogLevel = slog.LevelInfo
+	case "warn":
+		d.LogLevel = slog.LevelWarn
+	case "error":
+		d.LogLevel = slog.LevelError
+	default:
+		t.problem("log_level", "%q is not a level: want debug, info, warn or error", level)
+	}
+	if !oneOf(d.LogFormat, "json", "text") {
+		t.problem("log_format", "%q is not a format: want json or text", d.LogFormat)
+	}
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// name reads the name of an array-of-tables entry, relabels t after it and checks it is valid and unique.
+func name(t *table, what string, dst *string, seen map[string]bool) {
+	if !t.str("name", dst) || *dst == "" {
+		if !t.has("name") || *dst == "" {
+			t.problem("name", "missing (required)")
+		}
+		return
+	}
+	t.label = fmt.Sprintf("%s %q", what, *dst)
+	if !nameRE.MatchString(*dst) {
+		t.problem("name", "%q: use letters, digits, '_', '-' and '.' (up to 64, starting with a letter or digit)", *dst)
+	}
+	if seen[*dst] {
+		t.problem("name", "%q is used by another [[%s]]", *dst, what)
+	}
+	seen[*dst] = true
+}
+
+func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map[string]string) *Keyspace {
+	ks := &Keyspace{
+		Jitter:               DefaultJitter,
+		RefreshAhead:         RefreshAhead{Fraction: DefaultRefreshAheadFraction},
+		MaxStale:             DefaultMaxStale,
+		Missing:              DefaultMissing,
+		BatchSize:            DefaultBatchSize,
+		MaxOriginConcurrency: DefaultMaxOriginConcurrency,
+		TopN:                 DefaultTopN,
+		MinScore:             DefaultMinScore,
+		MaxValueBytes:        DefaultMaxValueBytes,
+		DecayHalfLife:        DefaultDecayHalfLife,
+	}
+	name(t, "keyspace", &ks.Name, names)
+	hasKey := t.str("key", &ks.Key)
+	t.str("lock", &ks.Lock)
+	hasStale := t.str("stale", &ks.Stale)
+	t.str("meta", &ks.Meta)
+	hasTTL := t.duration("ttl", &ks.TTL)
+	hasStaleTTL := t.duration("stale_ttl", &ks.StaleTTL)
+	t.float("jitter", &ks.Jitter)
+	refreshAhead(t, "refresh_ahead", &ks.RefreshAhead)
+	hasLockTTL := t.duration("lock_ttl", &ks.LockTTL)
+	t.duration("max_stale", &ks.MaxStale)
+	hasQuery := t.str("query", &ks.Query)
+	t.str("ids_query", &ks.IDsQuery)
+	missing := string(DefaultMissing)
+	t.str("missing", &missing)
+	ks.Missing = Missing(missing)
+	hasTombValue := t.str("tombstone_value", &ks.TombstoneValue)
+	hasTombTTL := t.duration("tombstone_ttl", &ks.TombstoneTTL)
+	t.integer("batch_size", &ks.BatchSize)
+	t.integer("max_origin_concurrency", &ks.MaxOriginConcurrency)
+	t.float("origin_rate", &ks.OriginRate)
+	t.integer("top_n", &ks.TopN)
+	t.float("min_score", &ks.MinScore)
+	t.integer("max_value_bytes", &ks.MaxValueBytes)
+	hasMaxTracked := t.integer("max_tracked", &ks.MaxTracked)
+	t.duration("decay_half_life", &ks.DecayHalfLife)
+	t.boolean("lfu", &ks.LFU)
+	t.done()
+
+	// Templates.
+	if !hasKey || ks.Key == "" {
+		if !t.has("key") || ks.Key == "" {
+			t.problem("key", "missing (required): the cache key template, e.g. \"track:${id}\"")
+		}
+	} else {
+		keys, err := lockstep.NewKeys(ks.Key, ks.Lock, ks.Stale, ks.Meta)
+		if err != nil {
+			for _, e := range unjoin(err) {
+				msg := e.Error()
+				for _, f := range []string{"key", "lock", "stale", "meta"} {
+					if rest, ok := strings.CutPrefix(msg, f+" template: "); ok {
+						t.problem(f, "%s", rest)
+						msg = ""
+						break
+					}
+				}
+				if msg != "" {
+					t.problem("", "%s", msg)
+				}
+			}
+		} else {
+			ks.keys = keys
+			ks.Lock, ks.Meta = keys.Lock.String(), keys.Meta.String()
+			if c.Redis.Mode == ModeCluster {
+				if err := keys.CheckCluster(); err != nil {
+					t.problem("", "cluster mode: %v", err)
+				}
+			}
+		}
+		if other, dup := keyTemplates[ks.Key]; dup {
+			t.problem("key", "%q is also the key template of keyspace %q", ks.Key, other)
+		} else {
+			keyTemplates[ks.Key] = ks.Name
+		}
+	}
+
+	// TTLs.
+	if !t.has("ttl") {
+		t.problem("ttl", "missing (required): how long a written value lives, e.g. \"30s\"")
+	}
+	if ks.Jitter < 0 || ks.Jitter > 1 {
+		t.problem("jitter", "%g is not in [0, 1]", ks.Jitter)
+	}
+	if r := ks.RefreshAhead; r.Duration > 0 && hasTTL && r.Duration >= ks.TTL {
+		t.problem("refresh_ahead", "%s must be shorter than ttl (%s)", r.Duration, ks.TTL)
+	}
+	if hasLockTTL {
+		if ks.LockTTL <= c.Postgres.StatementTimeout {
+			t.problem("lock_ttl", "%s must be longer than postgres.statement_timeout (%s): a rebuild may take that long and must not outlive its lock",
+				ks.LockTTL, c.Postgres.StatementTimeout)
+		}
+	} else {
+		ks.LockTTL = max(DefaultMinLockTTL, 2*c.Postgres.StatementTimeout)
+	}
+	switch {
+	case hasStaleTTL && !hasStale:
+		t.problem("stale_ttl", "is set but stale (the stale copy's key template) is not")
+	case hasStale && !hasStaleTTL:
+		ks.StaleTTL = DefaultStaleTTLFactor * ks.TTL
+	case hasStale && hasTTL && ks.StaleTTL <= ks.TTL:
+		t.problem("stale_ttl", "%s must be longer than ttl (%s): the stale copy has to outlive the value", ks.StaleTTL, ks.TTL)
+	}
+
+	// Queries.
+	switch {
+	case !hasQuery && t.has("query"):
+	case !hasQuery || strings.TrimSpace(ks.Query) == "":
+		t.problem("query", "missing (required): SQL taking $1 (a text[] of ids) and returning rows (id, value)")
+	case !strings.Contains(ks.Query, "$1"):
+		t.problem("query", "does not use $1, the text[] of ids to fetch")
+	}
+	if strings.Contains(ks.IDsQuery, "$1") {
+		t.problem("ids_query", "takes no parameters but uses $1")
+	}
+
+	// Missing ids.
+	switch ks.Missing {
+	case MissingTombstone:
+		if !hasTombValue {
+			t.problem("tombstone_value", "required with missing = %q", MissingTombstone)
+		}
+		if !hasTombTTL {
+			ks.TombstoneTTL = ks.TTL
+		}
+	case MissingDelete, MissingKeep:
+		if hasTombValue || hasTombTTL {
+			t.problem("missing", "is %q but tombstone_value or tombstone_ttl is set: set missing = %q", ks.Missing, MissingTombstone)
+		}
+	default:
+		t.problem("missing", "%q is not a policy: want %q, %q or %q", missing, MissingDelete, MissingKeep, MissingTombstone)
+	}
+
+	// Limits.
+	if ks.BatchSize < 1 || ks.BatchSize > 100000 {
+		t.problem("batch_size", "%d is not in [1, 100000]", ks.BatchSize)
+	}
+	if ks.MaxOriginConcurrency < 1 {
+		t.problem("max_origin_concurrency", "must be at least 1, got %d", ks.MaxOriginConcurrency)
+	}
+	if ks.OriginRate < 0 {
+		t.problem("origin_rate", "must be 0 (unlimited) or more, got %g", ks.OriginRate)
+	}
+	if ks.TopN < 0 {
+		t.problem("top_n", "must be 0 (pinned and scheduled keys only) or more, got %d", ks.TopN)
+	}
+	if ks.MinScore < 0 {
+		t.problem("min_score", "must be 0 or more, got %g", ks.MinScore)
+	}
+	if ks.MaxValueBytes < 1 || ks.MaxValueBytes > MaxValueBytesLimit {
+		t.problem("max_value_bytes", "%d is not in [1, %d]", ks.MaxValueBytes, MaxValueBytesLimit)
+	}
+	switch {
+	case !hasMaxTracked && ks.TopN > 0:
+		ks.MaxTracked = DefaultMaxTrackedFactor * ks.TopN
+	case !hasMaxTracked:
+		ks.MaxTracked = DefaultMaxTracked
+	case ks.MaxTracked < max(1, ks.TopN):
+		t.problem("max_tracked", "%d must be at least top_n (%d) and 1", ks.MaxTracked, ks.TopN)
+	}
+	return ks
+}
+
+// refreshAhead reads a fraction of the TTL (0.2, "0.2", "20%") or a duration ("2s").
+func refreshAhead(t *table, key string, dst *RefreshAhead) {
+	v, ok := t.get(key, kindScalar)
+	if !ok {
+		return
+	}
+	bad := func() {
+		t.problem(key, "%s is neither a fraction of the ttl in (0, 1) such as 0.2 or \"20%%\" nor a duration such as \"2s\"", describe(v))
+	}
+	var f float64
+	switch v := v.(type) {
+	case float64:
+		f = v
+	case int64:
+		f = float64(v)
+	case string:
+		s := strings.TrimSpace(v)
+		if p, isPct := strings.CutSuffix(s, "%"); isPct {
+			pf, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+			if err != nil {
+				bad()
+				return
+			}
+			f = pf / 100
+		} else if pf, err := strconv.ParseFloat(s, 64); err == nil {
+			f = pf
+		} else if d, err := time.ParseDuration(s); err == nil {
+			if d <= 0 {
+				t.problem(key, "must be more than 0, got %q", v)
+				return
+			}
+			*dst = RefreshAhead{Duration: d}
+			return
+		} else {
+			bad()
+			return
+		}
+	default:
+		bad()
+		return
+	}
+	if !(f > 0 && f < 1) || math.IsNaN(f) {
+		t.problem(key, "%g is not a fraction of the ttl in (0, 1) (for a duration write e.g. \"2s\")", f)
+		return
+	}
+	*dst = RefreshAhead{Fraction: f}
+}
+
+func decodeHotkeys(t *table, c *Config, dir string, names map[string]bool) *Hotkeys {
+	h := &Hotkeys{}
+	name(t, "hotkeys", &h.Name, names)
+	hasKS := t.str("keyspace", &h.Keyspace)
+	var inline []string
+	hasIDs := t.strs("ids", &inline)
+	var file string
+	hasFile := t.str("file", &file)
+	t.done()
+
+	ks := keyspaceRef(t, c, hasKS, h.Keyspace)
+	if !hasIDs && !hasFile {
+		t.problem("", "set ids (a list) or file (one id per line)")
+	}
+	seen := map[string]bool{}
+	add := func(id string) {
+		if !seen[id] {
+			seen[id] = true
+			h.IDs = append(h.IDs, id)
+		}
+	}
+	for i, id := range inline {
+		if err := checkID(ks, id); err != nil {
+			t.problem(fmt.Sprintf("ids[%d]", i), "%v", err)
+			continue
+		}
+		add(id)
+	}
+	if hasFile {
+		if file == "" {
+			t.problem("file", "is empty")
+			return h
+		}
+		h.File = resolve(dir, file)
+		ids, err := readIDs(h.File, file, func(id string) error { return checkID(ks, id) })
+		for _, e := range unjoin(err) {
+			t.problem("file", "%v", e)
+		}
+		for _, id := range ids {
+			add(id)
+		}
+	}
+	return h
+}
+
+// readIDs reads a hotkeys file: one id per line, surrounding spaces trimmed, blank lines and lines starting
+// with # skipped. Errors name the file as written in the config and the line.
+func readIDs(path, shown string, check func(string) error) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return nil, fmt.Errorf("%s: %w", shown, pe.Err)
+		}
+		return nil, err
+	}
+	defer f.Close()
+	var ids []string
+	var errs []error
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), lockstep.MaxIDBytes*2)
+	line := 0
+	for sc.Scan() {
+		line++
+		s := strings.TrimSpace(sc.Text())
+		if s == "" || strings.HasPrefix(s, "#") {
+			continue
+		}
+		if err := check(s); err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line, err))
+			continue
+		}
+		ids = append(ids, s)
+	}
+	if err := sc.Err(); err != nil {
+		errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line+1, err))
+	}
+	return ids, errors.Join(errs...)
+}
+
+func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {
+	s := &Schedule{}
+	name(t, "schedule", &s.Name, names)
+	hasCron := t.str("cron", &s.Cron)
+	t.str("timezone", &s.Timezone)
+	hasKS := t.str("keyspace", &s.Keyspace)
+	hasIDs := t.strs("ids", &s.IDs)
+	t.boolean("ids_query", &s.IDsQuery)
+	hasList := t.str("list", &s.List)
+	t.duration("spread", &s.Spread)
+	t.float("rate", &s.Rate)
+	t.done()
+
+	tzOK := true
+	if s.Timezone != "" {
+		if strings.HasPrefix(s.Cron, "CRON_TZ=") || strings.HasPrefix(s.Cron, "TZ=") {
+			t.problem("timezone", "set either timezone or a CRON_TZ= prefix in cron, not both")
+			tzOK = false
+		} else if _, err := time.LoadLocation(s.Timezone); err != nil || s.Timezone == "Local" {
+			t.problem("timezone", "%q is not an IANA time zone such as \"Europe/Paris\" or \"UTC\"", s.Timezone)
+			tzOK = false
+		}
+	}
+	switch {
+	case !hasCron && t.has("cron"):
+	case !hasCron || strings.TrimSpace(s.Cron) == "":
+		t.problem("cron", "missing (required): e.g. \"0 3 * * *\" (minute hour dom month dow, seconds optional first) or \"@every 10m\"")
+	case tzOK:
+		spec, err := CronParser().Parse(s.CronSpec())
+		if err != nil {
+			t.problem("cron", "%q: %v", s.Cron, err)
+		}
+		s.spec = spec
+	}
+
+	ks := keyspaceRef(t, c, hasKS, s.Keyspace)
+	n := 0
+	for _, set := range []bool{hasIDs, s.IDsQuery, hasList} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		t.problem("", "set exactly one of ids (a list), ids_query = true (the keyspace's ids_query) or list (a [[hotkeys]] name)")
+	}
+	if hasIDs && len(s.IDs) == 0 {
+		t.problem("ids", "is empty")
+	}
+	for i, id := range s.IDs {
+		if err := checkID(ks, id); err != nil {
+			t.problem(fmt.Sprintf("ids[%d]", i), "%v", err)
+		}
+	}
+	if s.IDsQuery && ks != nil && ks.IDsQuery == "" {
+		t.problem("ids_query", "keyspace %q has no ids_query", ks.Name)
+	}
+	if hasList {
+		switch h := c.HotkeysList(s.List); {
+		case h == nil:
+			t.problem("list", "%q is not a [[hotkeys]] name%s", s.List, known(hotkeysNames(c)))
+		case h.Keyspace != s.Keyspace:
+			t.problem("list", "%q pins ids of keyspace %q, not %q", s.List, h.Keyspace, s.Keyspace)
+		}
+	}
+	if s.Rate < 0 {
+		t.problem("rate", "must be 0 (unlimited) or more, got %g", s.Rate)
+	}
+	return s
+}
+
+// keyspaceRef checks that a [[hotkeys]] or [[schedule]] names a keyspace that exists, and returns it.
+func keyspaceRef(t *table, c *Config, has bool, name string) *Keyspace {
+	if !has || name == "" {
+		if !t.has("keyspace") || name == "" {
+			t.problem("keyspace", "missing (required)")
+		}
+		return nil
+	}
+	ks := c.Keyspace(name)
+	if ks == nil {
+		var names []string
+		for _, k := range c.Keyspaces {
+			names = append(names, k.Name)
+		}
+		t.problem("keyspace", "%q is not a [[keyspace]] name%s", name, known(names))
+	}
+	return ks
+}
+
+func hotkeysNames(c *Config) []string {
+	var out []string
+	for _, h := range c.Hotkeys {
+		out = append(out, h.Name)
+	}
+	return out
+}
+
+func known(names []string) string {
+	if len(names) == 0 {
+		return " (there are none)"
+	}
+	return " (known: " + strings.Join(names, ", ") + ")"
+}
+
+// checkID validates a pinned id against its keyspace's templates, or alone when the keyspace is unknown.
+func checkID(ks *Keyspace, id string) error {
+	if ks != nil && ks.keys != nil {
+		_, err := ks.keys.For(id)
+		return err
+	}
+	return lockstep.ValidateID(id)
+}
+
+// unjoin splits an errors.Join into its errors.
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
