@@ -53,7 +53,9 @@ const (
 )
 
 // Config is keepwarm's configuration, as loaded, defaulted and validated by Load. Treat it as read-only.
-// Printing it (%v, String, Redacted) never shows a secret.
+// Printing it or its sections (%v, %#v, String, Redacted, slog, JSON) never shows a secret: passwords are Secret
+// values, and the sections mask the password inside Redis.URL and Postgres.DSN. Only reading those two fields
+// directly gives the raw connection strings, for connecting.
 type Config struct {
 	Path      string // the config file, absolute; relative paths inside it are resolved against its directory
 	Redis     Redis
@@ -69,7 +71,7 @@ type Redis struct {
 	Mode             string        // ModeSingle (default), ModeSentinel or ModeCluster
 	MasterName       string        // the Sentinel master name; required in sentinel mode only
 	Addresses        []string      // host:port; single mode: exactly one; sentinel: the Sentinels; cluster: seed nodes
-	URL              DSN           // instead of Addresses in single and cluster modes: redis://[user:pass@]host:port[/db], rediss:// for TLS
+	URL              string        // instead of Addresses in single and cluster modes: redis://[user:pass@]host:port[/db], rediss:// for TLS
 	Username         string        // ACL user; "" uses the URL's or none
 	Password         Secret        // ACL password; overrides the URL's; set it with KEEPWARM_REDIS_PASSWORD
 	SentinelUsername string        // sentinel mode: the Sentinels' own ACL user
@@ -95,7 +97,7 @@ type TLS struct {
 // Postgres is the [postgres] section. TLS is set in the DSN (sslmode=verify-full sslrootcert=/path/ca.pem, and
 // sslcert/sslkey for client certificates).
 type Postgres struct {
-	DSN              DSN           // postgres:// URL or keyword/value string; set it with KEEPWARM_POSTGRES_DSN to keep the password out of the file
+	DSN              string        // postgres:// URL or keyword/value string; set it with KEEPWARM_POSTGRES_DSN to keep the password out of the file
 	MaxConns         int32         // pool size; default DefaultPostgresMaxConns
 	StatementTimeout time.Duration // bound on each fetch query; default DefaultPostgresStatementTimeout
 	ConnectTimeout   time.Duration // bound on each connection attempt; default DefaultPostgresConnectTimeout

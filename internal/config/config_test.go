@@ -363,7 +363,7 @@ func TestEnvOverride(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"postgres.dsn", c.Postgres.DSN.Value(), "postgres://kw:pw@db.internal:5432/app?sslmode=verify-full"},
+		{"postgres.dsn", c.Postgres.DSN, "postgres://kw:pw@db.internal:5432/app?sslmode=verify-full"},
 		{"redis.password", c.Redis.Password.Value(), "from-env"},
 		{"redis.db", c.Redis.DB, 3},
 		{"redis.tls.enabled", c.Redis.TLS.Enabled, true},
@@ -384,7 +384,7 @@ func TestEnvOverride(t *testing.T) {
 	}
 	text2 := strings.Replace(cfg(map[string]string{"REDIS": `addresses = ["10.0.0.1:6379"]`}), `url = "redis://127.0.0.1:16379/0"`, "", 1)
 	c = mustLoad(t, text2, nil, "KEEPWARM_REDIS_URL=redis://127.0.0.1:16379/2")
-	if c.Redis.URL.Value() != "redis://127.0.0.1:16379/2" || c.Redis.Addresses != nil || c.Redis.DB != 2 {
+	if c.Redis.URL != "redis://127.0.0.1:16379/2" || c.Redis.Addresses != nil || c.Redis.DB != 2 {
 		t.Errorf("KEEPWARM_REDIS_URL: got url %q, addresses %q, db %d", c.Redis.URL, c.Redis.Addresses, c.Redis.DB)
 	}
 

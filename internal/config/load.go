@@ -106,7 +106,7 @@ func parse(path, abs string, b []byte, environ []string) (*Config, error) {
 	d := &decoder{fromEnv: fromEnv}
 	c := decode(d, abs, k.Raw())
 	if len(d.problems) > 0 {
-		secrets := secretsIn(c.Redis, c.Postgres.DSN.Value())
+		secrets := secretsIn(c.Redis, c.Postgres.DSN)
 		for i, p := range d.problems {
 			for _, s := range secrets {
 				p = strings.ReplaceAll(p, s, mask)

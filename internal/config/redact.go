@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -37,28 +38,8 @@ func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 // MarshalText masks the secret in JSON, TOML and other encodings.
 func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
-// DSN is a connection string (a PostgreSQL DSN or a Redis URL) that may hold a password. String, GoString,
-// LogValue and MarshalText mask the password, in URL and keyword/value form alike; a string that cannot be
-// parsed is hidden entirely. Use Value to connect.
-type DSN string
-
-// Value returns the connection string itself.
-func (d DSN) Value() string { return string(d) }
-
-// String returns the connection string with its password masked.
-func (d DSN) String() string { return redactDSN(string(d)) }
-
-// GoString is String, so that %#v does not print the password either.
-func (d DSN) GoString() string { return strconv.Quote(d.String()) }
-
-// LogValue masks the password in slog output.
-func (d DSN) LogValue() slog.Value { return slog.StringValue(d.String()) }
-
-// MarshalText masks the password in JSON, TOML and other encodings.
-func (d DSN) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
-
 // RedactedURL returns the Redis URL with its password masked.
-func (r Redis) RedactedURL() string { return r.URL.String() }
+func (r Redis) RedactedURL() string { return redactDSN(r.URL) }
 
 // LogValue logs the section without secrets.
 func (r Redis) LogValue() slog.Value {
@@ -75,9 +56,20 @@ func (r Redis) LogValue() slog.Value {
 // String prints the section without secrets.
 func (r Redis) String() string { return fmt.Sprint(r.LogValue()) }
 
+// GoString is String, so that %#v does not print the URL's password either.
+func (r Redis) GoString() string { return "config.Redis" + r.String() }
+
+// MarshalJSON encodes the section with its URL's password masked (Password is a Secret already).
+func (r Redis) MarshalJSON() ([]byte, error) {
+	type plain Redis // drops the methods, so that json.Marshal does not recurse
+	p := plain(r)
+	p.URL = r.RedactedURL()
+	return json.Marshal(p)
+}
+
 // RedactedDSN returns the DSN with its password masked, in URL or keyword/value form alike. A DSN that cannot
 // be parsed is hidden entirely.
-func (p Postgres) RedactedDSN() string { return p.DSN.String() }
+func (p Postgres) RedactedDSN() string { return redactDSN(p.DSN) }
 
 // LogValue logs the section without the DSN's password.
 func (p Postgres) LogValue() slog.Value {
@@ -91,6 +83,17 @@ func (p Postgres) LogValue() slog.Value {
 
 // String prints the section without the DSN's password.
 func (p Postgres) String() string { return fmt.Sprint(p.LogValue()) }
+
+// GoString is String, so that %#v does not print the DSN's password either.
+func (p Postgres) GoString() string { return "config.Postgres" + p.String() }
+
+// MarshalJSON encodes the section with the DSN's password masked.
+func (p Postgres) MarshalJSON() ([]byte, error) {
+	type plain Postgres
+	q := plain(p)
+	q.DSN = p.RedactedDSN()
+	return json.Marshal(q)
+}
 
 // String is Redacted.
 func (c *Config) String() string { return c.Redacted() }
@@ -284,7 +287,7 @@ func secretsIn(r Redis, dsn string) []string {
 	}
 	add(r.Password.Value())
 	add(r.SentinelPassword.Value())
-	for _, s := range []string{r.URL.Value(), dsn} {
+	for _, s := range []string{r.URL, dsn} {
 		if u, err := url.Parse(s); err == nil && u.User != nil {
 			if pw, ok := u.User.Password(); ok {
 				add(pw)

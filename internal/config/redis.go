@@ -38,7 +38,7 @@ func (r Redis) Options() (*redis.UniversalOptions, error) {
 	case ModeCluster:
 		o.IsClusterMode = true
 		if r.URL != "" {
-			co, err := redis.ParseClusterURL(r.URL.Value())
+			co, err := redis.ParseClusterURL(r.URL)
 			if err != nil {
 				return nil, errors.New("config: redis: url: cannot parse")
 			}
@@ -46,7 +46,7 @@ func (r Redis) Options() (*redis.UniversalOptions, error) {
 		}
 	default:
 		if r.URL != "" {
-			so, err := redis.ParseURL(r.URL.Value())
+			so, err := redis.ParseURL(r.URL)
 			if err != nil {
 				return nil, errors.New("config: redis: url: cannot parse")
 			}

@@ -28,9 +28,7 @@ func decodeRedis(t *table, dir string, r *Redis) {
 	t.str("mode", &r.Mode)
 	t.str("master_name", &r.MasterName)
 	hasAddrs := t.strs("addresses", &r.Addresses)
-	var rawURL string
-	hasURL := t.str("url", &rawURL)
-	r.URL = DSN(rawURL)
+	hasURL := t.str("url", &r.URL)
 	t.str("username", &r.Username)
 	t.secret("password", &r.Password)
 	t.str("sentinel_username", &r.SentinelUsername)
@@ -75,7 +73,7 @@ func decodeRedis(t *table, dir string, r *Redis) {
 		t.problem("addresses", "is empty")
 	}
 	if hasURL {
-		urlTLS, urlDB, err := checkRedisURL(r.Mode, r.URL.Value())
+		urlTLS, urlDB, err := checkRedisURL(r.Mode, r.URL)
 		switch {
 		case err != nil:
 			t.problem("url", "%v", err)
@@ -188,9 +186,7 @@ func validHostPort(a string) bool {
 func decodePostgres(t *table, p *Postgres) {
 	p.StatementTimeout, p.ConnectTimeout = DefaultPostgresStatementTimeout, DefaultPostgresConnectTimeout
 	maxConns := DefaultPostgresMaxConns
-	var dsn string
-	hasDSN := t.str("dsn", &dsn)
-	p.DSN = DSN(dsn)
+	hasDSN := t.str("dsn", &p.DSN)
 	t.integer("max_conns", &maxConns)
 	t.duration("statement_timeout", &p.StatementTimeout)
 	t.duration("connect_timeout", &p.ConnectTimeout)
@@ -204,7 +200,7 @@ func decodePostgres(t *table, p *Postgres) {
 	case !hasDSN || p.DSN == "":
 		t.problem("dsn", "missing: set it here or in %sPOSTGRES_DSN", EnvPrefix)
 	default:
-		if err := pgsource.ParseDSN(dsn); err != nil {
+		if err := pgsource.ParseDSN(p.DSN); err != nil {
 			t.problem("dsn", "cannot parse: %v", err)
 		}
 	}
