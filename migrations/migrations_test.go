@@ -1,0 +1,147 @@
+package migrations_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/migrations"
+)
+
+// freshDB creates a throwaway database (other tests share the database keepwarm) and drops it on cleanup.
+func freshDB(t *testing.T) *sql.DB {
+	t.Helper()
+	admin := testenv.Postgres(t)
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	name := "kwtest_" + hex.EncodeToString(b)
+	ctx := context.Background()
+	if _, err := admin.Exec(ctx, "create database "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	u, err := url.Parse(testenv.PostgresURL())
+	if err != nil {
+		t.Fatalf("KEEPWARM_POSTGRES_URL must be a postgres:// URL for this test: %v", err)
+	}
+	u.Path = "/" + name
+	db, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = db.Close()
+		if _, err := admin.Exec(context.Background(), "drop database "+pgx.Identifier{name}.Sanitize()+" with (force)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	return db
+}
+
+func tableExists(t *testing.T, db *sql.DB) bool {
+	t.Helper()
+	var ok bool
+	if err := db.QueryRow("select to_regclass('keepwarm.warmup_runs') is not null").Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func run(t *testing.T, db *sql.DB, f func(context.Context, *sql.DB, *bytes.Buffer) error) string {
+	t.Helper()
+	var out bytes.Buffer
+	if err := f(context.Background(), db, &out); err != nil {
+		t.Fatalf("%v\noutput:\n%s", err, out.String())
+	}
+	return out.String()
+}
+
+func up(ctx context.Context, db *sql.DB, out *bytes.Buffer) error { return migrations.Up(ctx, db, out) }
+func down(ctx context.Context, db *sql.DB, out *bytes.Buffer) error {
+	return migrations.Down(ctx, db, out)
+}
+func status(ctx context.Context, db *sql.DB, out *bytes.Buffer) error {
+	return migrations.Status(ctx, db, out)
+}
+
+func TestUpDownUp(t *testing.T) {
+	db := freshDB(t)
+
+	out := run(t, db, up)
+	if !strings.Contains(out, "OK    up 00001_warmup_runs.sql") || !strings.Contains(out, "now at version 1") || !tableExists(t, db) {
+		t.Fatalf("first up: got\n%s", out)
+	}
+	if out := run(t, db, up); !strings.Contains(out, "up to date at version 1") {
+		t.Errorf("second up: got %q, want up to date", out)
+	}
+	if out := run(t, db, status); !strings.Contains(out, "1        applied") || !strings.Contains(out, "00001_warmup_runs.sql") {
+		t.Errorf("status: got\n%s", out)
+	}
+	var table string
+	if err := db.QueryRow("select schemaname || '.' || tablename from pg_tables where tablename = 'goose_db_version'").Scan(&table); err != nil || table != migrations.VersionTable {
+		t.Errorf("goose version table: got %q (%v), want %s", table, err, migrations.VersionTable)
+	}
+
+	// The table takes a run and enforces its checks.
+	if _, err := db.Exec(`insert into keepwarm.warmup_runs (name, trigger, keyspace, host) values ('nightly', 'cron', 'track', 'h1')`); err != nil {
+		t.Errorf("insert a running run: %v", err)
+	}
+	for _, bad := range []string{
+		`insert into keepwarm.warmup_runs (name, trigger, keyspace, host) values ('x', 'manual', 'track', 'h1')`,
+		`insert into keepwarm.warmup_runs (name, trigger, keyspace, host, status) values ('x', 'cli', 'track', 'h1', 'ok')`,
+		`insert into keepwarm.warmup_runs (name, trigger, keyspace, host, written) values ('x', 'cli', 'track', 'h1', -1)`,
+	} {
+		if _, err := db.Exec(bad); err == nil || !strings.Contains(err.Error(), "23514") {
+			t.Errorf("%s: got %v, want a check violation (23514)", bad, err)
+		}
+	}
+
+	if out := run(t, db, down); !strings.Contains(out, "OK    down 00001_warmup_runs.sql") || !strings.Contains(out, "now at version 0") || tableExists(t, db) {
+		t.Fatalf("down: got\n%s", out)
+	}
+	if out := run(t, db, down); !strings.Contains(out, "nothing to roll back") {
+		t.Errorf("second down: got %q", out)
+	}
+	if out := run(t, db, status); !strings.Contains(out, "pending") {
+		t.Errorf("status after down: got\n%s", out)
+	}
+	if out := run(t, db, up); !strings.Contains(out, "OK    up 00001_warmup_runs.sql") || !tableExists(t, db) {
+		t.Fatalf("up after down: got\n%s", out)
+	}
+}
+
+// TestConcurrentUp checks that the advisory lock lets several processes migrate at once safely.
+func TestConcurrentUp(t *testing.T) {
+	db := freshDB(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var out bytes.Buffer
+			errs <- migrations.Up(context.Background(), db, &out)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent Up: %v", err)
+		}
+	}
+	if !tableExists(t, db) {
+		t.Error("table missing after concurrent Up")
+	}
+}
