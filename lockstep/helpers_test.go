@@ -65,6 +65,9 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 }
 
 func (r *roundTrips) add(cmds []redis.Cmder) {
+	if isHandshake(cmds) {
+		return
+	}
 	names := make([]string, len(cmds))
 	for i, c := range cmds {
 		names[i] = strings.ToUpper(c.Name())
@@ -72,6 +75,34 @@ func (r *roundTrips) add(cmds []redis.Cmder) {
 	r.mu.Lock()
 	r.trips = append(r.trips, names)
 	r.mu.Unlock()
+}
+
+// isHandshake reports whether cmds are a new connection's HELLO/CLIENT SETINFO handshake, which go-redis sends
+// through the hooks too; they are per connection, not per request, so round-trip counts leave them out.
+func isHandshake(cmds []redis.Cmder) bool {
+	n := cmds[0].Name()
+	return n == "hello" || n == "client" || n == "auth" || n == "select"
+}
+
+// tripCounter is a lighter round-trip counter for benchmarks.
+type tripCounter struct{ n atomic.Int64 }
+
+func (h *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !isHandshake([]redis.Cmder{cmd}) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !isHandshake(cmds) {
+			h.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // take returns the round trips since the last take, each as its command names joined by "+".

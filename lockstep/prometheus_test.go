@@ -1,0 +1,103 @@
+package lockstep_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func TestPrometheusRecorder(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	rec, err := lockstep.NewPrometheusRecorder(reg)
+	if err != nil {
+		t.Fatalf("NewPrometheusRecorder: %v", err)
+	}
+	rec.Hit("product")
+	rec.Miss("product")
+	rec.StaleServe("product")
+	rec.LockContention("product")
+	rec.EarlyRefresh("product")
+	rec.Rebuild("product", 30*time.Millisecond, lockstep.ResultOK)
+	rec.Wait("product", 120*time.Millisecond, lockstep.WaitStale)
+
+	problems, err := testutil.CollectAndLint(rec)
+	if err != nil {
+		t.Fatalf("CollectAndLint: %v", err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint %s: %s", p.Metric, p.Text)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{
+		"keepwarm_lockstep_hits_total": true, "keepwarm_lockstep_misses_total": true,
+		"keepwarm_lockstep_stale_serves_total": true, "keepwarm_lockstep_lock_contentions_total": true,
+		"keepwarm_lockstep_early_refreshes_total": true, "keepwarm_lockstep_rebuild_duration_seconds": true,
+		"keepwarm_lockstep_wait_duration_seconds": true,
+	}
+	for _, f := range families {
+		if !want[f.GetName()] {
+			t.Errorf("unexpected metric %s", f.GetName())
+		}
+		delete(want, f.GetName())
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "keyspace" && l.GetName() != "result" {
+					t.Errorf("%s has label %q; only keyspace and result are allowed (never a key or an id)", f.GetName(), l.GetName())
+				}
+			}
+		}
+	}
+	for name := range want {
+		t.Errorf("metric %s missing", name)
+	}
+
+	if _, err := lockstep.NewPrometheusRecorder(reg); err == nil {
+		t.Error("registering twice on one registry succeeded, want an error")
+	}
+	if _, err := lockstep.NewPrometheusRecorder(nil); !errors.Is(err, lockstep.ErrInvalidArgument) {
+		t.Errorf("NewPrometheusRecorder(nil) = %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestPrometheusRecorderWithClient(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	reg := prometheus.NewRegistry()
+	rec, err := lockstep.NewPrometheusRecorder(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, rdb, "product", mustKeys(t, testenv.Prefix(t, rdb), false),
+		func(_ context.Context, id string) ([]byte, error) { return []byte(id), nil }, time.Minute, lockstep.WithRecorder(rec))
+	for range 3 {
+		if _, err := c.Get(ctx, "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const want = `
+# HELP keepwarm_lockstep_hits_total Reads answered from the cache key on the first read.
+# TYPE keepwarm_lockstep_hits_total counter
+keepwarm_lockstep_hits_total{keyspace="product"} 2
+# HELP keepwarm_lockstep_misses_total Reads that found no value on the first read.
+# TYPE keepwarm_lockstep_misses_total counter
+keepwarm_lockstep_misses_total{keyspace="product"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "keepwarm_lockstep_hits_total", "keepwarm_lockstep_misses_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(rec, "keepwarm_lockstep_rebuild_duration_seconds"); n != 1 {
+		t.Errorf("rebuild histogram series = %d, want 1 (keyspace product, result ok)", n)
+	}
+}
