@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/sources/postgres"
+)
+
+// cmdValidate is `keepwarm validate`: load the config (with the environment's overrides), print "ok" and one
+// line per keyspace, or every problem and exit 1. With --check-db it also prepares every keyspace's queries on
+// PostgreSQL, which catches SQL errors without running anything. It never prints a secret.
+func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "config.toml", "config file (TOML)")
+	checkDB := fs.Bool("check-db", false, "also connect to PostgreSQL and prepare (not run) every keyspace's queries")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: keepwarm validate [--config config.toml] [--check-db]")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("validate: unexpected argument %q", fs.Arg(0))
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	if *checkDB {
+		if err := checkQueries(ctx, cfg); err != nil {
+			return err
+		}
+	}
+	summarize(stdout, *path, cfg, *checkDB)
+	return nil
+}
+
+func summarize(w io.Writer, path string, cfg *config.Config, checkedDB bool) {
+	fmt.Fprintf(w, "ok: %s: %s, %s, %s", path,
+		plural(len(cfg.Keyspaces), "keyspace"), plural(len(cfg.Hotkeys), "hotkeys list"), plural(len(cfg.Schedules), "schedule"))
+	if checkedDB {
+		fmt.Fprint(w, "; queries prepared on PostgreSQL")
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEYSPACE\tKEY\tTTL\tJITTER\tREFRESH AHEAD\tPINNED\tSCHEDULES")
+	for _, ks := range cfg.Keyspaces {
+		ra := ks.RefreshAhead.String()
+		if ks.RefreshAhead.Fraction > 0 {
+			ra += " (" + ks.RefreshAhead.For(ks.TTL).String() + ")"
+		}
+		var scheds []string
+		for _, s := range cfg.SchedulesFor(ks.Name) {
+			scheds = append(scheds, s.Name)
+		}
+		if len(scheds) == 0 {
+			scheds = []string{"-"}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t%s\t%d\t%s\n",
+			ks.Name, ks.Key, ks.TTL, ks.Jitter, ra, len(cfg.Pinned(ks.Name)), strings.Join(scheds, ","))
+	}
+	_ = tw.Flush()
+}
+
+// checkQueries prepares every keyspace's queries on PostgreSQL and reports all the failures together.
+func checkQueries(ctx context.Context, cfg *config.Config) error {
+	pool, err := postgres.NewPool(ctx, cfg.Postgres.DSN, 2, cfg.Postgres.ConnectTimeout)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres %s: %w", cfg.Postgres.RedactedDSN(), err)
+	}
+	var errs []error
+	for _, ks := range cfg.Keyspaces {
+		src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, IDsQuery: ks.IDsQuery})
+		if err == nil {
+			err = src.Check(ctx)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("postgres %s: %w", cfg.Postgres.RedactedDSN(), errors.Join(errs...))
+	}
+	return nil
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
