@@ -20,7 +20,7 @@ const (
 	DefaultJitter           = 0.1
 	DefaultBatchSize        = 100
 	DefaultOriginConcurrent = 4
-	DefaultTopN             = 1000
+	DefaultMaxTracked       = 10000
 	DefaultDecayHalfLife    = 10 * time.Minute
 	DefaultMaxStale         = 5 * time.Minute
 	DefaultLeadMultiple     = 3.0                   // lead is at least this many times the rebuild p95
@@ -52,9 +52,9 @@ type KeyspaceConfig struct {
 	MaxOriginQueries int     // concurrent origin queries; default DefaultOriginConcurrent
 	OriginRate       float64 // origin queries per second (token bucket); 0 means unlimited
 
-	TopN          int           // hot = the TopN best-scored ids (plus pinned); default DefaultTopN
+	TopN          int           // hot = the TopN best-scored ids, plus the pinned ones; 0 means pinned ids only
 	MinScore      float64       // and only those scoring at least this; 0 means no floor
-	MaxTracked    int           // bound on tracked ids; coldest leave first; default 10×TopN
+	MaxTracked    int           // bound on tracked ids; coldest leave first; default max(10×TopN, DefaultMaxTracked)
 	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
 	LFU           bool          // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
 
@@ -114,11 +114,8 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	if c.MaxOriginQueries == 0 {
 		c.MaxOriginQueries = DefaultOriginConcurrent
 	}
-	if c.TopN == 0 {
-		c.TopN = DefaultTopN
-	}
 	if c.MaxTracked == 0 {
-		c.MaxTracked = 10 * c.TopN
+		c.MaxTracked = max(10*c.TopN, DefaultMaxTracked)
 	}
 	if c.LeadMultiple == 0 {
 		c.LeadMultiple = DefaultLeadMultiple

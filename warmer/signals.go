@@ -23,10 +23,13 @@ func (k *keyspace) poll(ctx context.Context) {
 	window := int64(2 * cfg.TopN)
 	var zs []redis.Z
 	var err error
-	if cfg.MinScore > 0 {
+	switch {
+	case window == 0:
+		// Pinned ids only: the access set is not read.
+	case cfg.MinScore > 0:
 		zs, err = k.w.rdb.ZRevRangeByScoreWithScores(ctx, cfg.AccessKey, &redis.ZRangeBy{
 			Max: "+inf", Min: formatScore(cfg.MinScore), Count: window}).Result()
-	} else {
+	default:
 		zs, err = k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, 0, window-1).Result()
 	}
 	if err != nil {
@@ -37,7 +40,7 @@ func (k *keyspace) poll(ctx context.Context) {
 	k.mu.Lock()
 	syncDue := now.Sub(k.lastSync) >= FullSyncEvery
 	k.mu.Unlock()
-	if syncDue && int64(cfg.MaxTracked) > window {
+	if syncDue && window > 0 && int64(cfg.MaxTracked) > window {
 		full = k.fullSync(ctx, cfg)
 		k.mu.Lock()
 		k.lastSync = now

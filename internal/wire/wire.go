@@ -1,0 +1,104 @@
+// Package wire builds the daemon's parts from a loaded config: the Redis client, the PostgreSQL pool, one
+// source per keyspace, and the warmer's keyspace configs. keepwarm's commands and keepwarm-bench share it so that
+// they connect and translate the config in exactly one way.
+package wire
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// Redis returns a client for the [redis] section (single, Sentinel or Cluster) and checks that it answers
+// within timeout. In cluster mode it also checks every keyspace's templates keep one id's keys in one slot.
+func Redis(ctx context.Context, cfg *config.Config, timeout time.Duration) (redis.UniversalClient, error) {
+	opts, err := cfg.RedisOptions()
+	if err != nil {
+		return nil, fmt.Errorf("redis: %w", err)
+	}
+	rdb := redis.NewUniversalClient(opts)
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		_ = rdb.Close()
+		return nil, fmt.Errorf("redis %s: %w", cfg.Redis.RedactedURL(), err)
+	}
+	return rdb, nil
+}
+
+// Postgres returns a pool for the [postgres] section and checks that it answers within timeout.
+func Postgres(ctx context.Context, cfg *config.Config, timeout time.Duration) (*pgxpool.Pool, error) {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pool, err := postgres.NewPool(pctx, cfg.Postgres.DSN, cfg.Postgres.MaxConns, cfg.Postgres.ConnectTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("postgres %s: %w", cfg.Postgres.RedactedDSN(), err)
+	}
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres %s: %w", cfg.Postgres.RedactedDSN(), err)
+	}
+	return pool, nil
+}
+
+// Sources returns one PostgreSQL source per keyspace, by name.
+func Sources(pool *pgxpool.Pool, cfg *config.Config) (map[string]*postgres.Source, error) {
+	out := make(map[string]*postgres.Source, len(cfg.Keyspaces))
+	var errs []error
+	for _, ks := range cfg.Keyspaces {
+		src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, IDsQuery: ks.IDsQuery,
+			StatementTimeout: cfg.Postgres.StatementTimeout})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out[ks.Name] = src
+	}
+	return out, errors.Join(errs...)
+}
+
+// Keyspaces translates the config's keyspaces into the warmer's, with their pinned ids and sources.
+func Keyspaces(cfg *config.Config, sources map[string]*postgres.Source) []warmer.KeyspaceConfig {
+	out := make([]warmer.KeyspaceConfig, 0, len(cfg.Keyspaces))
+	for _, ks := range cfg.Keyspaces {
+		out = append(out, Keyspace(cfg, ks, sources[ks.Name]))
+	}
+	return out
+}
+
+// Keyspace translates one keyspace.
+func Keyspace(cfg *config.Config, ks *config.Keyspace, src warmer.Source) warmer.KeyspaceConfig {
+	return warmer.KeyspaceConfig{
+		Name:             ks.Name,
+		Keys:             ks.Keys(),
+		Src:              src,
+		TTL:              ks.TTL,
+		Jitter:           ks.Jitter,
+		RefreshAhead:     ks.RefreshAhead.For(ks.TTL),
+		LockTTL:          ks.LockTTL,
+		StaleTTL:         ks.StaleTTL,
+		StatementTimeout: cfg.Postgres.StatementTimeout,
+		BatchSize:        ks.BatchSize,
+		MaxOriginQueries: ks.MaxOriginConcurrency,
+		OriginRate:       ks.OriginRate,
+		TopN:             ks.TopN,
+		MinScore:         ks.MinScore,
+		MaxTracked:       ks.MaxTracked,
+		DecayHalfLife:    ks.DecayHalfLife,
+		LFU:              ks.LFU,
+		MaxStale:         ks.MaxStale,
+		MaxValueBytes:    ks.MaxValueBytes,
+		Missing:          string(ks.Missing),
+		Tombstone:        []byte(ks.TombstoneValue),
+		TombstoneTTL:     ks.TombstoneTTL,
+		Pinned:           cfg.Pinned(ks.Name),
+	}
+}
