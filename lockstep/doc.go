@@ -1,0 +1,77 @@
+// Package lockstep is keepwarm's Redis token-lock protocol and the app-side read-through client built on it. It
+// keeps caches in front of an origin (PostgreSQL) from stampeding: when a value is missing or about to expire,
+// exactly one process rebuilds it while the others wait or keep serving what they have. keepwarm's daemon, this
+// package's Client and apps in other languages all speak the same protocol, specified in full (with the Lua
+// script texts) in docs/protocol.md. The package imports nothing of the daemon: apps import it directly.
+//
+// # Key layout
+//
+// Each keyspace (e.g. "product") has key templates, parsed by NewKeys; ${id} is the record id, ${key} the finished
+// cache key:
+//
+//	cache  product:${id}       the value, bytes exactly as loaded (no envelope)    PX ttl (jittered)
+//	lock   lock:${key}         the rebuild lock, holding the leader's token        PX lock ttl
+//	stale  stale:${key}        optional long-lived copy served when a rebuild lags PX stale ttl
+//	meta   meta:${key}         hash: written_ms, delta_ms (see MetaWrittenField)   PX ttl (same as cache)
+//	access keepwarm:access:<keyspace>  sorted set id → read count (AccessKey)      no TTL
+//
+// With Redis Cluster, a literal hash tag such as "{product}:${id}" keeps all of one id's keys in one slot (the
+// default lock, stale and meta templates embed the cache key); Keys.CheckCluster refuses layouts that could split.
+//
+// # Token and lock
+//
+// A leader takes the lock with SET <lock> <token> NX PX <lock_ttl_ms>, where the token is 128 random bits from
+// crypto/rand as 32 lowercase hex characters (NewToken); any unique string works, so an app using UUIDs
+// interoperates. Every change made under the lock is a Lua script that first checks GET <lock> == token:
+// release.lua (Release: compare-and-delete), extend.lua (Extend: compare-and-PEXPIRE, a lease watchdog for slow
+// rebuilds), publish.lua (Publish: compare, then SET the cache key PX ttl, HSET+PEXPIRE the meta hash, SET the stale
+// copy when asked, DEL the lock; or, in delete mode, DEL cache, meta and stale), and extend_value.lua
+// (ExtendValueMany: compare, then PEXPIRE the cache key and meta, DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
+// (after SCRIPT FLUSH, a restart or a failover) single calls fall back to EVAL, and pipelined calls
+// (AcquireMany, PublishMany, ...) load the script with SCRIPT LOAD and retry just the failed calls.
+//
+// # TTLs
+//
+// The cache TTL is jittered by every writer with Jitter: ttl × (1 + u·jitter), u uniform in [0, 1), so in
+// [ttl, ttl×(1+jitter)) (default jitter 0.1). The meta hash expires with the value. The lock TTL (default
+// DefaultLockTTL, 5s) bounds a rebuild; the stale TTL (WithStale) should be much longer than the cache TTL.
+//
+// # Reading (Client.Get)
+//
+// A hit is one GET. On a miss, concurrent Gets of one id in a process are coalesced (singleflight); the process
+// sends SET NX of the lock and a GET of the cache key in one pipeline. If the lock was taken and the GET found a
+// value (another leader just published), the lock is released and the value returned. Otherwise the leader calls
+// the Loader and publishes: a rebuild costs exactly two round trips. A follower (lock held elsewhere) polls the
+// cache key with backoff (50ms, ×1.5, at most 200ms, 2s in all; WithWait), then serves the stale copy, or returns
+// ErrRebuildTimeout. A follower never calls the Loader.
+//
+// # Failures
+//
+//   - Loader error: the lock is released, nothing is cached, Get returns the error (ErrNotFound when the origin
+//     has no such record).
+//   - Leader slower than the lock TTL: the lock expires, another process may lead; the late publish finds another
+//     token (or none) and writes nothing (ErrLockLost). A newer value is never overwritten. The late leader's
+//     caller still gets the value it loaded.
+//   - Leader crashes: its lock expires after the lock TTL; followers serve stale or time out meanwhile.
+//   - Origin down during a refresh (the daemon): ExtendValueMany keeps the old value for another TTL.
+//   - Redis down: Get returns the Redis error; it does not pass the load on to the origin.
+//   - Script cache flushed: see above; calls keep working.
+//
+// # Early refresh (XFetch)
+//
+// With WithXFetch(β), a hit also reads the key's PTTL and δ (the last rebuild's duration, in the meta hash) in the
+// same pipelined round trip, and refreshes in the background, under the same lock, when
+// now − δ·β·ln(u) ≥ expiry for u uniform in (0, 1] — "optimal probabilistic cache stampede prevention"
+// (XFetch; A. Vattani, F. Chierichetti, K. Lowenstein, VLDB 2015). See XFetch.
+//
+// # Hot keys
+//
+// With WithAccessRecording, sampled reads are counted in memory and flushed off the request path as ZINCRBY into
+// AccessKey(keyspace), which keepwarm's daemon reads to keep the hottest ids warm. Other apps feed the same set
+// with ZINCRBY keepwarm:access:<keyspace> 1 <id> per read (or 1/rate per sampled read).
+//
+// # Metrics
+//
+// The Client reports through a Recorder (default NopRecorder); NewPrometheusRecorder exports
+// keepwarm_lockstep_* metrics labelled by keyspace and result, never by key or id.
+package lockstep
