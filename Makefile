@@ -23,3 +23,12 @@ vet:
 test: services
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+# The Chinook demo (examples/chinook): the catalog in database chinook, plus keepwarm's schema in the same
+# database. Idempotent: a second run changes nothing.
+KEEPWARM_CHINOOK_DSN ?= postgres://keepwarm@127.0.0.1:15432/chinook?sslmode=disable
+
+.PHONY: demo-data
+demo-data: services
+	$(GO) run ./examples/chinook/load -dsn '$(KEEPWARM_CHINOOK_DSN)'
+	KEEPWARM_POSTGRES_DSN='$(KEEPWARM_CHINOOK_DSN)' $(GO) run ./cmd/keepwarm migrate up --config config.toml

@@ -14,6 +14,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/keepwarm/keepwarm/examples/chinook"
 )
 
@@ -22,15 +24,20 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	cfg, err := pgx.ParseConfig(*dsn)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chinook: parse -dsn:", err)
+		os.Exit(2)
+	}
 	loaded, err := chinook.Load(ctx, *dsn)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	if loaded {
-		fmt.Printf("chinook: loaded %d tracks into database %q\n", chinook.Tracks, chinook.Database)
+		fmt.Printf("chinook: loaded %d tracks into database %q\n", chinook.Tracks, cfg.Database)
 	} else {
-		fmt.Printf("chinook: already loaded in database %q; nothing to do\n", chinook.Database)
+		fmt.Printf("chinook: already loaded in database %q; nothing to do\n", cfg.Database)
 	}
 }
 
