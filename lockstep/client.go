@@ -140,7 +140,13 @@ type filled struct {
 // when Redis fails, so an outage of Redis is not passed on to the origin). If the publish fails (lock lost, Redis
 // error) the loaded value is still returned. The returned slice belongs to the caller.
 func (c *Client) Get(ctx context.Context, id string) ([]byte, error) {
-	ks, err := c.keys.For(id)
+	var ks KeySet // all keys; on the plain hit path only the cache key is built
+	var err error
+	if c.cfg.xfetchBeta > 0 {
+		ks, err = c.keys.For(id)
+	} else {
+		ks.Cache, err = c.keys.CacheKey(id)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +168,11 @@ func (c *Client) Get(ctx context.Context, id string) ([]byte, error) {
 		return nil, fmt.Errorf("lockstep: get %q: %w", ks.Cache, err)
 	}
 	c.rec.Miss(c.keyspace)
+	if ks.Lock == "" {
+		if ks, err = c.keys.For(id); err != nil {
+			return nil, err
+		}
+	}
 	ch := c.flights.DoChan(ks.Cache, func() (any, error) {
 		if !c.enter() {
 			return filled{}, ErrClosed

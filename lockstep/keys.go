@@ -154,11 +154,8 @@ func (k *Keys) CheckCluster() error {
 // For returns the keys of id. It returns an error wrapping ErrInvalidID when id is empty, longer than
 // MaxIDBytes, not valid UTF-8, or (with a hash tag made of the id) would leave the tag empty.
 func (k *Keys) For(id string) (KeySet, error) {
-	if err := ValidateID(id); err != nil {
+	if err := k.checkID(id); err != nil {
 		return KeySet{}, err
-	}
-	if k.tagHasID && strings.HasPrefix(k.clusterTag, PlaceholderID) && strings.HasPrefix(id, "}") {
-		return KeySet{}, fmt.Errorf("%w: %q: starts with \"}\", which would empty the key's hash tag", ErrInvalidID, id)
 	}
 	cache := k.Cache.Expand(id, "")
 	ks := KeySet{ID: id, Cache: cache, Lock: k.Lock.Expand(id, cache), Meta: k.Meta.Expand(id, cache)}
@@ -166,6 +163,25 @@ func (k *Keys) For(id string) (KeySet, error) {
 		ks.Stale = k.Stale.Expand(id, cache)
 	}
 	return ks, nil
+}
+
+// CacheKey returns the cache key of id alone, without building the other keys (the read path's common case).
+// Errors are those of For.
+func (k *Keys) CacheKey(id string) (string, error) {
+	if err := k.checkID(id); err != nil {
+		return "", err
+	}
+	return k.Cache.Expand(id, ""), nil
+}
+
+func (k *Keys) checkID(id string) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	if k.tagHasID && strings.HasPrefix(k.clusterTag, PlaceholderID) && strings.HasPrefix(id, "}") {
+		return fmt.Errorf("%w: %q: starts with \"}\", which would empty the key's hash tag", ErrInvalidID, id)
+	}
+	return nil
 }
 
 // ValidateID returns an error wrapping ErrInvalidID when id is empty, longer than MaxIDBytes or not valid UTF-8.

@@ -70,6 +70,9 @@ func TestNewKeys(t *testing.T) {
 			if got != tt.want {
 				t.Errorf("For(42) = %+v, want %+v", got, tt.want)
 			}
+			if key, err := k.CacheKey("42"); err != nil || key != tt.want.Cache {
+				t.Errorf("CacheKey(42) = %q, %v; want %q", key, err, tt.want.Cache)
+			}
 		})
 	}
 }
@@ -134,6 +137,9 @@ func TestKeysForRejectsIDThatEmptiesTheTag(t *testing.T) {
 		}
 		if _, err := k.For("}7"); !errors.Is(err, lockstep.ErrInvalidID) {
 			t.Errorf("%q: For(\"}7\") error = %v, want ErrInvalidID", cache, err)
+		}
+		if _, err := k.CacheKey("}7"); !errors.Is(err, lockstep.ErrInvalidID) {
+			t.Errorf("%q: CacheKey(\"}7\") error = %v, want ErrInvalidID", cache, err)
 		}
 		if _, err := k.For("7}"); err != nil {
 			t.Errorf("%q: For(\"7}\") = %v, want nil", cache, err)

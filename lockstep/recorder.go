@@ -45,12 +45,25 @@ type Recorder interface {
 // NopRecorder is a Recorder that records nothing; it is the Client's default.
 type NopRecorder struct{}
 
-func (NopRecorder) Hit(string)                            {}
-func (NopRecorder) Miss(string)                           {}
-func (NopRecorder) StaleServe(string)                     {}
+// Hit implements Recorder; it does nothing.
+func (NopRecorder) Hit(string) {}
+
+// Miss implements Recorder; it does nothing.
+func (NopRecorder) Miss(string) {}
+
+// StaleServe implements Recorder; it does nothing.
+func (NopRecorder) StaleServe(string) {}
+
+// Rebuild implements Recorder; it does nothing.
 func (NopRecorder) Rebuild(string, time.Duration, string) {}
-func (NopRecorder) LockContention(string)                 {}
-func (NopRecorder) Wait(string, time.Duration, string)    {}
-func (NopRecorder) EarlyRefresh(string)                   {}
+
+// LockContention implements Recorder; it does nothing.
+func (NopRecorder) LockContention(string) {}
+
+// Wait implements Recorder; it does nothing.
+func (NopRecorder) Wait(string, time.Duration, string) {}
+
+// EarlyRefresh implements Recorder; it does nothing.
+func (NopRecorder) EarlyRefresh(string) {}
 
 var _ Recorder = NopRecorder{}

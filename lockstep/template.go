@@ -18,9 +18,13 @@ const (
 // Default templates. The defaults put the cache key inside the lock, stale and meta keys, so a Redis Cluster hash
 // tag in the cache key ("{product}:${id}") carries over to all of them.
 const (
-	DefaultLockTemplate  = "lock:${key}"
+	// DefaultLockTemplate is the lock key's template: "lock:" + the cache key.
+	DefaultLockTemplate = "lock:${key}"
+	// DefaultStaleTemplate is the usual stale copy's template: "stale:" + the cache key. A keyspace keeps a stale
+	// copy only when it names a stale template (this or another).
 	DefaultStaleTemplate = "stale:${key}"
-	DefaultMetaTemplate  = "meta:${key}"
+	// DefaultMetaTemplate is the meta hash's template: "meta:" + the cache key.
+	DefaultMetaTemplate = "meta:${key}"
 )
 
 // ErrTemplate is wrapped by every template parse error.
