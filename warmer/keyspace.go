@@ -81,6 +81,12 @@ func (k *keyspace) update(c KeyspaceConfig) {
 	k.cfg = c
 	k.tr.max = c.MaxTracked
 	k.tr.setPinned(c.Pinned, k.w.now().Unix())
+	// Apply pin changes now rather than at the next poll: an id pinned before a promotion is warmed at once.
+	cands := make([]string, 0, len(k.hotSet))
+	for id := range k.hotSet {
+		cands = append(cands, id)
+	}
+	k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore))
 	k.mu.Unlock()
 	k.limiter.SetLimit(limit(c.OriginRate))
 	k.limiter.SetBurst(burst(c.OriginRate))

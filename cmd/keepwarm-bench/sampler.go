@@ -120,8 +120,12 @@ func (s *ttlSampler) report(w io.Writer, spaces []*loadSpace) {
 		if sp == nil {
 			continue
 		}
-		fmt.Fprintf(w, "  %-8s writes %5d  written TTL %v..%v (allowed %v..%v): %d outside  min gap between writes of one key %v (ttl %v): %d under ttl/2\n",
+		gap := "n/a (no key written twice)"
+		if sp.minGap > 0 {
+			gap = sp.minGap.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "  %-11s writes %5d  written TTL %v..%v (allowed %v..%v): %d outside;  min gap between writes of one key %s (ttl %v): %d under ttl/2\n",
 			ls.name, sp.writes, sp.minTTL.Round(time.Millisecond), sp.maxTTL.Round(time.Millisecond), sp.ttl,
-			time.Duration(float64(sp.ttl)*(1+sp.jitter)), sp.outside, sp.minGap.Round(time.Millisecond), sp.ttl, sp.doubles)
+			time.Duration(float64(sp.ttl)*(1+sp.jitter)), sp.outside, gap, sp.ttl, sp.doubles)
 	}
 }

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/internal/reload"
+	"github.com/keepwarm/keepwarm/internal/server"
+	"github.com/keepwarm/keepwarm/internal/wire"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// version is stamped at build time: go build -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+// connectTimeout bounds each attempt to reach Redis or PostgreSQL at start-up.
+const connectTimeout = 5 * time.Second
+
+// cmdRun is `keepwarm run`: the daemon. It keeps running on its last good config when a reload is invalid, and on
+// SIGTERM/SIGINT stops scheduling, lets in-flight refreshes finish (bounded), releases its locks and exits 0.
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "config.toml", "config file (TOML)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Daemon, stderr)
+	d, err := startDaemon(ctx, *path, cfg, log)
+	if err != nil {
+		return err
+	}
+	return d.run(ctx)
+}
+
+// daemon is one running keepwarm: its connections, warmer, HTTP server and config watcher.
+type daemon struct {
+	path    string
+	log     *slog.Logger
+	cfg     *config.Config
+	rdb     redis.UniversalClient
+	pool    *pgxpool.Pool
+	w       *warmer.Warmer
+	srv     *server.Server
+	watch   *reload.Watcher
+	reg     *prometheus.Registry
+	reloads *prometheus.CounterVec
+	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
+}
+
+func newLogger(d config.Daemon, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: d.LogLevel}
+	if d.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// newRegistry returns the daemon's registry with the Go, process and build-info collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector(),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "keepwarm_build_info", Help: "keepwarm's version, as a label; the value is always 1.",
+			ConstLabels: prometheus.Labels{"version": version},
+		}, func() float64 { return 1 }))
+	return reg
+}
+
+func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog.Logger) (*daemon, error) {
+	d := &daemon{path: path, log: log, cfg: cfg, reg: newRegistry(), ready: make(chan struct{})}
+	d.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "keepwarm_config_reloads_total",
+		Help: "Config reloads (SIGHUP or file change), by result (ok, error). On error the last good config stays.",
+	}, []string{"result"})
+	d.reg.MustRegister(d.reloads)
+	var err error
+	if d.srv, err = server.New(server.Config{
+		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz,
+		Hotkeys: func(limit int) any {
+			if d.w == nil {
+				return []warmer.KeyspaceStatus{}
+			}
+			return d.w.Status(limit)
+		},
+	}); err != nil {
+		return nil, fmt.Errorf("daemon: listen %s: %w", cfg.Daemon.Listen, err)
+	}
+	return d, nil
+}
+
+// readyz reports whether the config is loaded and Redis and PostgreSQL answer.
+func (d *daemon) readyz(ctx context.Context) error {
+	select {
+	case <-d.ready:
+	default:
+		return errors.New("starting: waiting for redis and postgres")
+	}
+	if err := d.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	if err := d.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	return nil
+}
+
+// connect reaches Redis and PostgreSQL, retrying with back-off until they answer or ctx ends: a daemon started
+// before its dependencies waits for them instead of crash-looping.
+func (d *daemon) connect(ctx context.Context) error {
+	backoff := time.Second
+	for attempt := 1; ; attempt++ {
+		var err error
+		if d.rdb == nil {
+			if d.rdb, err = wire.Redis(ctx, d.cfg, connectTimeout); err != nil {
+				d.rdb = nil
+			}
+		}
+		if err == nil && d.pool == nil {
+			if d.pool, err = wire.Postgres(ctx, d.cfg, connectTimeout); err != nil {
+				d.pool = nil
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt, "retry_in", backoff)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+func (d *daemon) run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.srv.Run(gctx) })
+	d.log.Info("keepwarm starting", "version", version, "config", d.path, "listen", d.srv.Addr(),
+		"redis", d.cfg.Redis, "postgres", d.cfg.Postgres)
+	if err := d.connect(gctx); err != nil {
+		if ctx.Err() != nil {
+			return g.Wait()
+		}
+		return err
+	}
+	defer d.rdb.Close()
+	defer d.pool.Close()
+	srcs, err := wire.Sources(d.pool, d.cfg)
+	if err != nil {
+		return err
+	}
+	for name, src := range srcs {
+		cctx, cancel := context.WithTimeout(gctx, connectTimeout)
+		err := src.Check(cctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("keyspace %q: %w", name, err)
+		}
+	}
+	d.w, err = warmer.New(d.rdb, warmer.Config{
+		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg, Notifications: true,
+		DB: d.cfg.Redis.DB,
+	})
+	if err != nil {
+		return err
+	}
+	if d.watch, err = reload.New(d.log, watchedFiles(d.cfg)); err != nil {
+		return fmt.Errorf("watch config: %w", err)
+	}
+	close(d.ready)
+	g.Go(func() error { return d.w.Run(gctx) })
+	g.Go(func() error { return d.watch.Run(gctx, d.reload) })
+	d.log.Info("keepwarm running", "keyspaces", len(d.cfg.Keyspaces), "listen", d.srv.Addr())
+	err = g.Wait()
+	d.log.Info("keepwarm stopped")
+	return err
+}
+
+// watchedFiles are the config file and every hot-key list file it names.
+func watchedFiles(cfg *config.Config) []string {
+	files := []string{cfg.Path}
+	for _, h := range cfg.Hotkeys {
+		if h.File != "" {
+			files = append(files, h.File)
+		}
+	}
+	return files
+}
+
+// reload re-reads the config. An invalid file is logged (every problem) and counted, and the daemon keeps its
+// last good config. Settings that need a restart (connections, listen address) are reported, not applied.
+func (d *daemon) reload(reason string) {
+	cfg, err := config.Load(d.path)
+	if err != nil {
+		d.reloads.WithLabelValues("error").Inc()
+		var ve *config.ValidationError
+		if errors.As(err, &ve) {
+			for _, p := range ve.Problems {
+				d.log.Error("config reload rejected; keeping the running config", "reason", reason, "problem", p)
+			}
+			return
+		}
+		d.log.Error("config reload failed; keeping the running config", "reason", reason, "error", err)
+		return
+	}
+	if !reflect.DeepEqual(cfg.Redis, d.cfg.Redis) || !reflect.DeepEqual(cfg.Postgres, d.cfg.Postgres) ||
+		cfg.Daemon.Listen != d.cfg.Daemon.Listen {
+		d.log.Warn("config reload: [redis], [postgres] and daemon.listen changes take effect after a restart")
+	}
+	srcs, err := wire.Sources(d.pool, cfg)
+	if err == nil {
+		err = d.w.Update(wire.Keyspaces(cfg, srcs))
+	}
+	if err != nil {
+		d.reloads.WithLabelValues("error").Inc()
+		d.log.Error("config reload rejected; keeping the running config", "reason", reason, "error", err)
+		return
+	}
+	if err := d.watch.Watch(watchedFiles(cfg)); err != nil {
+		d.log.Warn("config reload: cannot watch a hot-key file", "error", err)
+	}
+	d.cfg = cfg
+	d.reloads.WithLabelValues("ok").Inc()
+	d.log.Info("config reloaded", "reason", reason, "keyspaces", len(cfg.Keyspaces))
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+)
+
+// syncBuffer is a bytes.Buffer safe for the daemon's log writes and the test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// daemonConfig writes a config for one keyspace over a fresh table in the test database, with the given
+// pinned ids, to dir/keepwarm.toml.
+type daemonFixture struct {
+	dir, path, prefix, table string
+	port                     int
+}
+
+func newDaemonFixture(t *testing.T) *daemonFixture {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	pool := testenv.Postgres(t)
+	f := &daemonFixture{dir: t.TempDir(), prefix: testenv.Prefix(t, rdb)}
+	f.path = filepath.Join(f.dir, "keepwarm.toml")
+	schema := testenv.Schema(t, pool)
+	f.table = pgx.Identifier{schema, "items"}.Sanitize()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "create table "+f.table+" as select i::text as id, format('{\"id\": %s}', i)::jsonb as body from generate_series(1, 20) i"); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *daemonFixture) write(t *testing.T, pinned string, extra string) {
+	t.Helper()
+	cfg := fmt.Sprintf(`
+[redis]
+url = %q
+[postgres]
+dsn = %q
+statement_timeout = "1s"
+[daemon]
+listen = "127.0.0.1:0"
+log_format = "text"
+[[keyspace]]
+name = "items"
+key = "%sitem:${id}"
+ttl = "2s"
+refresh_ahead = "600ms"
+lock_ttl = "3s"
+top_n = 0
+query = 'select id, body from %s where id = any($1)'
+%s
+[[hotkeys]]
+name = "pins"
+keyspace = "items"
+ids = [%s]
+`, testenv.RedisURL(), testenv.PostgresURL(), f.prefix, f.table, extra, pinned)
+	// Write to a temp file and rename it over the config, as editors and deploy tools do.
+	tmp := f.path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, f.path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startRun runs `keepwarm run` in-process until the returned stop is called; stop returns the exit code.
+func startRun(t *testing.T, path string) (logs *syncBuffer, stop func() int) {
+	t.Helper()
+	logs = &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	go func() {
+		err := run(ctx, []string{"run", "--config", path}, logs, logs)
+		done <- exitCode(err, logs)
+	}()
+	var once sync.Once
+	code := -1
+	stop = func() int {
+		once.Do(func() {
+			cancel()
+			select {
+			case code = <-done:
+			case <-time.After(20 * time.Second):
+				t.Error("keepwarm run did not exit 20 s after SIGTERM")
+			}
+		})
+		return code
+	}
+	t.Cleanup(func() { stop() })
+	return logs, stop
+}
+
+func TestRunReloadAddsPinnedIDAndSurvivesBadEdit(t *testing.T) {
+	f := newDaemonFixture(t)
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	key := func(id string) string { return f.prefix + "item:" + id }
+	f.write(t, `"1"`, "")
+	logs, stop := startRun(t, f.path)
+	waitFor(t, 5*time.Second, "pinned id 1 written", func() bool {
+		return rdb.Exists(ctx, key("1")).Val() == 1
+	}, logs)
+
+	// Add a pinned id by write-to-temp-then-rename: it must be warm within 2 s.
+	f.write(t, `"1", "7"`, "")
+	waitFor(t, 2*time.Second, "id 7 written after the reload", func() bool {
+		return rdb.Exists(ctx, key("7")).Val() == 1
+	}, logs)
+
+	// An invalid edit: the daemon keeps its config, logs the problem, and goes on refreshing.
+	f.write(t, `"1", "7"`, `ttl_typo = "5s"`)
+	waitFor(t, 2*time.Second, "invalid reload logged", func() bool {
+		return strings.Contains(logs.String(), "config reload rejected") && strings.Contains(logs.String(), "ttl_typo")
+	}, logs)
+	for i := 0; i < 3; i++ { // three TTLs: the keys stay warm on the last good config
+		time.Sleep(2 * time.Second)
+		if n := rdb.Exists(ctx, key("1"), key("7")).Val(); n != 2 {
+			t.Fatalf("after the bad edit, %d of 2 pinned keys present: the daemon stopped refreshing\n%s", n, logs)
+		}
+	}
+	if code := stop(); code != 0 {
+		t.Errorf("exit code after SIGTERM = %d, want 0\n%s", code, logs)
+	}
+	if locks := rdb.Keys(ctx, "lock:"+f.prefix+"*").Val(); len(locks) != 0 {
+		t.Errorf("locks left after shutdown: %v", locks)
+	}
+}
+
+func TestRunServesHealthAndHotkeys(t *testing.T) {
+	f := newDaemonFixture(t)
+	f.write(t, `"3"`, "")
+	logs, _ := startRun(t, f.path)
+	var addr string
+	waitFor(t, 5*time.Second, "daemon listening", func() bool {
+		i := strings.Index(logs.String(), "keepwarm running")
+		if i < 0 {
+			return false
+		}
+		line := logs.String()[i:]
+		j := strings.Index(line, "listen=")
+		if j < 0 {
+			return false
+		}
+		addr = strings.Fields(line[j+len("listen="):])[0]
+		return true
+	}, logs)
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/debug/hotkeys"} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: %s", path, resp.Status)
+		}
+	}
+	var out bytes.Buffer
+	waitFor(t, 5*time.Second, "status shows the pinned key", func() bool {
+		out.Reset()
+		if err := run(context.Background(), []string{"status", "--addr", addr}, &out, &out); err != nil {
+			return false
+		}
+		return strings.Contains(out.String(), f.prefix+"item:3") && strings.Contains(out.String(), "pinned")
+	}, logs)
+}
+
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, logs *syncBuffer) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %v; daemon log:\n%s", what, within, logs)
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"text/tabwriter"
+	"time"
+
+	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// cmdStatus is `keepwarm status`: the running daemon's hot keys as a table, from /debug/hotkeys.
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "config file: read the daemon's listen address from it")
+	addr := fs.String("addr", "", "the daemon's HTTP address (default: from --config, else "+config.DefaultListen+")")
+	limit := fs.Int("limit", 20, "hot keys shown per keyspace (0: all)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	target := *addr
+	if target == "" && *path != "" {
+		cfg, err := config.Load(*path)
+		if err != nil {
+			return err
+		}
+		target = cfg.Daemon.Listen
+	}
+	if target == "" {
+		target = config.DefaultListen
+	}
+	url := fmt.Sprintf("http://%s/debug/hotkeys?limit=%d", target, *limit)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		return fmt.Errorf("status: is the daemon running? %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status: %s answered %s", url, resp.Status)
+	}
+	var spaces []warmer.KeyspaceStatus
+	if err := json.NewDecoder(resp.Body).Decode(&spaces); err != nil {
+		return fmt.Errorf("status: decode %s: %w", url, err)
+	}
+	printStatus(stdout, spaces, time.Now())
+	return nil
+}
+
+func printStatus(w io.Writer, spaces []warmer.KeyspaceStatus, now time.Time) {
+	for i, ks := range spaces {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "keyspace %s (%s): %d tracked, %d hot, %d due now\n", ks.Name, ks.Key, ks.Tracked, ks.Hot, ks.Due)
+		if len(ks.Keys) == 0 {
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  KEY\tTTL\tNEXT REFRESH\tSCORE\tLAST REBUILD\tNOTE")
+		for _, k := range ks.Keys {
+			ttl, next := "-", "-"
+			if k.TTL > 0 {
+				ttl = k.TTL.Round(100 * time.Millisecond).String()
+			}
+			if !k.NextRefresh.IsZero() {
+				next = "in " + max(k.NextRefresh.Sub(now), 0).Round(100*time.Millisecond).String()
+			}
+			note := ""
+			switch {
+			case k.Persistent:
+				note = "no TTL: left alone"
+			case k.Absent:
+				note = "missing at origin"
+			case k.LastError != "":
+				note = "error: " + k.LastError
+			case k.Pinned:
+				note = "pinned"
+			}
+			fmt.Fprintf(tw, "  %q\t%s\t%s\t%.1f\t%s\t%s\n", k.Key, ttl, next, k.Score,
+				k.LastRebuild.Round(time.Millisecond), note)
+		}
+		_ = tw.Flush()
+	}
+}
