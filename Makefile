@@ -32,3 +32,15 @@ KEEPWARM_CHINOOK_DSN ?= postgres://keepwarm@127.0.0.1:15432/chinook?sslmode=disa
 demo-data: services
 	$(GO) run ./examples/chinook/load -dsn '$(KEEPWARM_CHINOOK_DSN)'
 	KEEPWARM_POSTGRES_DSN='$(KEEPWARM_CHINOOK_DSN)' $(GO) run ./cmd/keepwarm migrate up --config config.toml
+
+# The main job: the local services, the Chinook demo data and keepwarm's schema, then the daemon in the
+# foreground on config.toml (Ctrl-C stops it cleanly).
+.PHONY: run
+run: demo-data
+	$(GO) run ./cmd/keepwarm run --config config.toml
+
+# The load generator against the demo keyspaces (run it in a second terminal while `make run` is up).
+LOAD_ARGS ?= --duration 2m --workers 50 --zipf 1.1
+.PHONY: load
+load: services
+	$(GO) run ./cmd/keepwarm-bench load --config config.toml $(LOAD_ARGS)
