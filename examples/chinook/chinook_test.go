@@ -110,8 +110,8 @@ func TestBody(t *testing.T) {
 func TestDSNFor(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres://kw@h:1/keepwarm?sslmode=disable": "postgres://kw@h:1/chinook?sslmode=disable",
-		"postgresql://h/":                            "postgresql://h/chinook",
-		"host=h dbname=keepwarm":                     "host=h dbname=keepwarm dbname=chinook",
+		"postgresql://h/":        "postgresql://h/chinook",
+		"host=h dbname=keepwarm": "host=h dbname=keepwarm dbname=chinook",
 	} {
 		got, err := chinook.DSNFor(in)
 		if err != nil || got != want {

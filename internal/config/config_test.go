@@ -169,6 +169,15 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+func TestListen(t *testing.T) {
+	for _, listen := range []string{"127.0.0.1:9471", ":9471", "127.0.0.1:0", "[::1]:9471"} {
+		c := mustLoad(t, cfg(map[string]string{"DAEMON": `listen = "` + listen + `"`}), nil)
+		if c.Daemon.Listen != listen {
+			t.Errorf("listen: got %q, want %q", c.Daemon.Listen, listen)
+		}
+	}
+}
+
 func TestRefreshAheadForms(t *testing.T) {
 	tests := []struct {
 		in   string
@@ -286,6 +295,10 @@ func TestBadConfigs(t *testing.T) {
 			`postgres: max_conns: must be at least 1, got 0`},
 		{"daemon log format", cfg(map[string]string{"DAEMON": `log_format = "xml"`}), nil,
 			`daemon: log_format: "xml" is not a format: want json or text`},
+		{"daemon listen", cfg(map[string]string{"DAEMON": `listen = "localhost"`}), nil,
+			`daemon: listen: "localhost" is not host:port`},
+		{"daemon listen port", cfg(map[string]string{"DAEMON": `listen = "localhost:http"`}), nil,
+			`daemon: listen: "localhost:http": port "http" is not a number in [0, 65535]`},
 		{"daemon log level", cfg(map[string]string{"DAEMON": `log_level = "verbose"`}), nil,
 			`daemon: log_level: "verbose" is not a level`},
 		{"no keyspace", "[redis]\nurl = \"redis://h:1\"\n[postgres]\ndsn = \"postgres://h/db\"\n", nil,

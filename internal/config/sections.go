@@ -220,8 +220,11 @@ func decodeDaemon(t *table, d *Daemon) {
 		return
 	}
 	// Port 0 asks the kernel for a free port (tests, several daemons on one host); the bound address is logged.
-	if !validHostPort(d.Listen) && !strings.HasPrefix(d.Listen, ":") && !strings.HasSuffix(d.Listen, ":0") {
+	// An empty host (":9471") listens on every interface.
+	if _, port, err := net.SplitHostPort(d.Listen); err != nil {
 		t.problem("listen", "%q is not host:port", d.Listen)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		t.problem("listen", "%q: port %q is not a number in [0, 65535]", d.Listen, port)
 	}
 	switch strings.ToLower(level) {
 	case "debug":
