@@ -42,6 +42,20 @@ func BenchmarkClientGetHit(b *testing.B) {
 	b.ReportMetric(float64(h.n.Load())/float64(b.N), "roundtrips/op")
 }
 
+// BenchmarkRedisGetBaseline is a bare go-redis GET of the same value, the floor for BenchmarkClientGetHit.
+func BenchmarkRedisGetBaseline(b *testing.B) {
+	ctx := context.Background()
+	rdb := testenv.Redis(b)
+	key := testenv.Prefix(b, rdb) + "product:1"
+	rdb.Set(ctx, key, `{"id":"1","name":"a product","price":1999}`, time.Hour)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := rdb.Get(ctx, key).Bytes(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkClientGetHitXFetch is the hit path with XFetch: GET, PTTL and HGET δ in one pipelined round trip.
 func BenchmarkClientGetHitXFetch(b *testing.B) {
 	ctx := context.Background()
