@@ -452,3 +452,31 @@ file = "lists/b.txt"
 		t.Errorf("Pinned: got %q, want %q", got, want)
 	}
 }
+
+func TestScheduleSpecs(t *testing.T) {
+	sched := func(cron, extra string) string {
+		return cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"" + cron + "\"\nkeyspace = \"track\"\nids = [\"1\"]\n" + extra})
+	}
+	utc := time.Date(2025, 1, 1, 10, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name, cron, extra string
+		want              time.Time // next run after utc
+	}{
+		{"five fields", "30 10 * * *", "timezone = \"UTC\"", time.Date(2025, 1, 1, 10, 30, 0, 0, time.UTC)},
+		{"seconds first", "15 0 11 * * *", "timezone = \"UTC\"", time.Date(2025, 1, 1, 11, 0, 15, 0, time.UTC)},
+		{"CRON_TZ prefix", "CRON_TZ=Asia/Tokyo 0 20 * * *", "", time.Date(2025, 1, 1, 11, 0, 0, 0, time.UTC)},
+		{"descriptor", "@every 10m", "", utc.Add(10 * time.Minute)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustLoad(t, sched(tt.cron, tt.extra), nil)
+			if got := c.Schedules[0].Spec().Next(utc); !got.Equal(tt.want) {
+				t.Errorf("Next(%s): got %s, want %s", utc, got, tt.want)
+			}
+		})
+	}
+	_, err := load(t, sched("CRON_TZ=UTC @daily", `timezone = "UTC"`), nil)
+	if err == nil || !strings.Contains(err.Error(), `schedule "s": timezone: set either timezone or a CRON_TZ= prefix in cron, not both`) {
+		t.Errorf("timezone twice: got %v", err)
+	}
+}

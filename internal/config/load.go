@@ -29,6 +29,7 @@ type ValidationError struct {
 	Problems []string // in file order
 }
 
+// Error returns "path: problem" for one problem, else "path: N problems:" and one indented problem per line.
 func (e *ValidationError) Error() string {
 	if len(e.Problems) == 1 {
 		return e.Path + ": " + e.Problems[0]
