@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/keepwarm/keepwarm/internal/config"
@@ -82,7 +83,8 @@ func cmdFetch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		case len(v) > ks.MaxValueBytes:
 			fmt.Fprintf(stdout, "%s: %d bytes, more than max_value_bytes (%d): would not be written\n", key, len(v), ks.MaxValueBytes)
 		default:
-			fmt.Fprintf(stdout, "%s: %d bytes, ttl %s ±%g%%\n%s\n", key, len(v), ks.TTL, ks.Jitter*100, printable(v))
+			fmt.Fprintf(stdout, "%s: %d bytes, ttl %s..%s (jitter %g)\n%s\n", key, len(v), ks.TTL,
+				time.Duration(float64(ks.TTL)*(1+ks.Jitter)), ks.Jitter, printable(v))
 		}
 	}
 	return nil

@@ -129,7 +129,7 @@ type Keyspace struct {
 	Meta  string // metadata hash template; default lockstep.DefaultMetaTemplate
 
 	TTL          time.Duration // TTL written with each value, before jitter. Required.
-	Jitter       float64       // TTLs are spread over ±Jitter×TTL, in [0, 1]; default DefaultJitter
+	Jitter       float64       // written TTLs are TTL×(1+U[0,Jitter)): never below TTL; in [0, 1]; default DefaultJitter
 	RefreshAhead RefreshAhead  // how long before expiry a hot key is rebuilt; default 20% of the TTL
 	LockTTL      time.Duration // rebuild lock lease; > postgres.statement_timeout; default max(DefaultMinLockTTL, 2×statement_timeout)
 	StaleTTL     time.Duration // TTL of the stale copy; default DefaultStaleTTLFactor×TTL when Stale is set, else 0
