@@ -166,6 +166,7 @@ func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
 	h.counted = true
 	if !now.Before(h.expiry.Add(-expiryTolerance)) {
 		k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
+		k.hotExpired.Add(1)
 		k.log.Warn("hot key expired before its refresh", "id", h.id, "expired_ago", now.Sub(h.expiry))
 		return
 	}

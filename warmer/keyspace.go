@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -14,6 +15,7 @@ import (
 
 // keyspace is the state and scheduler loop of one keyspace. mu guards everything below it.
 type keyspace struct {
+	name    string // immutable: a keyspace renamed by a reload is a new keyspace
 	w       *Warmer
 	log     *slog.Logger
 	limiter *rate.Limiter
@@ -22,6 +24,9 @@ type keyspace struct {
 
 	cancelMu sync.Mutex
 	cancel   context.CancelFunc
+
+	results    map[string]*atomic.Int64 // refreshes by result, for Status (the metrics hold the same counts)
+	hotExpired atomic.Int64             // the SLO counter, for Status
 
 	mu        sync.Mutex
 	cfg       KeyspaceConfig
@@ -40,6 +45,7 @@ type keyspace struct {
 
 func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 	k := &keyspace{
+		name:    c.Name,
 		w:       w,
 		log:     w.log.With("keyspace", c.Name),
 		limiter: rate.NewLimiter(limit(c.OriginRate), burst(c.OriginRate)),
@@ -48,9 +54,19 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		tr:      newTracker(c.MaxTracked),
 		hotSet:  make(map[string]*hotState),
 		rnd:     w.newRand(),
+		results: map[string]*atomic.Int64{},
+	}
+	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultError} {
+		k.results[r] = new(atomic.Int64)
 	}
 	k.tr.setPinned(c.Pinned, w.now().Unix())
 	return k
+}
+
+// count records one refresh result in the metrics and in the keyspace's own counters.
+func (k *keyspace) count(result string) {
+	k.w.m.refreshes.WithLabelValues(k.name, result).Inc()
+	k.results[result].Add(1)
 }
 
 func limit(r float64) rate.Limit {

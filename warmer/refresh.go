@@ -84,7 +84,7 @@ func (k *keyspace) acquire(ctx context.Context, cfg KeyspaceConfig, items []*ite
 			continue
 		}
 		held++
-		k.w.m.refreshes.WithLabelValues(cfg.Name, ResultLocked).Inc()
+		k.count(ResultLocked)
 		// An app or another replica is rebuilding it: look again soon, by which time the new value is there.
 		k.finish(it.h, func() {
 			it.h.needPTTL = true
@@ -138,7 +138,7 @@ func (k *keyspace) recheck(cfg KeyspaceConfig, items []*item) []*item {
 			// Someone else refreshed it since we last looked: do not rebuild it twice within one TTL.
 			h.inflight = false
 			h.needPTTL = false
-			k.w.m.refreshes.WithLabelValues(cfg.Name, ResultFresh).Inc()
+			k.count(ResultFresh)
 			h.expiry = now.Add(it.pttl)
 			k.scheduleLocked(h)
 		default:
@@ -236,7 +236,7 @@ func (k *keyspace) fetchAndPublish(ctx context.Context, cfg KeyspaceConfig, item
 	defer k.mu.Unlock()
 	for _, it := range items {
 		if it.lost {
-			k.w.m.refreshes.WithLabelValues(cfg.Name, ResultLockLost).Inc()
+			k.count(ResultLockLost)
 			it.h.inflight = false
 			k.retryLocked(it.h, retryBase)
 		}
@@ -245,12 +245,12 @@ func (k *keyspace) fetchAndPublish(ctx context.Context, cfg KeyspaceConfig, item
 		h := it.h
 		h.inflight = false
 		if h.lastErr != "" {
-			k.w.m.refreshes.WithLabelValues(cfg.Name, ResultError).Inc()
+			k.count(ResultError)
 			h.errors++
 			k.retryLocked(h, retryBase)
 			continue
 		}
-		k.w.m.refreshes.WithLabelValues(cfg.Name, ResultMissing).Inc()
+		k.count(ResultMissing)
 		h.absent = true
 		k.q.schedule(h, pubStart.Add(cfg.TTL))
 	}
@@ -260,7 +260,7 @@ func (k *keyspace) fetchAndPublish(ctx context.Context, cfg KeyspaceConfig, item
 		h.inflight = false
 		it.owned = false // the publish script deleted the lock, or it was not ours any more
 		if results[i] != nil {
-			k.w.m.refreshes.WithLabelValues(cfg.Name, ResultLockLost).Inc()
+			k.count(ResultLockLost)
 			h.lastErr = results[i].Error()
 			k.retryLocked(h, retryBase)
 			continue
@@ -272,16 +272,16 @@ func (k *keyspace) fetchAndPublish(ctx context.Context, cfg KeyspaceConfig, item
 		h.counted = false
 		h.needPTTL = false
 		if w.Delete {
-			k.w.m.refreshes.WithLabelValues(cfg.Name, ResultMissing).Inc()
+			k.count(ResultMissing)
 			h.absent = true
 			h.expiry = time.Time{}
 			k.q.schedule(h, pubStart.Add(cfg.TTL))
 			continue
 		}
 		if isMissing[h.id] {
-			k.w.m.refreshes.WithLabelValues(cfg.Name, ResultMissing).Inc()
+			k.count(ResultMissing)
 		} else {
-			k.w.m.refreshes.WithLabelValues(cfg.Name, ResultOK).Inc()
+			k.count(ResultOK)
 			h.observeRebuild(rebuild)
 			k.p95.add(rebuild)
 		}
@@ -363,7 +363,7 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, items []*it
 		h := it.h
 		h.errors++
 		h.lastErr = cause.Error()
-		k.w.m.refreshes.WithLabelValues(cfg.Name, ResultError).Inc()
+		k.count(ResultError)
 		if it.lost || it.pttl <= 0 {
 			continue
 		}
@@ -453,7 +453,7 @@ func (k *keyspace) requeue(items []*item, base time.Duration, errText string) {
 		if errText != "" {
 			it.h.lastErr = errText
 			it.h.errors++
-			k.w.m.refreshes.WithLabelValues(k.cfg.Name, ResultError).Inc()
+			k.count(ResultError)
 		}
 		k.retryLocked(it.h, base)
 	}

@@ -22,12 +22,16 @@ type KeyStatus struct {
 
 // KeyspaceStatus summarises one keyspace.
 type KeyspaceStatus struct {
-	Name    string      `json:"name"`
-	Key     string      `json:"key_template"`
-	Tracked int         `json:"tracked"`
-	Hot     int         `json:"hot"`
-	Due     int         `json:"due"`
-	Keys    []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
+	Name    string `json:"name"`
+	Key     string `json:"key_template"`
+	Tracked int    `json:"tracked"`
+	Hot     int    `json:"hot"`
+	Due     int    `json:"due"`
+	// Refreshes counts refresh attempts since start by result (ok, fresh, locked, missing, lock_lost, error).
+	Refreshes map[string]int64 `json:"refreshes"`
+	// HotExpired is the SLO counter: hot keys that expired before their refresh. It should stay at 0.
+	HotExpired int64       `json:"hot_expired"`
+	Keys       []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
@@ -60,7 +64,10 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	st := KeyspaceStatus{Name: k.cfg.Name, Key: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
-		Hot: len(k.hotSet)}
+		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load()}
+	for r, n := range k.results {
+		st.Refreshes[r] = n.Load()
+	}
 	keys := make([]KeyStatus, 0, len(k.hotSet))
 	for id, h := range k.hotSet {
 		ks := KeyStatus{ID: id, Key: k.cfg.Keys.Cache.Expand(id, ""), Pinned: h.e.pinned, Score: h.e.score,

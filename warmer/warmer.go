@@ -164,8 +164,17 @@ func (w *Warmer) Run(ctx context.Context) error {
 			w.listen(ctx)
 		}()
 	}
+	// With no keyspace there is no scheduler loop to report progress; the Run loop itself does.
+	idle := time.NewTicker(time.Second)
+	defer idle.Stop()
 	for {
 		select {
+		case <-idle.C:
+			w.mu.Lock()
+			if len(w.spaces) == 0 {
+				w.tick()
+			}
+			w.mu.Unlock()
 		case <-ctx.Done():
 			w.log.Info("warmer stopping: waiting for in-flight refreshes", "grace", w.cfg.Grace)
 			loops.Wait()
