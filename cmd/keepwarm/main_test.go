@@ -56,9 +56,9 @@ func TestValidateDemoConfig(t *testing.T) {
 	}
 	for _, want := range []string{
 		"ok: ../../config.toml: 4 keyspaces, 2 hotkeys lists, 1 schedule\n",
-		"KEYSPACE     KEY                TTL   JITTER  REFRESH AHEAD  PINNED  SCHEDULES\n",
-		"track        track:${id}        30s   0.1     20% (6s)       9       -\n",
-		"chart-genre  chart:genre:${id}  1m0s  0.2     25% (15s)      0       charts-before-work\n",
+		"KEYSPACE     KEY                TTL  JITTER  REFRESH AHEAD  PINNED  SCHEDULES\n",
+		"track        track:${id}        10s  0.1     20% (2s)       9       -\n",
+		"chart-genre  chart:genre:${id}  10s  0.1     25% (2.5s)     0       charts-before-work\n",
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("validate: got\n%s\nwant it to contain\n%s", stdout, want)
@@ -160,10 +160,10 @@ func TestFetch(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("fetch: exit %d, stderr:\n%s", code, stderr)
 	}
-	want := `track:1: 289 bytes, ttl 30s..33s (jitter 0.1)
+	want := `track:1: 289 bytes, ttl 10s..11s (jitter 0.1)
 {"id" : 1, "name" : "For Those About To Rock (We Salute You)", "album" : "For Those About To Rock We Salute You", "artist" : "AC/DC", "genre" : "Rock", "media_type" : "MPEG audio file", "composer" : "Angus Young, Malcolm Young, Brian Johnson", "milliseconds" : 343719, "unit_price" : 0.99}
 
-track:2: 292 bytes, ttl 30s..33s (jitter 0.1)
+track:2: 292 bytes, ttl 10s..11s (jitter 0.1)
 {"id" : 2, "name" : "Balls to the Wall", "album" : "Balls to the Wall", "artist" : "Accept", "genre" : "Rock", "media_type" : "Protected AAC audio file", "composer" : "U. Dirkschneider, W. Hoffmann, H. Frank, P. Baltes, S. Kaufmann, G. Hoffmann", "milliseconds" : 342562, "unit_price" : 0.99}
 
 track:999999: missing: missing = "delete": would delete the key
