@@ -1,0 +1,57 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestHealthcheck(t *testing.T) {
+	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ready\n"))
+	}))
+	defer ready.Close()
+	starting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("not ready: starting: waiting for redis and postgres\n"))
+	}))
+	defer starting.Close()
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantOut  string
+	}{
+		{"ready", []string{"--url", ready.URL + "/readyz"}, 0, "ready"},
+		{"not ready", []string{"--url", starting.URL + "/readyz"}, 1, "503 Service Unavailable: not ready: starting"},
+		{"nobody listening", []string{"--url", closed.URL + "/readyz"}, 1, "connection refused"},
+		{"stray argument", []string{"now"}, 2, `unexpected argument "now"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(context.Background(), append([]string{"healthcheck"}, tc.args...), &out, &out)
+			if code := exitCode(err, &out); code != tc.wantCode {
+				t.Errorf("exit code = %d, want %d; output:\n%s", code, tc.wantCode, &out)
+			}
+			if !strings.Contains(out.String(), tc.wantOut) {
+				t.Errorf("output = %q, want it to contain %q", &out, tc.wantOut)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"version"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := out.String(), "keepwarm "+version+" (go"; !strings.HasPrefix(got, want) {
+		t.Errorf("version printed %q, want prefix %q", got, want)
+	}
+}
