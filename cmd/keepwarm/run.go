@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"reflect"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/reload"
 	"github.com/keepwarm/keepwarm/internal/server"
+	"github.com/keepwarm/keepwarm/internal/statuspage"
+	"github.com/keepwarm/keepwarm/internal/systemd"
 	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -96,15 +99,39 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 	if d.srv, err = server.New(server.Config{
 		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz,
 		Hotkeys: func(limit int) any {
-			if d.w == nil {
+			w := d.readyWarmer()
+			if w == nil {
 				return []warmer.KeyspaceStatus{}
 			}
-			return d.w.Status(limit)
+			return w.Status(limit)
+		},
+		// Status page: GET / (exactly; other paths stay 404).
+		Extra: func(mux *http.ServeMux) {
+			mux.Handle("GET /{$}", statuspage.New(statuspage.Config{
+				Status: func(limit int) []warmer.KeyspaceStatus {
+					if w := d.readyWarmer(); w != nil {
+						return w.Status(limit)
+					}
+					return nil
+				},
+				Ready: d.readyz, Version: version, Logger: log,
+			}))
 		},
 	}); err != nil {
 		return nil, fmt.Errorf("daemon: listen %s: %w", cfg.Daemon.Listen, err)
 	}
 	return d, nil
+}
+
+// readyWarmer returns the warmer once the daemon is ready, nil before. HTTP handlers use it: close(d.ready) orders
+// the write of d.w before their reads.
+func (d *daemon) readyWarmer() *warmer.Warmer {
+	select {
+	case <-d.ready:
+		return d.w
+	default:
+		return nil
+	}
 }
 
 // readyz reports whether the config is loaded and Redis and PostgreSQL answer.
@@ -193,6 +220,19 @@ func (d *daemon) run(ctx context.Context) error {
 	g.Go(func() error { return d.w.Run(gctx) })
 	g.Go(func() error { return d.watch.Run(gctx, d.reload) })
 	d.log.Info("keepwarm running", "keyspaces", len(d.cfg.Keyspaces), "listen", d.srv.Addr())
+	// systemd (Type=notify): READY=1 now, STOPPING=1 when shutdown begins, and watchdog pings while the
+	// scheduler makes progress. Each is a no-op outside systemd.
+	if _, err := systemd.Ready(fmt.Sprintf("running: %d keyspaces, listening on %s", len(d.cfg.Keyspaces), d.srv.Addr())); err != nil {
+		d.log.Warn("systemd notify failed", "error", err)
+	}
+	g.Go(func() error { return systemd.Watchdog(gctx, d.w.Progress, d.log) })
+	g.Go(func() error {
+		<-gctx.Done()
+		if _, err := systemd.Stopping("stopping: finishing in-flight refreshes"); err != nil {
+			d.log.Warn("systemd notify failed", "error", err)
+		}
+		return nil
+	})
 	err = g.Wait()
 	d.log.Info("keepwarm stopped")
 	return err

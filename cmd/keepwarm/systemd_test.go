@@ -1,0 +1,118 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// notifySocket is a NOTIFY_SOCKET of the test's own, recording the datagrams that the daemon sends.
+type notifySocket struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func listenNotify(t *testing.T) *notifySocket {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NOTIFY_SOCKET", path)
+	s := &notifySocket{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4096)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.msgs = append(s.msgs, string(buf[:n]))
+			s.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { conn.Close(); <-done })
+	return s
+}
+
+// index returns the position of the first message starting with prefix, or -1.
+func (s *notifySocket) index(prefix string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, m := range s.msgs {
+		if strings.HasPrefix(m, prefix) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *notifySocket) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Join(s.msgs, " | ")
+}
+
+// TestRunNotifiesSystemd runs the daemon as systemd would with Type=notify and WatchdogSec=5s: READY=1 once
+// /readyz passes, watchdog pings while the scheduler runs, STOPPING=1 on SIGTERM.
+func TestRunNotifiesSystemd(t *testing.T) {
+	f := newDaemonFixture(t)
+	f.write(t, `"1"`, "")
+	sd := listenNotify(t)
+	t.Setenv("WATCHDOG_USEC", "5000000")
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	logs, stop := startRun(t, f.path)
+	waitFor(t, 10*time.Second, "READY=1", func() bool { return sd.index("READY=1") >= 0 }, logs)
+	if m := sd.String(); !strings.Contains(m, "STATUS=running: 1 keyspaces, listening on 127.0.0.1:") {
+		t.Errorf("READY carries no STATUS line: %s", m)
+	}
+	addr := listenAddr(t, logs)
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("after READY=1, /readyz answered %s", resp.Status)
+	}
+	waitFor(t, 5*time.Second, "WATCHDOG=1", func() bool { return sd.index("WATCHDOG=1") >= 0 }, logs)
+	if sd.index("STOPPING=1") >= 0 {
+		t.Fatalf("STOPPING=1 before shutdown: %s", sd)
+	}
+	if code := stop(); code != 0 {
+		t.Errorf("exit code %d after SIGTERM\n%s", code, logs)
+	}
+	if i, r := sd.index("STOPPING=1"), sd.index("READY=1"); i < 0 || i < r {
+		t.Errorf("want STOPPING=1 after READY=1 on shutdown; got %s", sd)
+	}
+}
+
+// listenAddr reads the daemon's bound address from its "keepwarm running" log line.
+func listenAddr(t *testing.T, logs *syncBuffer) string {
+	t.Helper()
+	var addr string
+	waitFor(t, 10*time.Second, "daemon listening", func() bool {
+		i := strings.Index(logs.String(), "keepwarm running")
+		if i < 0 {
+			return false
+		}
+		line := logs.String()[i:]
+		j := strings.Index(line, "listen=")
+		if j < 0 {
+			return false
+		}
+		addr = strings.Fields(line[j+len("listen="):])[0]
+		return true
+	}, logs)
+	return addr
+}
