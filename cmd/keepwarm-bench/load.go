@@ -106,7 +106,29 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	rctx, cancel := context.WithTimeout(ctx, f.duration)
 	defer cancel()
 	var sampler ttlSampler
+	var hotNow atomic.Pointer[map[string]map[string]bool] // the daemon's hot set, re-read every second
 	var wg sync.WaitGroup
+	if f.daemonAddr != "" {
+		if h, _ := daemonHot(f.daemonAddr); h != nil {
+			hotNow.Store(&h)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-rctx.Done():
+					return
+				case <-t.C:
+				}
+				if h, _ := daemonHot(f.daemonAddr); h != nil {
+					hotNow.Store(&h)
+				}
+			}
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -150,7 +172,11 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 				if rctx.Err() != nil {
 					return
 				}
-				ls.record(id, wk.outcome, lat, err, t0.After(warmEnd))
+				hot := false
+				if h := hotNow.Load(); h != nil {
+					hot = (*h)[ls.name][id]
+				}
+				ls.record(id, wk.outcome, lat, err, t0.After(warmEnd), hot)
 			}
 		}()
 	}
@@ -230,6 +256,8 @@ type loadSpace struct {
 	latencies []time.Duration
 	perID     map[string]*idStats // reads and misses after the warm-up window
 	hot       map[string]bool
+	// reads (and misses) after the warm-up of ids that the daemon held hot at the moment of the read
+	liveHotReads, liveHotMisses int
 
 	appRebuilds atomic.Int64
 }
@@ -279,7 +307,8 @@ func (ls *loadSpace) client(rdb redis.UniversalClient, w *worker, sample float64
 	return lockstep.New(rdb, ls.name, ls.ks.Keys(), load, ls.ks.TTL, opts...)
 }
 
-func (ls *loadSpace) record(id string, outcome int, lat time.Duration, err error, afterWarmup bool) {
+// record counts one read. hotNow says whether the daemon held id hot when it was read.
+func (ls *loadSpace) record(id string, outcome int, lat time.Duration, err error, afterWarmup, hotNow bool) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.reads++
@@ -308,6 +337,12 @@ func (ls *loadSpace) record(id string, outcome int, lat time.Duration, err error
 		s.reads++
 		if outcome != outcomeHit {
 			s.misses++
+		}
+		if hotNow {
+			ls.liveHotReads++
+			if outcome != outcomeHit {
+				ls.liveHotMisses++
+			}
 		}
 	}
 }
@@ -375,7 +410,7 @@ func pct(d []time.Duration, p float64) time.Duration {
 func report(w io.Writer, spaces []*loadSpace, elapsed time.Duration, f loadFlags, hotSource string) {
 	fmt.Fprintf(w, "load: %d workers for %v, zipf s=%v, warm-up %v\n\n", f.workers, elapsed.Round(time.Second), f.zipf, f.warmup)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "keyspace\treads\thits\tmisses\tstale\tapp rebuilds\terrors\tp50\tp99\tmax\thot ids\thot reads*\thot misses*\t")
+	fmt.Fprintln(tw, "keyspace\treads\thits\tmisses\tstale\tapp rebuilds\terrors\tp50\tp99\tmax\thot ids\thot reads*\thot misses*\thot-when-read reads†\thot-when-read misses†\t")
 	for _, ls := range spaces {
 		ls.mu.Lock()
 		slices.Sort(ls.latencies)
@@ -386,13 +421,18 @@ func report(w io.Writer, spaces []*loadSpace, elapsed time.Duration, f loadFlags
 				hm += s.misses
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%d\t%d\t%d\t\n", ls.name, ls.reads, ls.hits, ls.misses,
+		live, liveMiss := "-", "-"
+		if ls.liveHotReads > 0 {
+			live, liveMiss = strconv.Itoa(ls.liveHotReads), strconv.Itoa(ls.liveHotMisses)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%d\t%d\t%d\t%s\t%s\t\n", ls.name, ls.reads, ls.hits, ls.misses,
 			ls.stale, ls.appRebuilds.Load(), ls.errs, round(pct(ls.latencies, .5)), round(pct(ls.latencies, .99)),
-			round(pct(ls.latencies, 1)), len(ls.hot), hr, hm)
+			round(pct(ls.latencies, 1)), len(ls.hot), hr, hm, live, liveMiss)
 		ls.mu.Unlock()
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "\n* after the %v warm-up; hot ids are pinned ids plus %s\n", f.warmup, hotSource)
+	fmt.Fprintf(w, "\n* after the %v warm-up; hot ids are pinned ids plus %s at the end of the run\n", f.warmup, hotSource)
+	fmt.Fprintf(w, "† after the %v warm-up; reads of ids the daemon held hot at the moment of the read (/debug/hotkeys, re-read every second)\n", f.warmup)
 	for _, ls := range spaces {
 		if ls.firstErr != nil {
 			fmt.Fprintf(w, "%s: first error: %v\n", ls.name, ls.firstErr)
