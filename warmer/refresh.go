@@ -33,7 +33,7 @@ func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
 	}
 	var p *pipeline
 	p = &pipeline{k: k, cfg: cfg,
-		ttl: func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) },
+		ttl:      func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) },
 		recheck:  k.recheck,
 		failSafe: func(ctx context.Context, items []*item, cause error) { k.failSafe(ctx, p.cfg, p.token, items, cause) },
 	}

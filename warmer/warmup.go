@@ -1,0 +1,290 @@
+package warmer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// MaxFailedIDs is how many failed ids a WarmupResult lists.
+const MaxFailedIDs = 1000
+
+// IDSource streams the ids of a warmup: it calls emit once per id, in order, and stops early when emit returns
+// an error (which it returns). postgres.Source.IDs has this shape; SliceIDs adapts a list.
+type IDSource func(ctx context.Context, emit func(id string) error) error
+
+// SliceIDs returns an IDSource over ids.
+func SliceIDs(ids []string) IDSource {
+	return func(ctx context.Context, emit func(string) error) error {
+		for _, id := range ids {
+			if err := emit(id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// WarmupOptions configure one warmup.
+type WarmupOptions struct {
+	// Spread, when > 0, gives each written key a TTL drawn uniformly from [ttl, ttl+Spread), so that keys warmed
+	// together fall due for refresh evenly over the window instead of in one burst. 0 uses the keyspace's jitter:
+	// ttl × (1 + U[0, jitter)).
+	Spread time.Duration
+	// Rate caps the warmup at this many ids per second, on top of the keyspace's origin_rate and
+	// max_origin_concurrency, which always apply: Rate can lower the budget, never raise it. 0 means no extra cap.
+	Rate float64
+	// DryRun reads the ids but queries no value and writes nothing: the result has Requested, Batches and the
+	// projected TTL histogram.
+	DryRun bool
+	// Progress, when set, is called (never concurrently) after each batch with the counts so far.
+	Progress func(WarmupResult)
+}
+
+// WarmupResult counts a warmup's ids. Requested = Written + SkippedLocked + Missing + Failed, except when the
+// run was interrupted, when ids already read but not processed are in Requested only.
+type WarmupResult struct {
+	Requested     int64
+	Written       int64 // values published
+	SkippedLocked int64 // an app (or the daemon) held the key's lock: being rebuilt anyway
+	Missing       int64 // the origin had no row; the missing policy was applied
+	Failed        int64 // origin, Redis or validation failure
+	Batches       int64
+	FailedIDs     []string // the first MaxFailedIDs failed ids
+	FirstError    error    // the first failure's cause
+	TTLs          Histogram
+	Duration      time.Duration
+	Interrupted   bool // ctx ended before every id was processed
+}
+
+// Histogram counts written TTLs in equal bins over [Min, Max).
+type Histogram struct {
+	Min, Max time.Duration
+	Counts   []int64
+}
+
+func newHistogram(lo, hi time.Duration, bins int) Histogram {
+	if hi <= lo {
+		hi = lo + time.Millisecond
+	}
+	return Histogram{Min: lo, Max: hi, Counts: make([]int64, bins)}
+}
+
+func (h *Histogram) add(d time.Duration) {
+	i := int(float64(len(h.Counts)) * float64(d-h.Min) / float64(h.Max-h.Min))
+	h.Counts[min(max(i, 0), len(h.Counts)-1)]++
+}
+
+// HistogramBins is the number of bins of a WarmupResult's TTL histogram.
+const HistogramBins = 20
+
+// Warmup writes the keys of ids in keyspace now, through the same pipeline as refresh-ahead: in batches of
+// batch_size it acquires the locks (pipelined), runs one origin query, publishes with the token-checked script
+// (pipelined) and releases. Keys whose lock someone else holds are skipped and counted. The keyspace's origin
+// budget (origin_rate, max_origin_concurrency) is shared with the daemon's own refreshes. When ctx ends, reading
+// stops, batches in flight finish or are abandoned with their locks released, and the result says Interrupted.
+// Warmup works whether or not Run is running. It returns an error only for an unknown keyspace or a failing
+// IDSource; per-id failures are counted in the result.
+func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt WarmupOptions) (WarmupResult, error) {
+	k := w.keyspace(keyspace)
+	if k == nil {
+		return WarmupResult{}, fmt.Errorf("warmer: unknown keyspace %q", keyspace)
+	}
+	cfg := k.config()
+	if opt.Spread < 0 || opt.Rate < 0 || math.IsNaN(opt.Rate) {
+		return WarmupResult{}, fmt.Errorf("warmer: warmup: spread %v and rate %v must not be negative", opt.Spread, opt.Rate)
+	}
+	start := time.Now()
+	var res WarmupResult
+	hi := time.Duration(float64(cfg.TTL) * (1 + cfg.Jitter))
+	if opt.Spread > 0 {
+		hi = cfg.TTL + opt.Spread
+	}
+	res.TTLs = newHistogram(cfg.TTL, hi, HistogramBins)
+	var mu sync.Mutex             // guards res and rnd draws for dry runs
+	ttl := func() time.Duration { // called with k.mu held by the pipeline, or with mu in a dry run
+		if opt.Spread > 0 {
+			return cfg.TTL + time.Duration(k.rnd.Float64()*float64(opt.Spread))
+		}
+		return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64())
+	}
+	var extra *rate.Limiter
+	if opt.Rate > 0 {
+		extra = rate.NewLimiter(rate.Limit(opt.Rate), cfg.BatchSize) // a burst of one batch
+	}
+
+	batches := make(chan []string)
+	var wg sync.WaitGroup
+	workers := max(cfg.MaxOriginQueries, 1)
+	if opt.DryRun {
+		workers = 1
+	}
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for batch := range batches {
+				if opt.DryRun {
+					mu.Lock()
+					res.Batches++
+					k.mu.Lock()
+					for range batch {
+						res.TTLs.add(ttl())
+					}
+					k.mu.Unlock()
+					mu.Unlock()
+					continue
+				}
+				items, invalid := warmItems(cfg, batch)
+				var runErr error
+				if len(items) > 0 {
+					if err := k.acquireSlot(ctx); err != nil {
+						runErr = err
+					} else {
+						p := &pipeline{k: k, cfg: cfg, ttl: ttl}
+						if extra != nil {
+							p.extra = extra
+						}
+						runErr = p.run(ctx, items)
+						k.releaseSlot()
+					}
+				}
+				mu.Lock()
+				res.Batches++
+				res.add(items, invalid, runErr, ctx.Err() != nil)
+				if opt.Progress != nil {
+					opt.Progress(res)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	var batch []string
+	srcErr := ids(ctx, func(id string) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		mu.Lock()
+		res.Requested++
+		mu.Unlock()
+		batch = append(batch, id)
+		if len(batch) < cfg.BatchSize {
+			return nil
+		}
+		select {
+		case batches <- batch:
+			batch = nil
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	if len(batch) > 0 && ctx.Err() == nil {
+		batches <- batch
+	}
+	close(batches)
+	wg.Wait()
+	res.Duration = time.Since(start)
+	res.Interrupted = ctx.Err() != nil
+	if srcErr != nil && !res.Interrupted {
+		return res, fmt.Errorf("warmer: warmup of keyspace %q: read ids: %w", keyspace, srcErr)
+	}
+	return res, nil
+}
+
+// warmItems turns a batch of ids into pipeline items; invalid ids come back apart, with their errors.
+func warmItems(cfg KeyspaceConfig, batch []string) ([]*item, map[string]error) {
+	items := make([]*item, 0, len(batch))
+	var invalid map[string]error
+	seen := make(map[string]bool, len(batch))
+	for _, id := range batch {
+		if seen[id] {
+			continue // a repeated id is written once
+		}
+		seen[id] = true
+		ks, err := cfg.Keys.For(id)
+		if err != nil {
+			if invalid == nil {
+				invalid = map[string]error{}
+			}
+			invalid[id] = err
+			continue
+		}
+		items = append(items, &item{id: id, ks: ks})
+	}
+	return items, invalid
+}
+
+// add folds one batch's outcome into r. A batch that could not run (runErr) counts its ids as failed, unless
+// the warmup was interrupted.
+func (r *WarmupResult) add(items []*item, invalid map[string]error, runErr error, interrupted bool) {
+	fail := func(id string, err error) {
+		r.Failed++
+		if len(r.FailedIDs) < MaxFailedIDs {
+			r.FailedIDs = append(r.FailedIDs, id)
+		}
+		if r.FirstError == nil {
+			r.FirstError = err
+		}
+	}
+	for id, err := range invalid {
+		fail(id, err)
+	}
+	for _, it := range items {
+		switch it.result {
+		case ResultOK:
+			r.Written++
+			r.TTLs.add(it.ttl)
+		case ResultLocked:
+			r.SkippedLocked++
+		case ResultMissing:
+			r.Missing++
+		case ResultLockLost:
+			fail(it.id, it.err)
+		case ResultError:
+			fail(it.id, it.err)
+		default: // not processed: the batch could not run
+			if interrupted || errors.Is(runErr, context.Canceled) {
+				continue
+			}
+			err := runErr
+			if err == nil {
+				err = errors.New("not processed")
+			}
+			fail(it.id, err)
+		}
+	}
+}
+
+// acquireSlot takes one of the keyspace's origin-concurrency slots, shared with the daemon's refreshes, waiting
+// until one is free or ctx ends.
+func (k *keyspace) acquireSlot(ctx context.Context) error {
+	for {
+		k.mu.Lock()
+		if k.running < k.cfg.MaxOriginQueries {
+			k.running++
+			k.mu.Unlock()
+			return nil
+		}
+		k.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func (k *keyspace) releaseSlot() {
+	k.mu.Lock()
+	k.running--
+	k.mu.Unlock()
+	k.poke()
+}

@@ -1,0 +1,211 @@
+package warmer_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+func idRange(from, to int) []string {
+	out := make([]string, 0, to-from+1)
+	for i := from; i <= to; i++ {
+		out = append(out, strconv.Itoa(i))
+	}
+	return out
+}
+
+func newWarmer(t *testing.T, f *fixture, cfg warmer.KeyspaceConfig) *warmer.Warmer {
+	t.Helper()
+	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestWarmupSpreadIsUniform warms 2,000 keys with --spread and checks, with Pearson's chi-square test over 10
+// equal bins (9 degrees of freedom), that the written TTLs are uniform over [ttl, ttl+spread): the statistic
+// must stay below 27.88, the 0.999 quantile, so a correct implementation fails this test once in 1,000 runs.
+func TestWarmupSpreadIsUniform(t *testing.T) {
+	f := newFixture(t, 2000)
+	cfg := f.config()
+	cfg.TTL = time.Minute
+	cfg.RefreshAhead = 10 * time.Second
+	cfg.BatchSize = 500
+	spread := 20 * time.Second
+	w := newWarmer(t, f, cfg)
+	ctx := context.Background()
+	res, err := w.Warmup(ctx, "items", warmer.SliceIDs(idRange(1, 2000)), warmer.WarmupOptions{Spread: spread})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requested != 2000 || res.Written != 2000 || res.Failed != 0 || res.Batches != 4 {
+		t.Fatalf("result = %+v, want 2000 requested and written in 4 batches", res)
+	}
+	// Read back what Redis holds: written TTL = PTTL + time since the write (meta written_ms, Redis clock).
+	pipe := f.rdb.Pipeline()
+	now := pipe.Time(ctx)
+	type q struct {
+		w    interface{ Val() string }
+		pttl interface{ Val() time.Duration }
+	}
+	var qs []q
+	for _, id := range idRange(1, 2000) {
+		ks, _ := f.keys.For(id)
+		qs = append(qs, q{pipe.HGet(ctx, ks.Meta, lockstep.MetaWrittenField), pipe.PTTL(ctx, ks.Cache)})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const bins = 10
+	var counts [bins]int
+	for _, x := range qs {
+		wms, err := strconv.ParseInt(x.w.Val(), 10, 64)
+		if err != nil {
+			t.Fatalf("meta written_ms %q: %v", x.w.Val(), err)
+		}
+		written := x.pttl.Val() + time.Duration(now.Val().UnixMilli()-wms)*time.Millisecond
+		if written < cfg.TTL-50*time.Millisecond || written > cfg.TTL+spread+50*time.Millisecond {
+			t.Fatalf("written TTL %v outside [%v, %v]", written, cfg.TTL, cfg.TTL+spread)
+		}
+		b := int(float64(bins) * float64(written-cfg.TTL) / float64(spread))
+		counts[min(max(b, 0), bins-1)]++
+	}
+	expected := 2000.0 / bins
+	chi2 := 0.0
+	for _, c := range counts {
+		chi2 += math.Pow(float64(c)-expected, 2) / expected
+	}
+	t.Logf("TTL bins %v, chi-square %.2f (df 9, critical 27.88 at p=0.001)", counts, chi2)
+	if chi2 > 27.88 {
+		t.Errorf("chi-square %.2f > 27.88: written TTLs are not uniform over the spread window: %v", chi2, counts)
+	}
+	var total int64
+	for _, c := range res.TTLs.Counts {
+		total += c
+	}
+	if total != 2000 || res.TTLs.Min != cfg.TTL || res.TTLs.Max != cfg.TTL+spread {
+		t.Errorf("result histogram: %d values over [%v, %v), want 2000 over [%v, %v)", total, res.TTLs.Min, res.TTLs.Max, cfg.TTL, cfg.TTL+spread)
+	}
+}
+
+func TestWarmupSkipsLockedAndCountsMissing(t *testing.T) {
+	f := newFixture(t, 10)
+	ctx := context.Background()
+	ks, _ := f.keys.For("3")
+	f.rdb.SetNX(ctx, ks.Lock, "app-token", time.Minute)
+	w := newWarmer(t, f, f.config())
+	res, err := w.Warmup(ctx, "items", warmer.SliceIDs([]string{"1", "2", "3", "404", "2"}), warmer.WarmupOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requested != 5 || res.Written != 2 || res.SkippedLocked != 1 || res.Missing != 1 || res.Failed != 0 {
+		t.Errorf("result = requested %d written %d locked %d missing %d failed %d; want 5 2 1 1 0",
+			res.Requested, res.Written, res.SkippedLocked, res.Missing, res.Failed)
+	}
+	if n := f.src.count("3"); n != 0 {
+		t.Errorf("origin queried %d times for id 3, whose lock an app holds", n)
+	}
+	if v, _ := f.rdb.Get(ctx, ks.Lock).Result(); v != "app-token" {
+		t.Errorf("the app's lock = %q", v)
+	}
+}
+
+func TestWarmupDryRunQueriesAndWritesNothing(t *testing.T) {
+	f := newFixture(t, 100)
+	w := newWarmer(t, f, f.config())
+	ctx := context.Background()
+	res, err := w.Warmup(ctx, "items", warmer.SliceIDs(idRange(1, 100)), warmer.WarmupOptions{DryRun: true, Spread: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requested != 100 || res.Batches != 2 || res.Written != 0 {
+		t.Errorf("dry run = %+v, want 100 requested in 2 batches, none written", res)
+	}
+	var projected int64
+	for _, c := range res.TTLs.Counts {
+		projected += c
+	}
+	if projected != 100 {
+		t.Errorf("projected histogram holds %d TTLs, want 100", projected)
+	}
+	f.src.mu.Lock()
+	queries := f.src.queries
+	f.src.mu.Unlock()
+	if queries != 0 {
+		t.Errorf("dry run made %d origin queries", queries)
+	}
+	if keys := f.rdb.Keys(ctx, "*"+f.prefix+"*").Val(); len(keys) != 0 {
+		t.Errorf("dry run wrote %d keys, e.g. %q", len(keys), keys[0])
+	}
+}
+
+func TestWarmupInterruptedLeavesNoLocks(t *testing.T) {
+	f := newFixture(t, 400)
+	started := make(chan struct{}, 1)
+	f.src.src = f.source(t, "select id, body from "+f.table+", pg_sleep(0.3) where id = any($1)")
+	f.src.before = func([]string) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+	}
+	cfg := f.config()
+	cfg.BatchSize = 50
+	w := newWarmer(t, f, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan warmer.WarmupResult, 1)
+	go func() {
+		res, err := w.Warmup(ctx, "items", warmer.SliceIDs(idRange(1, 400)), warmer.WarmupOptions{})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	<-started
+	time.Sleep(100 * time.Millisecond)
+	if locks := f.rdb.Keys(context.Background(), "lock:"+f.prefix+"*").Val(); len(locks) == 0 {
+		t.Fatal("no lock held mid-warmup: the test tests nothing")
+	}
+	cancel()
+	res := <-done
+	if !res.Interrupted {
+		t.Error("result not marked interrupted")
+	}
+	if res.Written >= 400 {
+		t.Errorf("written %d of 400: the interruption came too late to test anything", res.Written)
+	}
+	if locks := f.rdb.Keys(context.Background(), "lock:"+f.prefix+"*").Val(); len(locks) != 0 {
+		t.Errorf("locks left after an interrupted warmup: %v", locks)
+	}
+	t.Logf("interrupted: %+v", fmt.Sprintf("requested %d written %d failed %d", res.Requested, res.Written, res.Failed))
+}
+
+func TestWarmupRateNeverRaisesBudget(t *testing.T) {
+	f := newFixture(t, 40)
+	cfg := f.config()
+	cfg.BatchSize = 10
+	cfg.OriginRate = 1000
+	w := newWarmer(t, f, cfg)
+	// 40 ids at 20 ids/s with a burst of one batch: at least (40-10)/20 = 1.5 s.
+	start := time.Now()
+	res, err := w.Warmup(context.Background(), "items", warmer.SliceIDs(idRange(1, 40)), warmer.WarmupOptions{Rate: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el < 1400*time.Millisecond {
+		t.Errorf("40 ids at --rate 20 took %v, want >= 1.5 s", el)
+	}
+	if res.Written != 40 {
+		t.Errorf("written %d, want 40", res.Written)
+	}
+	if _, err := w.Warmup(context.Background(), "nope", warmer.SliceIDs(nil), warmer.WarmupOptions{}); err == nil {
+		t.Error("unknown keyspace: no error")
+	}
+}
