@@ -40,7 +40,7 @@ type tick struct {
 // newHistogram counts keys into bins equal slices of [0, span), span being the largest TTL left rounded up to a
 // round number.
 func newHistogram(keys []warmer.KeyStatus, bins int) histogram {
-	h := histogram{Width: histLeft + histW + 8, Height: histH + histBottom, Left: histLeft, PlotH: histH}
+	h := histogram{Width: histLeft + histW + 24, Height: histH + histBottom, Left: histLeft, PlotH: histH}
 	var longest time.Duration
 	for _, k := range keys {
 		if k.TTL <= 0 {
