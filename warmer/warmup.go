@@ -83,7 +83,7 @@ func (h *Histogram) add(d time.Duration) {
 }
 
 // HistogramBins is the number of bins of a WarmupResult's TTL histogram.
-const HistogramBins = 20
+const HistogramBins = 10
 
 // Warmup writes the keys of ids in keyspace now, through the same pipeline as refresh-ahead: in batches of
 // batch_size it acquires the locks (pipelined), runs one origin query, publishes with the token-checked script

@@ -3,6 +3,8 @@
 //
 //	keepwarm run --config config.toml                  run the daemon
 //	keepwarm status --config config.toml               show the running daemon's hot keys
+//	keepwarm warmup --config config.toml --keyspace track --list black-friday --spread 10m
+//	                                                   warm keys now, ahead of a promotion
 //	keepwarm validate --config config.toml             check a config and summarise it
 //	keepwarm fetch --config config.toml --keyspace track 1 2
 //	                                                   show what would be written for ids (writes nothing)
@@ -48,6 +50,7 @@ func commands() []command {
 		{"migrate", "apply (up), roll back (down) or list (status) keepwarm's PostgreSQL migrations", cmdMigrate},
 		{"run", "run the daemon: keep hot keys warm until SIGTERM", cmdRun},
 		{"status", "show the running daemon's hot keys, TTLs and next refreshes", cmdStatus},
+		{"warmup", "write a keyspace's keys now, ahead of a promotion (ids, file, list or ids_query)", cmdWarmup},
 		{"healthcheck", "exit 0 if the daemon's /readyz answers 200 (for container health checks)", cmdHealthcheck},
 		{"version", "print keepwarm's version", cmdVersion},
 	}
