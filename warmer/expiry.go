@@ -151,6 +151,8 @@ func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Tim
 		h.persistent = false
 		exp := now.Add(pttl)
 		if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance || h.idx < 0 {
+			// New information (a newly hot key, or one an app rewrote): was there still time to refresh it?
+			h.shortNotice = pttl < lead(k.cfg.RefreshAhead, k.cfg.LeadMultiple, h.rebuildP95)
 			h.expiry = exp
 			k.scheduleLocked(h)
 		}
@@ -164,6 +166,12 @@ func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
 		return
 	}
 	h.counted = true
+	if h.shortNotice {
+		// The key became hot (or an app rewrote it) less than one lead before it expired: the daemon never had
+		// the time to refresh it, so this is not counted against the SLO.
+		k.w.m.lateNotice.WithLabelValues(k.cfg.Name).Inc()
+		return
+	}
 	if !now.Before(h.expiry.Add(-expiryTolerance)) {
 		k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
 		k.hotExpired.Add(1)

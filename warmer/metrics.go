@@ -23,6 +23,7 @@ type metrics struct {
 	leadSeconds    *prometheus.HistogramVec // keyspace
 	hotExpired     *prometheus.CounterVec   // keyspace: the SLO counter
 	vanished       *prometheus.CounterVec   // keyspace: hot keys deleted or evicted before their expiry
+	lateNotice     *prometheus.CounterVec   // keyspace: hot keys that expired less than one lead after the daemon learnt of them
 	originQueries  *prometheus.CounterVec   // keyspace, result
 	originRows     *prometheus.CounterVec   // keyspace
 	originSeconds  *prometheus.HistogramVec // keyspace
@@ -61,6 +62,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		vanished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_hot_vanished_total",
 			Help: "Hot keys found gone before their expiry (deleted by an app or evicted), then rebuilt.",
+		}, []string{"keyspace"}),
+		lateNotice: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_hot_late_notice_total",
+			Help: "Hot keys that expired less than one lead after the daemon learnt of them (no time to refresh; not an SLO miss).",
 		}, []string{"keyspace"}),
 		originQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_origin_queries_total",
@@ -112,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished,
+	for _, c := range []prometheus.Collector{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
 		m.persistent, m.queued, m.decays} {
 		if err := reg.Register(c); err != nil {
@@ -126,7 +131,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) forget(ks string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.originQueries, m.originRows,
+	}{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice, m.originQueries, m.originRows,
 		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
 	}

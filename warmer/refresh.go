@@ -101,6 +101,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 			h.errors = 0
 			h.staleSince = time.Time{}
 			h.counted = false
+			h.shortNotice = false
 			h.needPTTL = false
 			h.absent = false
 			h.observeRebuild(p.rebuild)
@@ -150,6 +151,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			it.result = ResultFresh
 			k.count(ResultFresh)
 			h.needPTTL = false
+			h.shortNotice = false
 			h.expiry = now.Add(it.pttl)
 			k.scheduleLocked(h)
 		default:

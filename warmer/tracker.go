@@ -33,6 +33,7 @@ type hotState struct {
 	errors      int       // consecutive failed refreshes, for back-off
 	staleSince  time.Time // when the fail-safe first kept this value past its TTL, in the current outage
 	counted     bool      // this expiry was already counted as an SLO miss
+	shortNotice bool      // the expiry was learnt less than one lead before it: no time to refresh
 }
 
 // observeRebuild folds d into the key's rebuild estimate: it rises at once to a slower rebuild and decays by 1/16

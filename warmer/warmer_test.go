@@ -426,7 +426,7 @@ func TestFailSafeBoundedByMaxStale(t *testing.T) {
 	cfg.TTL = time.Second
 	cfg.RefreshAhead = 300 * time.Millisecond
 	cfg.MaxStale = 700 * time.Millisecond
-	start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 	eventually(t, 3*time.Second, "key written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1")).Result()
 		return n == 1
@@ -441,6 +441,10 @@ func TestFailSafeBoundedByMaxStale(t *testing.T) {
 	if gone := time.Since(written); gone < time.Second {
 		t.Errorf("key gone %v after the outage began; fail-safe should have kept it past its TTL", gone)
 	}
+	// The daemon owns up to it: a hot key expired before a refresh could land, and the SLO counter says so.
+	eventually(t, 2*time.Second, "SLO counter counts the expiry", func() bool {
+		return counter(t, reg, "keepwarm_warmer_hot_expired_total", nil) == 1
+	})
 }
 
 func TestShutdownDuringSlowRefreshLeavesNoLock(t *testing.T) {
