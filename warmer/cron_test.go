@@ -154,3 +154,64 @@ func TestCronRejectsBadSchedules(t *testing.T) {
 		}
 	}
 }
+
+// TestCronReloadNeverDuplicatesARun reloads a schedule with a new spec while its slow run is in progress: the
+// new entry must not start a second run of the same schedule beside it.
+func TestCronReloadNeverDuplicatesARun(t *testing.T) {
+	f := newFixture(t, 3)
+	f.src.src = f.source(t, "select id, body from "+f.table+", pg_sleep(1.2) where id = any($1)")
+	pool := testenv.Postgres(t)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close() })
+	if err := migrations.Up(context.Background(), db, io.Discard); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	name := f.prefix + "slow"
+	t.Cleanup(func() { pool.Exec(context.Background(), "delete from keepwarm.warmup_runs where name = $1", name) })
+	cfg := f.config()
+	cfg.LockTTL, cfg.StatementTimeout = 5*time.Second, 3*time.Second
+	w := newWarmer(t, f, cfg)
+	c, err := warmer.NewCron(w, runs.New(pool, "reloader"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched := warmer.ScheduleConfig{Name: name, Spec: "* * * * * *", Keyspace: "items", IDs: warmer.SliceIDs([]string{"1"})}
+	if err := c.Update([]warmer.ScheduleConfig{sched}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		c.Run(ctx)
+		close(done)
+	}()
+	time.Sleep(1500 * time.Millisecond) // the first run is under way
+	sched.Spec = "*/1 * * * * *"        // same times, new spec: a new cron entry
+	if err := c.Update([]warmer.ScheduleConfig{sched}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	cancel()
+	<-done
+	rows, err := pool.Query(context.Background(), `select started_at, coalesce(finished_at, now()) from keepwarm.warmup_runs
+		where name = $1 order by started_at`, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prevEnd time.Time
+	n := 0
+	for rows.Next() {
+		var s, e time.Time
+		if err := rows.Scan(&s, &e); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 && s.Before(prevEnd) {
+			t.Errorf("run %d started at %v, before the previous run ended at %v: a duplicate run", n, s, prevEnd)
+		}
+		prevEnd = e
+		n++
+	}
+	if n < 2 {
+		t.Errorf("%d runs in 4.5 s of a 1.2 s warmup scheduled every second, want >= 2", n)
+	}
+}

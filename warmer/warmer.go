@@ -48,7 +48,7 @@ type Warmer struct {
 	m     *metrics
 	now   func() time.Time
 	seed  atomic.Uint64
-	notes chan []KeyspaceConfig
+	notes chan update
 
 	mu     sync.Mutex
 	spaces map[string]*keyspace
@@ -79,7 +79,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("warmer: register metrics: %w", err)
 	}
-	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now, notes: make(chan []KeyspaceConfig, 1),
+	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now, notes: make(chan update),
 		spaces: make(map[string]*keyspace)}
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
@@ -110,27 +110,35 @@ func validate(cfgs []KeyspaceConfig) ([]KeyspaceConfig, error) {
 	return out, errors.Join(errs...)
 }
 
-// Update replaces the keyspace configuration of a running (or not yet running) Warmer. It validates first and
-// changes nothing on error. Keyspaces whose key templates are unchanged keep their tracked state; new ones start;
-// removed ones stop after their in-flight refreshes.
+// update is a validated keyspace set on its way to Run, which closes done once it is applied.
+type update struct {
+	spaces []KeyspaceConfig
+	done   chan struct{}
+}
+
+// Update replaces the keyspace configuration of a running (or not yet running) Warmer, and returns once it is
+// in force. It validates first and changes nothing on error. Keyspaces whose key templates are unchanged keep
+// their tracked state; new ones start; removed ones stop after their in-flight refreshes.
 func (w *Warmer) Update(cfgs []KeyspaceConfig) error {
 	spaces, err := validate(cfgs)
 	if err != nil {
 		return err
 	}
-	if !w.running.Load() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.applyLocked(spaces, nil)
-		return nil
+	u := update{spaces: spaces, done: make(chan struct{})}
+	for {
+		if !w.running.Load() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.applyLocked(spaces, nil)
+			return nil
+		}
+		select {
+		case w.notes <- u:
+			<-u.done
+			return nil
+		case <-time.After(10 * time.Millisecond): // Run may be stopping: look again
+		}
 	}
-	// Replace any update not yet applied: the newest config wins.
-	select {
-	case <-w.notes:
-	default:
-	}
-	w.notes <- spaces
-	return nil
 }
 
 // Progress returns when a scheduler loop last completed a pass. A systemd watchdog uses it to stop pinging
@@ -199,10 +207,11 @@ func (w *Warmer) Run(ctx context.Context) error {
 				<-done
 			}
 			return nil
-		case spaces := <-w.notes:
+		case u := <-w.notes:
 			w.mu.Lock()
-			w.applyLocked(spaces, func(k *keyspace) { k.start(ctx, workCtx, &loops) })
+			w.applyLocked(u.spaces, func(k *keyspace) { k.start(ctx, workCtx, &loops) })
 			w.mu.Unlock()
+			close(u.done)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/reload"
+	"github.com/keepwarm/keepwarm/internal/runs"
 	"github.com/keepwarm/keepwarm/internal/server"
 	"github.com/keepwarm/keepwarm/internal/statuspage"
 	"github.com/keepwarm/keepwarm/internal/systemd"
@@ -61,6 +63,7 @@ type daemon struct {
 	rdb     redis.UniversalClient
 	pool    *pgxpool.Pool
 	w       *warmer.Warmer
+	cron    *warmer.Cron
 	srv     *server.Server
 	watch   *reload.Watcher
 	reg     *prometheus.Registry
@@ -114,8 +117,26 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 					}
 					return nil
 				},
+				Schedules: func() []statuspage.Schedule {
+					var out []statuspage.Schedule
+					if d.readyWarmer() != nil {
+						for _, s := range d.cron.Status() {
+							out = append(out, statuspage.Schedule{Name: s.Name, Keyspace: s.Keyspace, Cron: s.Spec,
+								Next: s.Next, Last: s.Last, LastResult: s.LastResult})
+						}
+					}
+					return out
+				},
 				Ready: d.readyz, Version: version, Logger: log,
 			}))
+			mux.HandleFunc("GET /debug/schedules", func(w http.ResponseWriter, _ *http.Request) {
+				sched := []warmer.ScheduleStatus{}
+				if d.readyWarmer() != nil {
+					sched = d.cron.Status()
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(sched)
+			})
 		},
 	}); err != nil {
 		return nil, fmt.Errorf("daemon: listen %s: %w", cfg.Daemon.Listen, err)
@@ -213,11 +234,18 @@ func (d *daemon) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if d.cron, err = warmer.NewCron(d.w, runs.New(d.pool, ""), d.reg, d.log); err != nil {
+		return err
+	}
+	if err := d.cron.Update(wire.Schedules(d.cfg, srcs)); err != nil {
+		return err
+	}
 	if d.watch, err = reload.New(d.log, watchedFiles(d.cfg)); err != nil {
 		return fmt.Errorf("watch config: %w", err)
 	}
 	close(d.ready)
 	g.Go(func() error { return d.w.Run(gctx) })
+	g.Go(func() error { return d.cron.Run(gctx) })
 	g.Go(func() error { return d.watch.Run(gctx, d.reload) })
 	d.log.Info("keepwarm running", "keyspaces", len(d.cfg.Keyspaces), "listen", d.srv.Addr())
 	// systemd (Type=notify): READY=1 now, STOPPING=1 when shutdown begins, and watchdog pings while the
@@ -272,6 +300,9 @@ func (d *daemon) reload(reason string) {
 	srcs, err := wire.Sources(d.pool, cfg)
 	if err == nil {
 		err = d.w.Update(wire.Keyspaces(cfg, srcs))
+	}
+	if err == nil {
+		err = d.cron.Update(wire.Schedules(cfg, srcs))
 	}
 	if err != nil {
 		d.reloads.WithLabelValues("error").Inc()

@@ -35,7 +35,21 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if target == "" {
 		target = config.DefaultListen
 	}
-	url := fmt.Sprintf("http://%s/debug/hotkeys?limit=%d", target, *limit)
+	var spaces []warmer.KeyspaceStatus
+	if err := getJSON(ctx, fmt.Sprintf("http://%s/debug/hotkeys?limit=%d", target, *limit), &spaces); err != nil {
+		return err
+	}
+	var scheds []warmer.ScheduleStatus
+	if err := getJSON(ctx, fmt.Sprintf("http://%s/debug/schedules", target), &scheds); err != nil {
+		return err
+	}
+	now := time.Now()
+	printStatus(stdout, spaces, now)
+	printSchedules(stdout, scheds, now)
+	return nil
+}
+
+func getJSON(ctx context.Context, url string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -48,12 +62,28 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("status: %s answered %s", url, resp.Status)
 	}
-	var spaces []warmer.KeyspaceStatus
-	if err := json.NewDecoder(resp.Body).Decode(&spaces); err != nil {
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		return fmt.Errorf("status: decode %s: %w", url, err)
 	}
-	printStatus(stdout, spaces, time.Now())
 	return nil
+}
+
+func printSchedules(w io.Writer, scheds []warmer.ScheduleStatus, now time.Time) {
+	if len(scheds) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCHEDULE\tKEYSPACE\tCRON\tNEXT RUN\tLAST RUN")
+	for _, s := range scheds {
+		last := "never (on this daemon)"
+		if !s.Last.IsZero() {
+			last = s.Last.Format(time.RFC3339) + " " + s.LastResult
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s (in %s)\t%s\n", s.Name, s.Keyspace, s.Spec, s.Next.Format(time.RFC3339),
+			s.Next.Sub(now).Round(time.Second), last)
+	}
+	_ = tw.Flush()
 }
 
 func printStatus(w io.Writer, spaces []warmer.KeyspaceStatus, now time.Time) {

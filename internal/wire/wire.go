@@ -102,3 +102,26 @@ func Keyspace(cfg *config.Config, ks *config.Keyspace, src warmer.Source) warmer
 		Pinned:           cfg.Pinned(ks.Name),
 	}
 }
+
+// Schedules translates the config's [[schedule]] entries into the warmer's, with their ids: inline, a
+// [[hotkeys]] list's, or the keyspace's ids_query (streamed from its source at each run).
+func Schedules(cfg *config.Config, sources map[string]*postgres.Source) []warmer.ScheduleConfig {
+	out := make([]warmer.ScheduleConfig, 0, len(cfg.Schedules))
+	for _, s := range cfg.Schedules {
+		sc := warmer.ScheduleConfig{Name: s.Name, Spec: s.CronSpec(), Keyspace: s.Keyspace, Spread: s.Spread, Rate: s.Rate}
+		switch {
+		case s.IDsQuery:
+			if src := sources[s.Keyspace]; src != nil {
+				sc.IDs = src.IDs
+			}
+		case s.List != "":
+			if h := cfg.HotkeysList(s.List); h != nil {
+				sc.IDs = warmer.SliceIDs(h.IDs)
+			}
+		default:
+			sc.IDs = warmer.SliceIDs(s.IDs)
+		}
+		out = append(out, sc)
+	}
+	return out
+}
