@@ -20,7 +20,7 @@ build:
 vet:
 	$(GO) vet ./...
 
-test: services
+test: services test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
@@ -44,3 +44,25 @@ LOAD_ARGS ?= --duration 2m --workers 50 --zipf 1.1
 .PHONY: load
 load: services
 	$(GO) run ./cmd/keepwarm-bench load --config config.toml $(LOAD_ARGS)
+
+# What `make test` needs besides the services: chromium (status page browser test) and systemd-analyze (unit
+# verification). Installs them as root; otherwise says what to install and fails.
+.PHONY: test-deps
+test-deps:
+	scripts/test-deps
+
+# The release binary, built exactly as the Dockerfile builds it (static, -trimpath, version stamped in).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+.PHONY: build-static
+build-static:
+	VERSION='$(VERSION)' scripts/build-static keepwarm
+
+# `systemd-analyze verify` of the unit and the other deploy checks (compose, Dockerfile, Prometheus, Grafana).
+.PHONY: verify-deploy
+verify-deploy: test-deps
+	$(GO) test -count=1 -v ./deploy
+
+# Regenerates docs/statuspage.png from the status page browser test (the Chinook demo in headless Chromium).
+.PHONY: statuspage-screenshot
+statuspage-screenshot: services test-deps
+	$(GO) test -count=1 -run TestStatusPageInBrowser ./cmd/keepwarm -args -statuspage.screenshot=$(CURDIR)/docs/statuspage.png
