@@ -1,5 +1,6 @@
 // Command keepwarm-bench measures keepwarm on the local services: `load` drives the demo keyspaces through the
-// lockstep client with Zipf-distributed ids and reports hits, misses and latency per keyspace.
+// lockstep client with Zipf-distributed ids and reports hits, misses and latency per keyspace; `stampede` and
+// the other benchmarks are recorded in docs/benchmarks.md.
 package main
 
 import (
@@ -32,7 +33,10 @@ type usageError struct{ error }
 const usage = `usage: keepwarm-bench <command> [flags]
 
 commands:
-  load   read the demo keyspaces through the lockstep client with Zipf-distributed ids
+  load      read the demo keyspaces through the lockstep client with Zipf-distributed ids
+  stampede  one hot key, 50 workers: fetch, locked, xfetch, xlocked, lockstep and keepwarm side by side
+
+Run 'keepwarm-bench <command> -h' for a command's flags.
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -43,6 +47,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "load":
 		return runLoad(ctx, args[1:], stdout, stderr)
+	case "stampede":
+		return runStampede(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

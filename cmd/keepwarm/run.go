@@ -243,14 +243,15 @@ func (d *daemon) run(ctx context.Context) error {
 	if d.watch, err = reload.New(d.log, watchedFiles(d.cfg)); err != nil {
 		return fmt.Errorf("watch config: %w", err)
 	}
+	keyspaces := len(d.cfg.Keyspaces) // read before the watcher starts: a reload replaces d.cfg
 	close(d.ready)
 	g.Go(func() error { return d.w.Run(gctx) })
 	g.Go(func() error { return d.cron.Run(gctx) })
 	g.Go(func() error { return d.watch.Run(gctx, d.reload) })
-	d.log.Info("keepwarm running", "keyspaces", len(d.cfg.Keyspaces), "listen", d.srv.Addr())
+	d.log.Info("keepwarm running", "keyspaces", keyspaces, "listen", d.srv.Addr())
 	// systemd (Type=notify): READY=1 now, STOPPING=1 when shutdown begins, and watchdog pings while the
 	// scheduler makes progress. Each is a no-op outside systemd.
-	if _, err := systemd.Ready(fmt.Sprintf("running: %d keyspaces, listening on %s", len(d.cfg.Keyspaces), d.srv.Addr())); err != nil {
+	if _, err := systemd.Ready(fmt.Sprintf("running: %d keyspaces, listening on %s", keyspaces, d.srv.Addr())); err != nil {
 		d.log.Warn("systemd notify failed", "error", err)
 	}
 	g.Go(func() error { return systemd.Watchdog(gctx, d.w.Progress, d.log) })
