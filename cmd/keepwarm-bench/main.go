@@ -1,6 +1,6 @@
 // Command keepwarm-bench measures keepwarm on the local services: `load` drives the demo keyspaces through the
-// lockstep client with Zipf-distributed ids and reports hits, misses and latency per keyspace; `stampede` and
-// the other benchmarks are recorded in docs/benchmarks.md.
+// lockstep client with Zipf-distributed ids and reports hits, misses and latency per keyspace; `stampede`,
+// `trace`, `zipf` and `scale` are the benchmarks recorded in docs/benchmarks.md.
 package main
 
 import (
@@ -35,6 +35,10 @@ const usage = `usage: keepwarm-bench <command> [flags]
 commands:
   load      read the demo keyspaces through the lockstep client with Zipf-distributed ids
   stampede  one hot key, 50 workers: fetch, locked, xfetch, xlocked, lockstep and keepwarm side by side
+  trace     replay the OLTP trace (ARC, FAST 2003) through lockstep with the warmer; compare with a static top-K oracle
+  zipf      the same as trace on a synthetic Zipf workload (--skew)
+  warmup    keepwarm warmup --query over 1,000,000 generated rows vs a naive warmer and the machine's limits
+  scale     the warmer itself: memory per tracked key, refresh throughput, Redis commands per refresh, idle CPU
 
 Run 'keepwarm-bench <command> -h' for a command's flags.
 `
@@ -47,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "load":
 		return runLoad(ctx, args[1:], stdout, stderr)
+	case "warmup":
+		return runWarmup(ctx, args[1:], stdout, stderr)
 	case "stampede":
 		return runStampede(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
