@@ -57,6 +57,7 @@ type KeyspaceConfig struct {
 	MaxTracked    int           // bound on tracked ids; coldest leave first; default max(10×TopN, DefaultMaxTracked)
 	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
 	LFU           bool          // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
+	LFUScanCount  int           // keys one poll's SCAN step asks for (the LFU signal's rate limit); default 1000
 
 	MaxStale      time.Duration // fail-safe: how long a value may be kept past its TTL while the origin fails
 	MaxValueBytes int           // values larger than this are refused (counted as errors); 0 means no limit
@@ -116,6 +117,9 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	}
 	if c.MaxTracked == 0 {
 		c.MaxTracked = max(10*c.TopN, DefaultMaxTracked)
+	}
+	if c.LFUScanCount == 0 {
+		c.LFUScanCount = lfuScanCount
 	}
 	if c.LeadMultiple == 0 {
 		c.LeadMultiple = DefaultLeadMultiple

@@ -7,8 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// lfuScanCount is how many keys one poll asks SCAN for: the LFU signal is rate-limited to this per poll
-// interval, so it never competes with the application's traffic.
+// lfuScanCount is the default of KeyspaceConfig.LFUScanCount, how many keys one poll asks SCAN for: the LFU
+// signal is rate-limited to this per poll interval, so it never competes with the application's traffic.
 const lfuScanCount = 1000
 
 // lfuState is where the incremental SCAN of a keyspace's pattern stands.
@@ -53,7 +53,7 @@ func (k *keyspace) scanLFU(ctx context.Context, cfg KeyspaceConfig) map[string]u
 	if m == nil {
 		return nil
 	}
-	keys, cursor, err := k.w.rdb.Scan(ctx, st.cursor, m.pattern(), lfuScanCount).Result()
+	keys, cursor, err := k.w.rdb.Scan(ctx, st.cursor, m.pattern(), int64(cfg.LFUScanCount)).Result()
 	if err != nil {
 		k.redisError(ctx, "scan for lfu", err)
 		return nil
