@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -315,15 +316,7 @@ func (c *Cron) Status() []ScheduleStatus {
 		}
 		out = append(out, st)
 	}
-	slices.SortFunc(out, func(a, b ScheduleStatus) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b ScheduleStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

@@ -2,6 +2,7 @@ package warmer
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -48,15 +49,7 @@ func (w *Warmer) Status(limit int) []KeyspaceStatus {
 	for _, k := range spaces {
 		out = append(out, k.status(now, limit))
 	}
-	slices.SortFunc(out, func(a, b KeyspaceStatus) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b KeyspaceStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
