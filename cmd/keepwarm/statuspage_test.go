@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,6 +159,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		SVGWidth  float64        `json:"svgWidth"`
 		Scripts   int            `json:"scripts"`
 		SLO       string         `json:"slo"`
+		Schedules []string       `json:"schedules"`
 	}
 	const collect = `(() => {
 	  const q = (s) => Array.from(document.querySelectorAll(s));
@@ -177,6 +179,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	    svgWidth: svg ? svg.getBoundingClientRect().width : 0,
 	    scripts: document.scripts.length,
 	    slo: (document.getElementById('slo') || {}).textContent || '',
+	    schedules: q('#schedules tr td:first-child').map(td => td.textContent),
 	  };
 	})()`
 	if err := chromedp.Do(bctx,
@@ -216,6 +219,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	if got.Scripts != 0 {
 		t.Errorf("the page has %d <script> elements, want 0", got.Scripts)
+	}
+	if !slices.Equal(got.Schedules, []string{"charts-before-work"}) {
+		t.Errorf("schedules on the page: %q, want config.toml's charts-before-work", got.Schedules)
 	}
 	if !strings.Contains(got.SLO, "hot keys expired before their refresh:") {
 		t.Errorf("SLO badge = %q", got.SLO)
