@@ -55,6 +55,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runWarmup(ctx, args[1:], stdout, stderr)
 	case "stampede":
 		return runStampede(ctx, args[1:], stdout, stderr)
+	case "trace":
+		return runTrace(ctx, args[1:], stdout, stderr)
+	case "zipf":
+		return runZipf(ctx, args[1:], stdout, stderr)
+	case "scale":
+		return runScale(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
