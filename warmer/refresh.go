@@ -11,6 +11,10 @@ import (
 // retryBase is the first back-off after a failed or skipped refresh; it doubles per consecutive failure.
 const retryBase = 500 * time.Millisecond
 
+// resultSettled marks an item the re-check under the lock already dealt with (no longer hot, or no TTL): it is
+// not a refresh and is not counted.
+const resultSettled = "settled"
+
 // refresh runs one batch of due hot keys through the pipeline (see pipeline) with the daemon's two additions:
 // under the locks it re-reads PTTL so a key someone else just rebuilt is not rebuilt again, and on origin
 // failure it keeps the current values alive (fail-safe). Then it reschedules every key.
@@ -63,7 +67,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 			k.retryLocked(h, retryBase)
 			continue
 		}
-		if it.result != "" && it.result != ResultFresh && it.result != "settled" {
+		if it.result != "" && it.result != ResultFresh && it.result != resultSettled {
 			k.count(it.result)
 		}
 		switch it.result {
@@ -142,9 +146,9 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 		ld := lead(cfg.RefreshAhead, cfg.LeadMultiple, est)
 		switch {
 		case h.e.hot != h:
-			it.result = "settled" // no longer hot since the batch was formed: leave it to expire
+			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
 		case it.pttl == pttlPersistent:
-			it.result = "settled"
+			it.result = resultSettled
 			k.applyPTTLLocked(h, it.pttl, now, false)
 		case it.pttl > ld+ld/2 && !h.absent:
 			// Someone else refreshed it since we last looked: do not rebuild it twice within one TTL.
