@@ -33,21 +33,24 @@ func (k *keyspace) poll(ctx context.Context) {
 		zs, err = k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, 0, window-1).Result()
 	}
 	if err != nil {
+		// Go on without the signal: pinned ids are hot whatever Redis says.
 		k.redisError(ctx, "read access set", err)
-		return
+		zs = nil
 	}
 	var full []redis.Z
 	k.mu.Lock()
 	syncDue := now.Sub(k.lastSync) >= FullSyncEvery
 	k.mu.Unlock()
-	if syncDue && window > 0 && int64(cfg.MaxTracked) > window {
+	if syncDue && err == nil && window > 0 && int64(cfg.MaxTracked) > window {
 		full = k.fullSync(ctx, cfg)
 		k.mu.Lock()
 		k.lastSync = now
 		k.mu.Unlock()
 	}
 	lfu := k.scanLFU(ctx, cfg)
-	k.redisOK()
+	if err == nil {
+		k.redisOK()
+	}
 
 	k.mu.Lock()
 	unix := now.Unix()

@@ -644,3 +644,21 @@ func TestTwoDaemonsNeverRebuildTwice(t *testing.T) {
 		t.Errorf("%d of %d hot keys present", n, len(ids))
 	}
 }
+
+// TestDeadRedisKeepsRunning: with Redis unreachable the warmer neither panics nor exits; it keeps its loops
+// going (progress advances) and stops cleanly.
+func TestDeadRedisKeepsRunning(t *testing.T) {
+	f := newFixture(t, 1)
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { dead.Close() })
+	w, _, stop := start(t, dead, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1")}})
+	first := w.Progress()
+	time.Sleep(700 * time.Millisecond)
+	if !w.Progress().After(first) {
+		t.Error("scheduler made no progress with Redis down")
+	}
+	if st := w.Status(0); len(st) != 1 || st[0].Hot != 1 {
+		t.Errorf("status with Redis down = %+v, want the pinned key listed", st)
+	}
+	stop()
+}
