@@ -9,6 +9,8 @@
 //     loader (github.com/compose-spec/compose-go/v2) and a YAML parser; no Docker engine is needed.
 //   - grafana/keepwarm.json: the dashboard; cmd/keepwarm's TestDashboardMetricsExist checks every metric it
 //     queries against the daemon's registry.
+//   - nginx/keepwarm.conf: a TLS and basic-auth reverse proxy for the status page (not checked by a test; see
+//     docs/operations.md for the run that checked it).
 //
 // docs/operations.md explains how to use them.
 package deploy
