@@ -36,7 +36,8 @@ func notify(state, status string) (bool, error) {
 // scheduler passes at least every poll interval (about 2 s), so WatchdogSec should be 10 s or more.
 //
 // It returns nil at once when the watchdog is not enabled (no $WATCHDOG_USEC, or $WATCHDOG_PID names another
-// process), nil when ctx ends, and an error only for a malformed $WATCHDOG_USEC. Socket errors are logged, not
+// process), nil when ctx ends, and an error only for a malformed $WATCHDOG_USEC. The scheduler has interval/2
+// from the call to make its first pass. Socket errors are logged, not
 // returned: a missed ping is systemd's to judge. log defaults to slog.Default().
 func Watchdog(ctx context.Context, progress func() time.Time, log *slog.Logger) error {
 	interval, err := daemon.SdWatchdogEnabled(false)
@@ -54,9 +55,16 @@ func Watchdog(ctx context.Context, progress func() time.Time, log *slog.Logger) 
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	stalled := false
+	// The scheduler gets one period from now to make its first pass: a progress older than the watchdog's own
+	// start counts from the start.
+	start := time.Now()
 	for {
+		last := progress()
+		if last.Before(start) {
+			last = start
+		}
 		// A negative age (the wall clock stepped back) counts as progress.
-		if age := time.Since(progress()); age <= period {
+		if age := time.Since(last); age <= period {
 			if stalled {
 				log.Info("scheduler progressing again; resuming systemd watchdog pings")
 				stalled = false

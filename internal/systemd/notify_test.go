@@ -191,3 +191,24 @@ func TestWatchdogDisabled(t *testing.T) {
 		})
 	}
 }
+
+func TestWatchdogGivesTheSchedulerAPeriodToStart(t *testing.T) {
+	f := listen(t)
+	t.Setenv("WATCHDOG_USEC", "400000")
+	t.Setenv("WATCHDOG_PID", "")
+	never := func() time.Time { return time.Time{} } // a scheduler that never passes
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	go func() { _ = systemd.Watchdog(ctx, never, nil) }()
+	time.Sleep(time.Second)
+	pings := f.since(start, "WATCHDOG=1")
+	if len(pings) < 1 {
+		t.Fatal("no ping at start: the scheduler gets one period to make its first pass")
+	}
+	for _, p := range pings {
+		if d := p.at.Sub(start); d > 400*time.Millisecond {
+			t.Errorf("ping %v after start with a scheduler that never passed; want none after the first period", d)
+		}
+	}
+}
