@@ -37,29 +37,23 @@ func (k *keyspace) poll(ctx context.Context) {
 		k.redisError(ctx, "read access set", err)
 		zs = nil
 	}
-	var full []redis.Z
+	lfu := k.scanLFU(ctx, cfg)
+	unix := now.Unix()
 	k.mu.Lock()
 	syncDue := now.Sub(k.lastSync) >= FullSyncEvery
 	k.mu.Unlock()
 	if syncDue && err == nil && window > 0 && int64(cfg.MaxTracked) > window {
-		full = k.fullSync(ctx, cfg)
+		k.fullSync(ctx, cfg, lfu, unix)
 		k.mu.Lock()
 		k.lastSync = now
 		k.mu.Unlock()
 	}
-	lfu := k.scanLFU(ctx, cfg)
 	if err == nil {
 		k.redisOK()
 	}
 
 	k.mu.Lock()
-	unix := now.Unix()
 	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
-	for _, z := range full {
-		if id, ok := z.Member.(string); ok {
-			k.tr.observe(id, z.Score+float64(lfu[id]), unix)
-		}
-	}
 	for _, z := range zs {
 		if id, ok := z.Member.(string); ok {
 			k.tr.observe(id, z.Score+float64(lfu[id]), unix)
@@ -84,22 +78,29 @@ func (k *keyspace) poll(ctx context.Context) {
 	k.decay(ctx, cfg)
 }
 
-// fullSync reads the top max_tracked members of the access set in pages, so that the tracked set mirrors it.
-func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig) []redis.Z {
-	var out []redis.Z
+// fullSync reads the top max_tracked members of the access set in pages, so that the tracked set mirrors it. Each
+// page is folded into the tracker as soon as it arrives (under the keyspace lock, one page at a time) rather than
+// collected first: with a million tracked ids, growing one slice of every member cost more CPU (copying, and the
+// garbage collections the copies caused) than reading the set did.
+func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[string]uint8, unix int64) {
 	for start := int64(0); start < int64(cfg.MaxTracked); start += syncPage {
 		stop := min(start+syncPage, int64(cfg.MaxTracked)) - 1
 		page, err := k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, start, stop).Result()
 		if err != nil {
 			k.redisError(ctx, "sync access set", err)
-			return out
+			return
 		}
-		out = append(out, page...)
+		k.mu.Lock()
+		for _, z := range page {
+			if id, ok := z.Member.(string); ok {
+				k.tr.observe(id, z.Score+float64(lfu[id]), unix)
+			}
+		}
+		k.mu.Unlock()
 		if int64(len(page)) < stop-start+1 {
-			break
+			return
 		}
 	}
-	return out
 }
 
 // decayEvery is how often the access set's scores are multiplied by 0.5^(decayEvery/half-life).

@@ -11,6 +11,7 @@ type entry struct {
 	score  float64   // decayed access score plus LFU frequency
 	seen   int64     // unix seconds of the last poll that saw the id in a signal
 	hot    *hotState // non-nil while the id is hot
+	mark   uint32    // tracker.gen of the last selectHot that took this entry as a candidate
 	pinned bool
 }
 
@@ -52,6 +53,7 @@ type tracker struct {
 	entries map[string]*entry
 	pinned  map[string]bool
 	max     int
+	gen     uint32 // bumped by each selectHot, to skip duplicate candidates without a set of its own
 }
 
 func newTracker(max int) *tracker {
@@ -141,14 +143,16 @@ func (t *tracker) selectHot(candidates []string, topN int, minScore float64) map
 		id    string
 		score float64
 	}
-	seen := make(map[string]bool, len(candidates))
+	// Candidates repeat (an id can be in the access set's top, the LFU sample and the hot set at once); marking
+	// the entries with this call's generation skips repeats without building a map of every candidate per poll.
+	t.gen++
 	cs := make([]cand, 0, len(candidates))
 	for _, id := range candidates {
 		e := t.entries[id]
-		if e == nil || seen[id] || t.pinned[id] {
+		if e == nil || e.mark == t.gen || e.pinned {
 			continue
 		}
-		seen[id] = true
+		e.mark = t.gen
 		if e.score >= minScore && e.score > 0 {
 			cs = append(cs, cand{id, e.score})
 		}
