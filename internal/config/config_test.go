@@ -99,11 +99,11 @@ func TestDemoConfig(t *testing.T) {
 	if got := c.Pinned("album"); got != nil {
 		t.Errorf("Pinned(album): got %q, want nil", got)
 	}
-	if got := track.RefreshAhead.For(track.TTL); got != 6*time.Second {
-		t.Errorf("track refresh-ahead: got %s, want 6s", got)
+	if got := track.RefreshAhead.For(track.TTL); got != 2*time.Second { // 20% of 10s
+		t.Errorf("track refresh-ahead: got %s, want 2s", got)
 	}
-	if got := c.Keyspace("album").RefreshAhead.For(30 * time.Second); got != 5*time.Second {
-		t.Errorf("album refresh-ahead: got %s, want 5s", got)
+	if got := c.Keyspace("album").RefreshAhead.For(30 * time.Second); got != 2*time.Second { // a duration: any TTL
+		t.Errorf("album refresh-ahead: got %s, want 2s", got)
 	}
 	ks, err := track.Keys().For("42")
 	if err != nil || ks.Cache != "track:42" || ks.Lock != "lock:track:42" || ks.Stale != "stale:track:42" {
