@@ -66,3 +66,16 @@ verify-deploy: test-deps
 .PHONY: statuspage-screenshot
 statuspage-screenshot: services test-deps
 	$(GO) test -count=1 -run TestStatusPageInBrowser ./cmd/keepwarm -args -statuspage.screenshot=$(CURDIR)/docs/statuspage.png
+
+# The benchmarks of docs/benchmarks.md, in full (about 45 minutes; never part of `make test`): the stampede table
+# (6 strategies × 5 min), the OLTP trace and Zipf replays against their oracles, and the warmer's own scale. Plots
+# go to docs/*.svg, raw results and the idle CPU profile to .run/bench/.
+BENCH_OUT ?= .run/bench
+.PHONY: bench
+bench: services
+	mkdir -p $(BENCH_OUT)
+	$(GO) build -o $(BENCH_OUT)/keepwarm-bench ./cmd/keepwarm-bench
+	set -o pipefail; $(BENCH_OUT)/keepwarm-bench stampede --svg docs/stampede.svg --json $(BENCH_OUT)/stampede.json | tee $(BENCH_OUT)/stampede.txt
+	set -o pipefail; $(BENCH_OUT)/keepwarm-bench trace --svg docs/trace.svg --json $(BENCH_OUT)/trace.json | tee $(BENCH_OUT)/trace.txt
+	set -o pipefail; $(BENCH_OUT)/keepwarm-bench zipf --svg docs/zipf.svg --json $(BENCH_OUT)/zipf.json | tee $(BENCH_OUT)/zipf.txt
+	set -o pipefail; $(BENCH_OUT)/keepwarm-bench scale --svg docs/scale.svg --json $(BENCH_OUT)/scale.json --cpuprofile $(BENCH_OUT)/idle.pprof | tee $(BENCH_OUT)/scale.txt

@@ -80,7 +80,7 @@ func parseReplay(kind string, args []string, stderr io.Writer) (replayConfig, er
 		fs.IntVar(&c.reads, "reads", 914145, "reads to generate")
 	}
 	fs.IntVar(&c.limit, "limit", 0, "replay only the first N reads (0: all)")
-	fs.Float64Var(&c.rate, "rate", 5000, "reads per second")
+	fs.Float64Var(&c.rate, "rate", 3000, "reads per second (planned; the achieved rate is reported)")
 	fs.IntVar(&c.goroutines, "goroutines", 64, "concurrent readers, each with its own lockstep client")
 	fs.IntVar(&c.clients, "clients", 4, "Redis connection pools the readers share (app processes)")
 	fs.DurationVar(&c.ttl, "ttl", 0, "cache TTL of every key (default: the replay's length / 30)")
@@ -547,7 +547,7 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 			if len(st) == 1 && st[0].Refreshes[warmer.ResultOK] >= int64(len(e.oracle)) {
 				break
 			}
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(250 * time.Millisecond)
 		}
 	}
 

@@ -187,14 +187,21 @@ func (h *cmdCounter) snapshot() (cmds, trips int64, by map[string]int64) {
 	return h.cmds.Load(), h.trips.Load(), by
 }
 
-// memSource is an in-memory Source: every id has the same value.
-type memSource struct{ val []byte }
+// memSource is an in-memory Source: every id has the same value. It counts the rows it returned, so that the
+// harness need not poll the warmer's Status (which sorts every hot key) while measuring.
+type memSource struct {
+	val  []byte
+	rows *atomic.Int64
+}
+
+func newMemSource(n int) memSource { return memSource{val: make([]byte, n), rows: new(atomic.Int64)} }
 
 func (m memSource) Fetch(_ context.Context, ids []string) (map[string][]byte, []string, error) {
 	out := make(map[string][]byte, len(ids))
 	for _, id := range ids {
 		out[id] = m.val
 	}
+	m.rows.Add(int64(len(ids)))
 	return out, nil, nil
 }
 
@@ -363,7 +370,7 @@ func footprint(ctx context.Context, c scaleConfig, url string, n int, idle bool,
 	}
 	h0, rss0 := memNow()
 	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Keyspaces: []warmer.KeyspaceConfig{{
-		Name: name, Keys: benchKeys("fp:"), Src: memSource{make([]byte, c.valueBytes)}, TTL: time.Hour, Jitter: 0.1,
+		Name: name, Keys: benchKeys("fp:"), Src: newMemSource(c.valueBytes), TTL: time.Hour, Jitter: 0.1,
 		TopN: c.hot, MaxTracked: n, DecayHalfLife: time.Hour,
 	}}})
 	if err != nil {
@@ -391,7 +398,7 @@ func footprint(ctx context.Context, c scaleConfig, url string, n int, idle bool,
 		if time.Since(start) > 5*time.Minute || ctx.Err() != nil {
 			return nil, nil, fmt.Errorf("footprint %d: tracked %d, refreshed %d after %v", n, st.Tracked, st.Refreshes[warmer.ResultOK], time.Since(start))
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 	}
 	synced := time.Since(start)
 	time.Sleep(3 * time.Second) // let the refresh batches and polls settle
@@ -476,8 +483,9 @@ func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer
 	for i := range pinned {
 		pinned[i] = strconv.Itoa(i)
 	}
+	src := newMemSource(c.valueBytes)
 	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Keyspaces: []warmer.KeyspaceConfig{{
-		Name: "saturation", Keys: benchKeys("sat:"), Src: memSource{make([]byte, c.valueBytes)}, TTL: time.Hour, Jitter: 0.1,
+		Name: "saturation", Keys: benchKeys("sat:"), Src: src, TTL: time.Hour, Jitter: 0.1,
 		Pinned: pinned, BatchSize: c.batch, StaleTTL: 0,
 	}}})
 	if err != nil {
@@ -495,10 +503,14 @@ func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer
 		defer close(done)
 		_ = w.Run(wctx)
 	}()
+	// Wait for the source to have served every key (a cheap counter), then for the last publishes (Status sorts
+	// every hot key under the keyspace lock, so it is only asked once the fetches are done).
 	var ok int64
 	for ok < int64(c.satKeys) {
-		if st := w.Status(1); len(st) == 1 {
-			ok = st[0].Refreshes[warmer.ResultOK]
+		if src.rows.Load() >= int64(c.satKeys) {
+			if st := w.Status(1); len(st) == 1 {
+				ok = st[0].Refreshes[warmer.ResultOK]
+			}
 		}
 		if time.Since(start) > 5*time.Minute || ctx.Err() != nil {
 			cancel()
@@ -542,7 +554,7 @@ func steady(ctx context.Context, c scaleConfig, url string, stderr io.Writer) (*
 	for i := range pinned {
 		pinned[i] = strconv.Itoa(i)
 	}
-	ks := warmer.KeyspaceConfig{Name: "steady", Keys: benchKeys("steady:"), Src: memSource{make([]byte, c.valueBytes)},
+	ks := warmer.KeyspaceConfig{Name: "steady", Keys: benchKeys("steady:"), Src: newMemSource(c.valueBytes),
 		TTL: c.steadyTTL, Jitter: 0.1, Pinned: pinned, BatchSize: c.batch, ReconcileEvery: c.reconcile}
 	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Keyspaces: []warmer.KeyspaceConfig{ks}})
 	if err != nil {
