@@ -16,6 +16,7 @@ type KeyStatus struct {
 	NextRefresh time.Time     `json:"next_refresh"` // zero when not queued
 	LastRefresh time.Time     `json:"last_refresh"` // zero before the daemon's first refresh
 	LastRebuild time.Duration `json:"last_rebuild_ns"`
+	Refreshing  bool          `json:"refreshing"` // a refresh batch holds the key right now
 	Persistent  bool          `json:"persistent"` // the key has no TTL and is left alone
 	Absent      bool          `json:"absent"`     // the origin had no row at the last refresh
 	LastError   string        `json:"last_error,omitempty"`
@@ -64,7 +65,8 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	keys := make([]KeyStatus, 0, len(k.hotSet))
 	for id, h := range k.hotSet {
 		ks := KeyStatus{ID: id, Key: k.cfg.Keys.Cache.Expand(id, ""), Pinned: h.e.pinned, Score: h.e.score,
-			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Persistent: h.persistent, Absent: h.absent,
+			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Refreshing: h.inflight, Persistent: h.persistent,
+			Absent: h.absent,
 			LastError: h.lastErr}
 		if !h.expiry.IsZero() {
 			ks.TTL = max(h.expiry.Sub(now), 0)

@@ -102,7 +102,10 @@ func printStatus(w io.Writer, spaces []warmer.KeyspaceStatus, now time.Time) {
 			if k.TTL > 0 {
 				ttl = k.TTL.Round(100 * time.Millisecond).String()
 			}
-			if !k.NextRefresh.IsZero() {
+			switch {
+			case k.Refreshing:
+				next = "refreshing now"
+			case !k.NextRefresh.IsZero():
 				next = "in " + max(k.NextRefresh.Sub(now), 0).Round(100*time.Millisecond).String()
 			}
 			note := ""

@@ -236,7 +236,10 @@ func viewKey(k warmer.KeyStatus, now time.Time) keyView {
 	if k.TTL > 0 {
 		v.TTL = short(k.TTL)
 	}
-	if !k.NextRefresh.IsZero() {
+	switch {
+	case k.Refreshing:
+		v.Next = "refreshing now"
+	case !k.NextRefresh.IsZero():
 		if d := k.NextRefresh.Sub(now); d > 0 {
 			v.Next = "in " + short(d)
 		} else {
