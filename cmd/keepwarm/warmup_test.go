@@ -95,7 +95,6 @@ func TestWarmupWritesWhatFetchShows(t *testing.T) {
 	}
 }
 
-
 func TestWarmupUsageErrors(t *testing.T) {
 	for _, tt := range []struct {
 		name string
