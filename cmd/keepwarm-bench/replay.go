@@ -785,6 +785,6 @@ func replaySVG(rep *replayReport) []byte {
 		}
 		series = append(series, s)
 	}
-	title := fmt.Sprintf("%s: warm (hit) fraction over the replay, K = %d, TTL %v, %.0f reads/s", rep.Workload[:strings.IndexByte(rep.Workload+":", ':')], rep.TopK, rep.TTL, rep.Rate)
+	title := fmt.Sprintf("%s: warm (hit) fraction over the replay, K = %d, TTL %v, %.0f reads/s planned", rep.Workload[:strings.IndexByte(rep.Workload+":", ':')], rep.TopK, rep.TTL, rep.Rate)
 	return lineSVG(title, "seconds into the replay", "reads that hit (%)", 0, xmax, 0, 100, series)
 }

@@ -211,5 +211,5 @@ func stampedeSVG(rep *stampedeReport) []byte {
 	title := fmt.Sprintf("Recomputes of one hot key: %d workers, expiry %v, recompute %v, %v per strategy",
 		rep.Workers, rep.Expiry, rep.Recompute, rep.Duration)
 	return timelineSVG(title, "seconds into the measured window", rep.Duration.Seconds(), rows,
-		[][2]string{{"#7f7f7f", "recompute by an app worker"}, {"#d62728", "simultaneous recompute (another in flight)"}, {"#2ca02c", "refresh by the keepwarm daemon"}})
+		[][2]string{{"#7f7f7f", "recompute by an app"}, {"#d62728", "simultaneous recompute"}, {"#2ca02c", "daemon refresh"}})
 }
