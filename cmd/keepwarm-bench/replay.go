@@ -476,7 +476,7 @@ func (r *replayRecorder) Miss(string) { r.miss = true }
 func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, error) {
 	c := e.c
 	ksName := "kwbench-" + c.kind + "-" + e.run + "-" + mode
-	prefix := "kwbench:" + c.kind + ":" + e.run + ":" + mode + ":"
+	prefix := "kwbench-" + c.kind + ":" + e.run + ":" + mode + ":" // not kwbench:*, which `keepwarm-bench warmup` deletes
 	keys, err := lockstep.NewKeys(prefix+"${id}", "", "", "")
 	if err != nil {
 		return nil, err
