@@ -15,10 +15,10 @@ import (
 // TestClusterClient runs the protocol through go-redis's ClusterClient: routing by first key (the hand-built
 // SET NX, the scripts), pipelines split by node, and SCRIPT LOAD broadcast to every master. scripts/services runs
 // no Redis Cluster, so the cluster is the local Redis declared as the one node owning all 16384 slots (go-redis's
-// ClusterSlots option for hand-made clusters). Not parallel: it runs SCRIPT FLUSH.
+// ClusterSlots option for hand-made clusters). It runs SCRIPT FLUSH, so on a private redis-server.
 func TestClusterClient(t *testing.T) {
 	ctx := context.Background()
-	single := testenv.Redis(t)
+	single := testenv.PrivateRedis(t)
 	prefix := testenv.Prefix(t, single)
 	addr := single.Options().Addr
 	cc := redis.NewClusterClient(&redis.ClusterOptions{

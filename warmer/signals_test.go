@@ -11,7 +11,8 @@ import (
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
-// setConfig changes a Redis server setting for the test and restores it on cleanup.
+// setConfig changes a Redis server setting for the test and restores it on cleanup. The tests that use it run
+// on a private redis-server, so the change never reaches other packages' tests on the shared one.
 func setConfig(t *testing.T, rdb *redis.Client, name, value string) {
 	t.Helper()
 	ctx := context.Background()
@@ -29,7 +30,8 @@ func setConfig(t *testing.T, rdb *redis.Client, name, value string) {
 // hot even though nothing feeds the access set.
 func TestLFUSignalMakesKeysHot(t *testing.T) {
 	f := newFixture(t, 20)
-	ctrl := testenv.Redis(t)
+	f.rdb = testenv.PrivateRedis(t)
+	ctrl := f.rdb
 	setConfig(t, ctrl, "maxmemory-policy", "allkeys-lfu")
 	setConfig(t, ctrl, "lfu-log-factor", "0") // count every access, so the test is deterministic
 	ctx := context.Background()
@@ -41,7 +43,7 @@ func TestLFUSignalMakesKeysHot(t *testing.T) {
 	}
 	cfg := f.config()
 	cfg.TopN, cfg.MinScore, cfg.LFU = 2, 0, true
-	cfg.LFUScanCount = 1_000_000 // one SCAN step covers the shared test database
+	cfg.LFUScanCount = 1_000_000 // one SCAN step covers the whole database
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 	eventually(t, 3*time.Second, "the two most-read keys are hot", func() bool {
 		st := w.Status(0)
@@ -60,7 +62,8 @@ func TestLFUSignalMakesKeysHot(t *testing.T) {
 // hot key an app deletes is rebuilt within a second: only the notification can have told the daemon.
 func TestNotificationsGiveEarlyNotice(t *testing.T) {
 	f := newFixture(t, 5)
-	ctrl := testenv.Redis(t)
+	f.rdb = testenv.PrivateRedis(t)
+	ctrl := f.rdb
 	setConfig(t, ctrl, "notify-keyspace-events", "Exeg$")
 	cfg := f.config("1")
 	cfg.TTL = time.Minute
