@@ -78,7 +78,7 @@ func stampedeFlagSet(c *stampedeConfig, stderr io.Writer) (*flag.FlagSet, *strin
 	fs.Float64Var(&c.jitter, "jitter", lockstep.DefaultJitter, "TTL jitter of lockstep and keepwarm (written TTLs lie in [expiry, expiry×(1+jitter)))")
 	fs.DurationVar(&c.refreshAhead, "refresh-ahead", 0, "the warmer's refresh_ahead (default 3×recompute; the warmer never uses less than 3× its measured rebuild p95)")
 	strategies := fs.String("strategies", "all", "comma-separated strategies to run, in order: "+strategyNames()+", or all")
-	fs.BoolVar(&c.quick, "quick", false, "the 20 s variant: --expiry 4s --recompute 200ms --duration 20s --warmup 3s (flags given explicitly win)")
+	fs.BoolVar(&c.quick, "quick", false, "the 20 s variant: --expiry 5s --recompute 200ms --duration 20s --warmup 3s (flags given explicitly win)")
 	fs.StringVar(&c.svg, "svg", "", "write the recompute timeline plot (SVG) to this file")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.Uint64Var(&c.seed, "seed", 1, "random seed of the workers' pauses")
@@ -103,7 +103,7 @@ func parseStampede(args []string, stderr io.Writer) (stampedeConfig, error) {
 	if c.quick {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		for name, v := range map[string]time.Duration{"expiry": 4 * time.Second, "recompute": 200 * time.Millisecond,
+		for name, v := range map[string]time.Duration{"expiry": 5 * time.Second, "recompute": 200 * time.Millisecond,
 			"duration": 20 * time.Second, "warmup": 3 * time.Second} {
 			if !set[name] {
 				_ = fs.Set(name, v.String())
