@@ -1,66 +1,37 @@
 package main
 
 import (
-	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
-// notifySocket is a NOTIFY_SOCKET of the test's own, recording the datagrams that the daemon sends.
-type notifySocket struct {
-	mu   sync.Mutex
-	msgs []string
-}
+// notifySocket records what the daemon sends to its NOTIFY_SOCKET.
+type notifySocket struct{ *testenv.Notify }
 
-func listenNotify(t *testing.T) *notifySocket {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NOTIFY_SOCKET", path)
-	s := &notifySocket{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 4096)
-		for {
-			n, err := conn.Read(buf)
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.msgs = append(s.msgs, string(buf[:n]))
-			s.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { conn.Close(); <-done })
-	return s
-}
+func listenNotify(t *testing.T) notifySocket { return notifySocket{testenv.NotifySocket(t)} }
 
 // index returns the position of the first message starting with prefix, or -1.
-func (s *notifySocket) index(prefix string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, m := range s.msgs {
-		if strings.HasPrefix(m, prefix) {
+func (s notifySocket) index(prefix string) int {
+	for i, m := range s.Messages() {
+		if strings.HasPrefix(m.Text, prefix) {
 			return i
 		}
 	}
 	return -1
 }
 
-func (s *notifySocket) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Join(s.msgs, " | ")
+func (s notifySocket) String() string {
+	var texts []string
+	for _, m := range s.Messages() {
+		texts = append(texts, m.Text)
+	}
+	return strings.Join(texts, " | ")
 }
 
 // TestRunNotifiesSystemd runs the daemon as systemd would with Type=notify and WatchdogSec=5s: READY=1 once

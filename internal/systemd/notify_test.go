@@ -2,77 +2,38 @@ package systemd_test
 
 import (
 	"context"
-	"net"
 	"os"
-	"path/filepath"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/systemd"
+	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
 // message is one datagram received on the fake NOTIFY_SOCKET.
-type message struct {
-	at   time.Time
-	text string
-}
+type message = testenv.NotifyMessage
 
-// fakeSystemd is a NOTIFY_SOCKET of the test's own: a unixgram socket in a temp dir, recording every datagram.
-type fakeSystemd struct {
-	mu   sync.Mutex
-	msgs []message
-}
+// fakeSystemd is a NOTIFY_SOCKET of the test's own (testenv.NotifySocket).
+type fakeSystemd struct{ *testenv.Notify }
 
-func listen(t *testing.T) *fakeSystemd {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NOTIFY_SOCKET", path)
-	f := &fakeSystemd{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 4096)
-		for {
-			n, err := conn.Read(buf)
-			if err != nil {
-				return
-			}
-			f.mu.Lock()
-			f.msgs = append(f.msgs, message{time.Now(), string(buf[:n])})
-			f.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { conn.Close(); <-done })
-	return f
-}
+func listen(t *testing.T) fakeSystemd { return fakeSystemd{testenv.NotifySocket(t)} }
 
 // since returns the messages with text received at or after t.
-func (f *fakeSystemd) since(t time.Time, text string) []message {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+func (f fakeSystemd) since(t time.Time, text string) []message {
 	var out []message
-	for _, m := range f.msgs {
-		if !m.at.Before(t) && m.text == text {
+	for _, m := range f.Messages() {
+		if !m.At.Before(t) && m.Text == text {
 			out = append(out, m)
 		}
 	}
 	return out
 }
 
-func (f *fakeSystemd) all() []message {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]message(nil), f.msgs...)
-}
+func (f fakeSystemd) all() []message { return f.Messages() }
 
-func waitMessage(t *testing.T, f *fakeSystemd, text string, within time.Duration) {
+func waitMessage(t *testing.T, f fakeSystemd, text string, within time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
@@ -83,7 +44,7 @@ func waitMessage(t *testing.T, f *fakeSystemd, text string, within time.Duration
 	}
 	var got []string
 	for _, m := range f.all() {
-		got = append(got, m.text)
+		got = append(got, m.Text)
 	}
 	t.Fatalf("no %q on NOTIFY_SOCKET within %v; got %q", text, within, got)
 }
@@ -143,7 +104,7 @@ func TestWatchdogPingsOnlyWhileTheSchedulerProgresses(t *testing.T) {
 	time.Sleep(1200 * time.Millisecond)
 	if late := f.since(freeze.Add(400*time.Millisecond), "WATCHDOG=1"); len(late) != 0 {
 		t.Errorf("%d pings more than 400ms after progress stopped (first %v after); want none",
-			len(late), late[0].at.Sub(freeze))
+			len(late), late[0].At.Sub(freeze))
 	}
 
 	// Progress again: pings resume within a period.
@@ -207,7 +168,7 @@ func TestWatchdogGivesTheSchedulerAPeriodToStart(t *testing.T) {
 		t.Fatal("no ping at start: the scheduler gets one period to make its first pass")
 	}
 	for _, p := range pings {
-		if d := p.at.Sub(start); d > 400*time.Millisecond {
+		if d := p.At.Sub(start); d > 400*time.Millisecond {
 			t.Errorf("ping %v after start with a scheduler that never passed; want none after the first period", d)
 		}
 	}
