@@ -377,6 +377,14 @@ func replay(ctx context.Context, c replayConfig, stdout, stderr io.Writer) (*rep
 		}
 		rep.Results = append(rep.Results, *res)
 	}
+	// The refresh-all daemon is simulated on the replay's planned read times (read i at i/rate).
+	n := len(w.seq)
+	at := make([]int64, n)
+	interval := float64(time.Second) / c.rate
+	for i := range at {
+		at[i] = int64(float64(i) * interval)
+	}
+	rep.RefreshAll = refreshAll(len(w.ids), w.seq, at, c.ttl, int64(float64(n)*interval))
 	printReplay(stdout, rep, e)
 	return rep, nil
 }
@@ -724,16 +732,6 @@ func refreshAll(nids int, seq []int32, readAt []int64, ttl time.Duration, end in
 }
 
 func printReplay(w io.Writer, rep *replayReport, e *replayEnv) {
-	// The refresh-all daemon is simulated on the read times of the first mode's run.
-	if len(rep.Results) > 0 {
-		n := len(e.w.seq)
-		at := make([]int64, n)
-		interval := float64(time.Second) / e.c.rate
-		for i := range at {
-			at[i] = int64(float64(i) * interval)
-		}
-		rep.RefreshAll = refreshAll(len(e.w.ids), e.w.seq, at, rep.TTL, int64(float64(n)*interval))
-	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\treads\treads/s\twarm (hit)\tmiss\terrors\tapp origin queries\tdaemon origin queries\tdaemon refreshes (keys)\twasted refreshes\tpg_stat_statements app+daemon\thot keys expired\tp50\tp99\t")
