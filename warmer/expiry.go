@@ -65,23 +65,47 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 		}
 	}
 	k.adopt = k.adopt[:0]
-	keys := k.cfg.Keys
 	k.mu.Unlock()
+	if !k.readPTTLs(ctx, hs, "read PTTL of new hot keys", false) {
+		k.mu.Lock()
+		k.adopt = append(k.adopt, hs...) // try again on the next pass
+		k.mu.Unlock()
+	}
+}
+
+// reconcile re-reads the PTTL of every hot key. Keyspace notifications can be lost (reconnects, other cluster
+// nodes), so this periodic, pipelined pass is the ground truth for expiries.
+func (k *keyspace) reconcile(ctx context.Context) {
+	k.mu.Lock()
+	hs := make([]*hotState, 0, len(k.hotSet))
+	for _, h := range k.hotSet {
+		if !h.inflight {
+			hs = append(hs, h)
+		}
+	}
+	k.mu.Unlock()
+	k.readPTTLs(ctx, hs, "reconcile PTTLs", true)
+}
+
+// readPTTLs reads the PTTL of hs (pipelined) and folds each reading into its key's state and schedule, skipping
+// keys that stopped being hot or went in flight meanwhile. It reports false when Redis failed (logged once per
+// outage as what).
+func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, reconciling bool) bool {
 	if len(hs) == 0 {
-		return
+		return true
 	}
 	ids := make([]string, len(hs))
 	for i, h := range hs {
 		ids[i] = h.id
 	}
+	k.mu.Lock()
+	keys := k.cfg.Keys
+	k.mu.Unlock()
 	now := k.w.now()
 	ttls, err := k.pttls(ctx, keys, ids)
 	if err != nil {
-		k.redisError(ctx, "read PTTL of new hot keys", err)
-		k.mu.Lock()
-		k.adopt = append(k.adopt, hs...) // try again on the next pass
-		k.mu.Unlock()
-		return
+		k.redisError(ctx, what, err)
+		return false
 	}
 	k.redisOK()
 	k.mu.Lock()
@@ -91,42 +115,9 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 			continue
 		}
 		h.needPTTL = false
-		k.applyPTTLLocked(h, ttls[i], now, false)
+		k.applyPTTLLocked(h, ttls[i], now, reconciling)
 	}
-}
-
-// reconcile re-reads the PTTL of every hot key. Keyspace notifications can be lost (reconnects, other cluster
-// nodes), so this periodic, pipelined pass is the ground truth for expiries.
-func (k *keyspace) reconcile(ctx context.Context) {
-	k.mu.Lock()
-	hs := make([]*hotState, 0, len(k.hotSet))
-	ids := make([]string, 0, len(k.hotSet))
-	for id, h := range k.hotSet {
-		if !h.inflight {
-			hs = append(hs, h)
-			ids = append(ids, id)
-		}
-	}
-	keys := k.cfg.Keys
-	k.mu.Unlock()
-	if len(hs) == 0 {
-		return
-	}
-	now := k.w.now()
-	ttls, err := k.pttls(ctx, keys, ids)
-	if err != nil {
-		k.redisError(ctx, "reconcile PTTLs", err)
-		return
-	}
-	k.redisOK()
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for i, h := range hs {
-		if h.e.hot != h || h.inflight {
-			continue
-		}
-		k.applyPTTLLocked(h, ttls[i], now, true)
-	}
+	return true
 }
 
 // applyPTTLLocked folds a PTTL reading taken at now into h's state and schedule. reconciling marks a reading of

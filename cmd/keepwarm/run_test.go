@@ -159,20 +159,7 @@ func TestRunServesHealthAndHotkeys(t *testing.T) {
 	f := newDaemonFixture(t)
 	f.write(t, `"3"`, "")
 	logs, _ := startRun(t, f.path)
-	var addr string
-	waitFor(t, 5*time.Second, "daemon listening", func() bool {
-		i := strings.Index(logs.String(), "keepwarm running")
-		if i < 0 {
-			return false
-		}
-		line := logs.String()[i:]
-		j := strings.Index(line, "listen=")
-		if j < 0 {
-			return false
-		}
-		addr = strings.Fields(line[j+len("listen="):])[0]
-		return true
-	}, logs)
+	addr := listenAddr(t, logs)
 	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/debug/hotkeys"} {
 		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
@@ -191,6 +178,26 @@ func TestRunServesHealthAndHotkeys(t *testing.T) {
 		}
 		return strings.Contains(out.String(), f.prefix+"item:3") && strings.Contains(out.String(), "pinned")
 	}, logs)
+}
+
+// listenAddr reads the daemon's bound address from its "keepwarm running" log line.
+func listenAddr(t *testing.T, logs *syncBuffer) string {
+	t.Helper()
+	var addr string
+	waitFor(t, 10*time.Second, "daemon listening", func() bool {
+		i := strings.Index(logs.String(), "keepwarm running")
+		if i < 0 {
+			return false
+		}
+		line := logs.String()[i:]
+		j := strings.Index(line, "listen=")
+		if j < 0 {
+			return false
+		}
+		addr = strings.Fields(line[j+len("listen="):])[0]
+		return true
+	}, logs)
+	return addr
 }
 
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, logs *syncBuffer) {

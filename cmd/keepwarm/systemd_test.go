@@ -67,23 +67,3 @@ func TestRunNotifiesSystemd(t *testing.T) {
 		t.Errorf("want STOPPING=1 after READY=1 on shutdown; got %s", sd)
 	}
 }
-
-// listenAddr reads the daemon's bound address from its "keepwarm running" log line.
-func listenAddr(t *testing.T, logs *syncBuffer) string {
-	t.Helper()
-	var addr string
-	waitFor(t, 10*time.Second, "daemon listening", func() bool {
-		i := strings.Index(logs.String(), "keepwarm running")
-		if i < 0 {
-			return false
-		}
-		line := logs.String()[i:]
-		j := strings.Index(line, "listen=")
-		if j < 0 {
-			return false
-		}
-		addr = strings.Fields(line[j+len("listen="):])[0]
-		return true
-	}, logs)
-	return addr
-}
