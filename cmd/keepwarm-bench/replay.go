@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -54,9 +55,28 @@ type replayConfig struct {
 	seed       uint64
 }
 
-// defaultTracePath is the OLTP trace in shared/, beside the repository: ../shared relative to the module root.
+// defaultTracePath is the OLTP trace in shared/, beside the repository: ../shared relative to the module root
+// (where CI and the developers' machines have it), or, in a scratch clone of a local repository (`git clone .
+// /tmp/x`), beside the repository it was cloned from.
 func defaultTracePath() string {
-	return filepath.Join(moduleRoot(), "..", "shared", "data", "traces", "OLTP.lis.zst")
+	rel := filepath.Join("shared", "data", "traces", "OLTP.lis.zst")
+	root := moduleRoot()
+	path := filepath.Join(root, "..", rel)
+	if fileExists(path) {
+		return path
+	}
+	out, err := exec.Command("git", "-C", root, "config", "--get", "remote.origin.url").Output()
+	if origin := strings.TrimSpace(string(out)); err == nil && filepath.IsAbs(origin) {
+		if alt := filepath.Join(origin, "..", rel); fileExists(alt) {
+			return alt
+		}
+	}
+	return path
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) error {
