@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -22,6 +21,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -205,56 +205,16 @@ func (m memSource) Fetch(_ context.Context, ids []string) (map[string][]byte, []
 	return out, nil, nil
 }
 
-// spawnRedis starts a private redis-server (no persistence) on a free loopback port and returns its URL.
-func spawnRedis(ctx context.Context, stderr io.Writer) (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dir, err := os.MkdirTemp("", "kwbench-redis-")
-	if err != nil {
-		return "", nil, err
-	}
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--dir", dir, "--logfile", "")
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("start redis-server (apt-get install redis-server): %w", err)
-	}
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		os.RemoveAll(dir)
-	}
-	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
-	for i := 0; ; i++ {
-		c, err := newRedis(ctx, url, 1)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if i > 50 {
-			stop()
-			return "", nil, fmt.Errorf("private redis-server did not answer: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	fmt.Fprintf(stderr, "scale: private redis-server (pid %d) on 127.0.0.1:%d\n", cmd.Process.Pid, port)
-	return url, stop, nil
-}
-
 func scale(ctx context.Context, c scaleConfig, stdout, stderr io.Writer) (*scaleReport, error) {
 	url := c.redisURL
 	if c.spawn {
-		u, stop, err := spawnRedis(ctx, stderr)
+		u, stop, err := testenv.StartRedis(ctx)
 		if err != nil {
 			return nil, err
 		}
 		defer stop()
 		url = u
+		fmt.Fprintf(stderr, "scale: private redis-server at %s\n", u)
 	}
 	rdb, err := newRedis(ctx, url, 0)
 	if err != nil {

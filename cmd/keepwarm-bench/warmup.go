@@ -70,7 +70,7 @@ func runWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := os.WriteFile(cfgPath, []byte(warmConfig(svc, table, *batch, *conc)), 0o600); err != nil {
 		return err
 	}
-	if err := deleteKeys(ctx, rdb, "kwbench:*", "meta:kwbench:*"); err != nil {
+	if err := deleteKeys(ctx, rdb, "kwbench-warmup:*", "meta:kwbench-warmup:*"); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "warmup: keepwarm warmup --query over %d rows...\n", *rows)
@@ -89,14 +89,14 @@ func runWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	kwRate := float64(written) / kwTime.Seconds()
 
 	// (a) the naive warmer over a sample.
-	if err := deleteKeys(ctx, rdb, "kwbench:*", "meta:kwbench:*"); err != nil {
+	if err := deleteKeys(ctx, rdb, "kwbench-warmup:*", "meta:kwbench-warmup:*"); err != nil {
 		return err
 	}
 	naiveRate, err := naiveWarm(ctx, rdb, pool, table, *naiveN)
 	if err != nil {
 		return err
 	}
-	if err := deleteKeys(ctx, rdb, "kwbench:*"); err != nil {
+	if err := deleteKeys(ctx, rdb, "kwbench-warmup:*"); err != nil {
 		return err
 	}
 
@@ -151,7 +151,7 @@ max_conns = %d
 statement_timeout = "30s"
 [[keyspace]]
 name = "warmbench"
-key = "kwbench:${id}"
+key = "kwbench-warmup:${id}"
 ttl = "1h"
 lock_ttl = "60s"
 batch_size = %d
@@ -237,7 +237,7 @@ func naiveWarm(ctx context.Context, rdb *redis.Client, pool *pgxpool.Pool, table
 		if err := pool.QueryRow(ctx, "select body::text from "+table+" where id = $1", id).Scan(&body); err != nil {
 			return 0, fmt.Errorf("naive select %s: %w", id, err)
 		}
-		if err := rdb.SetEx(ctx, "kwbench:"+id, body, time.Hour).Err(); err != nil {
+		if err := rdb.SetEx(ctx, "kwbench-warmup:"+id, body, time.Hour).Err(); err != nil {
 			return 0, err
 		}
 	}
