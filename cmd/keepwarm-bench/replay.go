@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -297,18 +296,7 @@ func runReplay(ctx context.Context, kind string, args []string, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	if c.svg != "" {
-		if err := writeFile(c.svg, replaySVG(rep), stderr); err != nil {
-			return err
-		}
-	}
-	if c.jsonPath != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := writeFile(c.jsonPath, b, stderr); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeResults(c.svg, c.jsonPath, rep, replaySVG, stderr)
 }
 
 type replayEnv struct {

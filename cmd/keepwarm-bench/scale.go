@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -85,18 +84,7 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if c.svg != "" {
-		if err := writeFile(c.svg, scaleSVG(rep), stderr); err != nil {
-			return err
-		}
-	}
-	if c.jsonPath != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := writeFile(c.jsonPath, b, stderr); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeResults(c.svg, c.jsonPath, rep, scaleSVG, stderr)
 }
 
 type scaleReport struct {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -147,18 +146,7 @@ func runStampede(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	if c.svg != "" {
-		if err := writeFile(c.svg, stampedeSVG(rep), stderr); err != nil {
-			return err
-		}
-	}
-	if c.jsonPath != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := writeFile(c.jsonPath, b, stderr); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeResults(c.svg, c.jsonPath, rep, stampedeSVG, stderr)
 }
 
 // stampedeReport is the whole run.

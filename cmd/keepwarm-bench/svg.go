@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"html"
+	"io"
 	"math"
 	"strings"
 )
@@ -212,4 +214,24 @@ func stampedeSVG(rep *stampedeReport) []byte {
 		rep.Workers, rep.Expiry, rep.Recompute, rep.Duration)
 	return timelineSVG(title, "seconds into the measured window", rep.Duration.Seconds(), rows,
 		[][2]string{{"#7f7f7f", "recompute by an app"}, {"#d62728", "simultaneous recompute"}, {"#2ca02c", "daemon refresh"}})
+}
+
+// writeResults writes a run's plot (drawn by plot) to svgPath and its report as JSON to jsonPath; an empty path
+// skips that file.
+func writeResults[R any](svgPath, jsonPath string, rep R, plot func(R) []byte, stderr io.Writer) error {
+	if svgPath != "" {
+		if err := writeFile(svgPath, plot(rep), stderr); err != nil {
+			return err
+		}
+	}
+	if jsonPath != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := writeFile(jsonPath, b, stderr); err != nil {
+			return err
+		}
+	}
+	return nil
 }
