@@ -83,10 +83,12 @@ func TestCronRunsOncePerTimeAcrossDaemons(t *testing.T) {
 	})
 	sched := warmer.ScheduleConfig{Name: name, Spec: "*/2 * * * * *", Keyspace: "items",
 		IDs: warmer.SliceIDs([]string{"1", "2", "3"})}
+	cfg := f.config()
+	cfg.TTL, cfg.RefreshAhead = time.Minute, 10*time.Second // the written keys outlive the test
 	var crons []*warmer.Cron
 	for i := 0; i < 2; i++ {
 		rdb := testenv.Redis(t)
-		w, err := warmer.New(rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config()}})
+		w, err := warmer.New(rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 		if err != nil {
 			t.Fatal(err)
 		}
