@@ -276,7 +276,7 @@ func (w *Warmer) onEvent(event, key string) {
 func (k *keyspace) onEvent(event, key string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	m := newMatcher(k.cfg.Keys.Cache.String())
+	m := k.match
 	if m == nil {
 		return false
 	}

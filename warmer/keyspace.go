@@ -15,7 +15,8 @@ import (
 
 // keyspace is the state and scheduler loop of one keyspace. mu guards everything below it.
 type keyspace struct {
-	name    string // immutable: a keyspace renamed by a reload is a new keyspace
+	name    string   // immutable: a keyspace renamed by a reload is a new keyspace
+	match   *matcher // cache key → id, for notifications and the LFU scan; nil when the template has not exactly one ${id}
 	w       *Warmer
 	log     *slog.Logger
 	limiter *rate.Limiter
@@ -46,6 +47,7 @@ type keyspace struct {
 func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 	k := &keyspace{
 		name:    c.Name,
+		match:   newMatcher(c.Keys.Cache.String()), // the layout never changes for one keyspace (see sameLayout)
 		w:       w,
 		log:     w.log.With("keyspace", c.Name),
 		limiter: rate.NewLimiter(limit(c.OriginRate), burst(c.OriginRate)),

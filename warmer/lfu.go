@@ -49,7 +49,7 @@ func (k *keyspace) scanLFU(ctx context.Context, cfg KeyspaceConfig) map[string]u
 	if !st.enabled {
 		return nil
 	}
-	m := newMatcher(cfg.Keys.Cache.String())
+	m := k.match
 	if m == nil {
 		return nil
 	}
