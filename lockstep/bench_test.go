@@ -155,8 +155,8 @@ func BenchmarkPublishMany100(b *testing.B) {
 			ws[i] = lockstep.Write{Keys: sets[i], Token: tok, Value: value, TTL: time.Hour, StaleTTL: 24 * time.Hour, Rebuild: time.Millisecond}
 		}
 		errs, err := lockstep.PublishMany(ctx, rdb, ws)
-		if err != nil || errs[0] != nil {
-			b.Fatal(err, errs[0])
+		if err != nil || errs[0].Err != nil {
+			b.Fatal(err, errs[0].Err)
 		}
 	}
 }

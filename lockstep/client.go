@@ -275,7 +275,7 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 		if errors.Is(err, ErrNotFound) {
 			result = ResultNotFound
 			if refresh {
-				if perr := Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true}); perr != nil && perr != ErrLockLost {
+				if perr := Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true}); perr != nil && !errors.Is(perr, ErrLockLost) {
 					c.log.Warn("lockstep: delete a record gone from the origin", "id", ks.ID, "error", perr)
 				}
 			} else {
@@ -413,9 +413,11 @@ func (c *Client) refreshAsync(ctx context.Context, ks KeySet) {
 	}()
 }
 
-// Invalidate deletes the cache key and meta hash of id (one round trip), so the next Get rebuilds it. It leaves
-// the lock alone (a rebuild in progress still publishes; to drop that value too, invalidate after it) and the stale
-// copy (still served to followers that time out). Errors: ErrInvalidID, ErrClosed, or the Redis error.
+// Invalidate is the write path's delete (see the package function Invalidate): it deletes the cache key, meta
+// hash and lock of id in one DEL, so the next Get rebuilds it and a rebuild in flight (by this process, another
+// app or keepwarm's daemon) cannot publish the value it read before the change. Call it after the origin's
+// transaction commits. The stale copy stays (still served to followers that time out). Errors: ErrInvalidID,
+// ErrClosed, or the Redis error.
 func (c *Client) Invalidate(ctx context.Context, id string) error {
 	ks, err := c.keys.For(id)
 	if err != nil {
@@ -424,10 +426,7 @@ func (c *Client) Invalidate(ctx context.Context, id string) error {
 	if c.closedFlag.Load() {
 		return ErrClosed
 	}
-	if err := c.rdb.Del(ctx, ks.Cache, ks.Meta).Err(); err != nil {
-		return fmt.Errorf("lockstep: invalidate %q: %w", ks.Cache, err)
-	}
-	return nil
+	return Invalidate(ctx, c.rdb, ks)
 }
 
 // Close stops the Client: later Gets return ErrClosed, followers still waiting get ErrClosed, and Close waits

@@ -67,7 +67,7 @@ func TestClusterClient(t *testing.T) {
 		t.Fatalf("PublishMany after SCRIPT FLUSH: %v", err)
 	}
 	for i, e := range errs {
-		if e != nil {
+		if e.Err != nil {
 			t.Errorf("PublishMany[%d] = %v", i, e)
 		}
 	}
@@ -83,7 +83,7 @@ func TestClusterClient(t *testing.T) {
 	if got, err := lockstep.ExtendMany(ctx, rdb, locks, tok, time.Minute); err != nil || !equal(got, []bool{true, true, true, true, true}) {
 		t.Fatalf("ExtendMany = %v, %v", got, err)
 	}
-	if errs, err := lockstep.ExtendValueMany(ctx, rdb, sets[:2], tok, time.Hour); err != nil || errs[0] != nil || errs[1] != nil {
+	if errs, err := lockstep.ExtendValueMany(ctx, rdb, sets[:2], tok, time.Hour, time.Hour); err != nil || errs[0].Err != nil || errs[1].Err != nil {
 		t.Fatalf("ExtendValueMany = %v, %v", errs, err)
 	}
 	if err := lockstep.ReleaseMany(ctx, rdb, locks, tok); err != nil {

@@ -11,6 +11,13 @@ var (
 	// token: the lock expired (the rebuild outlived the lock TTL) and maybe another leader took it. Nothing was
 	// written; a newer value is never overwritten.
 	ErrLockLost = errors.New("lockstep: lock lost")
+	// ErrLockGone is returned when a write finds the lock key gone although the caller took it: the lease ran
+	// out, Redis evicted the lock under memory pressure, or an app invalidated the key (Invalidate) because the
+	// origin changed. Nothing was written. It matches ErrLockLost with errors.Is.
+	ErrLockGone = fmt.Errorf("%w: lock key gone (expired, evicted or invalidated)", ErrLockLost)
+	// ErrStaleLimit is reported by ExtendValueMany for a value that has been stale (kept past its TTL) for
+	// max_stale already, across every process: it is not extended and expires on its TTL.
+	ErrStaleLimit = errors.New("lockstep: stale limit reached")
 	// ErrNotFound means a record does not exist. A Loader returns an error wrapping it when the origin has no row
 	// for the id (Client.Get then returns that error and caches nothing); ExtendValueMany reports it for a cache key
 	// that is gone.

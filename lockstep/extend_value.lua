@@ -1,19 +1,48 @@
--- lockstep extend-value v1 (fail-safe): when a rebuild cannot reach the origin, keep serving the old value a
--- while longer. Only while the lock holds the caller's token: reset the TTL of the cache key and its meta hash,
--- then release the lock.
+-- lockstep extend-value v2 (fail-safe): when a rebuild cannot reach the origin, keep serving the old value a
+-- while longer, but never past a fleet-wide bound. Only while the lock holds the caller's token: extend the TTL
+-- of the cache key and its meta hash, then release the lock. The start of staleness is kept in the meta hash
+-- (field stale_since_ms, Unix ms by the server's clock): the first extension sets it to the value's own expiry,
+-- later ones (by any process) keep it, and a real publish clears it, so max_stale bounds every daemon together.
 -- KEYS[1] = cache key, KEYS[2] = lock key, KEYS[3] = meta key
--- ARGV[1] = token, ARGV[2] = new cache TTL in milliseconds (integer >= 1)
--- Returns 1 when the cache key was extended, -1 when the cache key is gone (nothing extended; the lock is still
--- released), 0 when the lock is not held by this token (nothing touched).
+-- ARGV[1] = token, ARGV[2] = wanted cache TTL in milliseconds (integer >= 1),
+-- ARGV[3] = max_stale in milliseconds (integer >= 0): no extension reaches past stale_since_ms + max_stale
+-- Returns {status, ttl_ms}: status 1 when the cache key was extended to ttl_ms; 2 when it was not extended
+-- because the bound leaves no more than its current TTL (ttl_ms = current PTTL; never shortened); -1 when the
+-- cache key is gone (nothing extended); in these three cases the lock is released. 0 when the lock is not held
+-- by this token (nothing touched). A meta key of the wrong type is a WRONGTYPE error before any write.
 if redis.call("GET", KEYS[2]) ~= ARGV[1] then
-  return 0
+  return {0, 0}
 end
-local found = redis.call("PEXPIRE", KEYS[1], ARGV[2])
-if found == 1 then
-  redis.call("PEXPIRE", KEYS[3], ARGV[2])
+local mtype = redis.call("TYPE", KEYS[3])["ok"]
+if mtype ~= "hash" and mtype ~= "none" then
+  return redis.error_reply("WRONGTYPE meta key " .. KEYS[3] .. " holds a " .. mtype .. ", not a hash")
 end
+local pttl = redis.call("PTTL", KEYS[1])
+if pttl == -2 then
+  redis.call("DEL", KEYS[2])
+  return {-1, 0}
+end
+if pttl == -1 then
+  redis.call("DEL", KEYS[2])
+  return {2, -1}
+end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since = tonumber(redis.call("HGET", KEYS[3], "stale_since_ms"))
+if since == nil then
+  since = now + pttl
+end
+local want = tonumber(ARGV[2])
+local limit = since + tonumber(ARGV[3]) - now
+if want > limit then
+  want = limit
+end
+if want <= pttl then
+  redis.call("DEL", KEYS[2])
+  return {2, pttl}
+end
+redis.call("HSET", KEYS[3], "stale_since_ms", string.format("%d", since))
+redis.call("PEXPIRE", KEYS[1], want)
+redis.call("PEXPIRE", KEYS[3], want)
 redis.call("DEL", KEYS[2])
-if found == 1 then
-  return 1
-end
-return -1
+return {1, want}

@@ -108,8 +108,11 @@ func Extend(ctx context.Context, c redis.UniversalClient, lockKey, token string,
 
 // AcquireMany is Acquire for many locks in one pipelined round trip, all with the same token and ttl (> 0). The
 // result has one entry per lock key, in order: true where the caller now holds the lock, false where another
-// token holds it (or where the same key came earlier in lockKeys). Errors: ErrInvalidArgument, or the transport
-// error (then the result is nil and some locks may be held until they expire).
+// token holds it (or where the same key came earlier in lockKeys, or where its command got an error reply).
+// Errors: ErrInvalidArgument; ReplyErrors when some commands got an error reply (OOM, TRYAGAIN, ...; the result
+// is valid for the others); or the transport error, with a nil result. After a transport error (a timeout while
+// Redis was frozen, say) the commands may still run when Redis wakes and leave the locks held for ttl: call
+// ReleaseMany with the same token once Redis answers again; it only deletes locks that hold this token.
 func AcquireMany(ctx context.Context, c redis.UniversalClient, lockKeys []string, token string, ttl time.Duration) ([]bool, error) {
 	if err := checkTTL("ttl", ttl); err != nil {
 		return nil, err
@@ -131,14 +134,39 @@ func AcquireMany(ctx context.Context, c redis.UniversalClient, lockKeys []string
 		}
 		return nil
 	})
+	var replies ReplyErrors
 	for i, cmd := range cmds {
 		ok, err := acquired(cmd)
-		if err != nil {
+		switch {
+		case err == nil:
+			out[i] = ok
+		case isRedisError(err):
+			if replies == nil {
+				replies = ReplyErrors{}
+			}
+			replies[i] = err
+		default:
 			return nil, fmt.Errorf("lockstep: acquire %d locks: %w", len(lockKeys), err)
 		}
-		out[i] = ok
+	}
+	if replies != nil {
+		return out, replies
 	}
 	return out, nil
+}
+
+// ReplyErrors holds the error replies of some commands of a pipelined call, by index; the other commands ran
+// normally. Match it with errors.As.
+type ReplyErrors map[int]error
+
+func (e ReplyErrors) Error() string {
+	first := -1
+	for i := range e {
+		if first < 0 || i < first {
+			first = i
+		}
+	}
+	return fmt.Sprintf("lockstep: %d commands answered with an error reply; the first, [%d]: %v", len(e), first, e[first])
 }
 
 // ReleaseMany is Release for many locks held by token, in one pipelined round trip (plus one SCRIPT LOAD and a

@@ -132,11 +132,11 @@ func TestLockBadArguments(t *testing.T) {
 			return err
 		}, "writes[1]: lockstep: invalid argument: write: keys.cache: empty"},
 		{"extend value no meta", func() error {
-			_, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{{Cache: "c", Lock: "l"}}, "t", time.Second)
+			_, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{{Cache: "c", Lock: "l"}}, "t", time.Second, time.Second)
 			return err
 		}, "keys[0]"},
 		{"extend value no token", func() error {
-			_, err := lockstep.ExtendValueMany(ctx, rdb, nil, "", time.Second)
+			_, err := lockstep.ExtendValueMany(ctx, rdb, nil, "", time.Second, time.Second)
 			return err
 		}, "token: empty"},
 	}
@@ -218,7 +218,7 @@ func TestBatchTransportError(t *testing.T) {
 	if _, err := lockstep.PublishMany(ctx, rdb, []lockstep.Write{{Keys: ks, Token: "t", TTL: time.Second}}); err == nil {
 		t.Error("PublishMany: nil error, want a transport error")
 	}
-	if _, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{ks}, "t", time.Second); err == nil {
+	if _, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{ks}, "t", time.Second, time.Second); err == nil {
 		t.Error("ExtendValueMany: nil error, want a transport error")
 	}
 	if err := lockstep.Publish(ctx, rdb, lockstep.Write{Keys: ks, Token: "t", TTL: time.Second}); err == nil || errors.Is(err, lockstep.ErrLockLost) {

@@ -2,6 +2,7 @@ package lockstep
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -15,7 +16,27 @@ const (
 	MetaWrittenField = "written_ms"
 	// MetaDeltaField holds δ, the duration of the rebuild that produced the value, in milliseconds. XFetch uses it.
 	MetaDeltaField = "delta_ms"
+	// MetaStaleSinceField holds, while a value is kept past its TTL by the fail-safe (ExtendValueMany), the time
+	// its staleness began (its original expiry), in Unix milliseconds by the Redis server's clock. Publish clears
+	// it. Every process bounds its extensions by it, so max_stale holds for a whole fleet.
+	MetaStaleSinceField = "stale_since_ms"
 )
+
+// Published is what the publish script reports for one write.
+type Published struct {
+	// PrevTTL is the cache key's TTL just before the write: > 0 while it still existed, PrevGone when it did not
+	// exist (the value had expired, or was deleted or evicted), PrevPersistent when it had no TTL.
+	PrevTTL time.Duration
+}
+
+// Special values of Published.PrevTTL, as Redis's PTTL reports them.
+const (
+	PrevGone       = time.Duration(-2) // the key did not exist
+	PrevPersistent = time.Duration(-1) // the key existed without a TTL
+)
+
+// Existed reports whether the cache key still existed when the write replaced it.
+func (p Published) Existed() bool { return p.PrevTTL != PrevGone }
 
 // Write is one value to publish under a lock with Publish or PublishMany.
 type Write struct {
@@ -62,47 +83,67 @@ func (w *Write) call() (scriptCall, error) {
 	return scriptCall{publishScript, keys, []any{w.Token, "set", w.Value, millis(w.TTL), deltaMs, staleMs}}, nil
 }
 
-// publishResult maps publish.lua's reply: 1 written, 0 lock lost.
-func publishResult(cmd *redis.Cmd) error {
-	n, err := cmd.Int64()
-	switch {
-	case err != nil:
-		return err
-	case n == 1:
-		return nil
+// publishResult maps publish.lua's reply {status, old_pttl}: 1 written, 0 lock held by another token (ErrLockLost),
+// -1 lock key gone (ErrLockGone); an error reply (e.g. WRONGTYPE, OOM, TRYAGAIN) is returned as it is.
+func publishResult(cmd *redis.Cmd) (Published, error) {
+	reply, err := cmd.Slice()
+	if err != nil {
+		return Published{}, err
+	}
+	if len(reply) != 2 {
+		return Published{}, fmt.Errorf("lockstep: publish: unexpected reply %v", reply)
+	}
+	status, _ := reply[0].(int64)
+	old, _ := reply[1].(int64)
+	p := Published{PrevTTL: time.Duration(old) * time.Millisecond}
+	if old < 0 {
+		p.PrevTTL = time.Duration(old)
+	}
+	switch status {
+	case 1:
+		return p, nil
+	case -1:
+		return p, ErrLockGone
 	default:
-		return ErrLockLost
+		return p, ErrLockLost
 	}
 }
 
 // Publish writes w atomically with publish.lua, only while w.Keys.Lock holds w.Token: SET the cache key with
 // PX w.TTL, HSET the meta hash (MetaWrittenField, MetaDeltaField) with the same TTL, SET the stale copy with PX
 // w.StaleTTL when asked, then DEL the lock. With w.Delete it deletes the cache key, meta and stale copy instead.
-// One round trip (EVALSHA; EVAL once more on NOSCRIPT). It returns nil, ErrLockLost when the lock no longer holds
-// the token (nothing was written: the lock expired and maybe a newer value is in place), ErrInvalidArgument for
-// a malformed w, or the transport error.
+// One round trip (EVALSHA; EVAL once more on NOSCRIPT). It returns nil; ErrLockLost when the lock holds another
+// token, or ErrLockGone (which also matches ErrLockLost) when the lock key is gone: nothing was written then, a
+// newer value is never overwritten; ErrInvalidArgument for a malformed w; an error reply (WRONGTYPE for a meta key
+// that is not a hash, OOM, TRYAGAIN in a resharding Cluster: nothing was written and the lock is still held, so
+// release it with Release); or the transport error (the write may or may not have happened).
 func Publish(ctx context.Context, c redis.UniversalClient, w Write) error {
+	_, err := PublishResult(ctx, c, w)
+	return err
+}
+
+// PublishResult is Publish that also returns what the script saw: the cache key's TTL before the write.
+func PublishResult(ctx context.Context, c redis.UniversalClient, w Write) (Published, error) {
 	call, err := w.call()
 	if err != nil {
-		return err
+		return Published{}, err
 	}
 	cmd := call.script.Run(ctx, c, call.keys, call.args...)
-	if err := publishResult(cmd); err != nil {
-		if err == ErrLockLost {
-			return err
-		}
-		return fmt.Errorf("lockstep: publish %q: %w", w.Keys.Cache, err)
+	p, err := publishResult(cmd)
+	if err != nil && !errors.Is(err, ErrLockLost) {
+		return p, fmt.Errorf("lockstep: publish %q: %w", w.Keys.Cache, err)
 	}
-	return nil
+	return p, err
 }
 
 // PublishMany is Publish for many writes in one pipelined round trip (plus one SCRIPT LOAD and a retry round
 // trip only when the server answers NOSCRIPT). In a Redis Cluster the pipeline is split by node; each write
 // touches one id's keys, which Keys.CheckCluster keeps in one slot. The first result has one entry per write, in
-// order: nil, ErrLockLost, or that write's error reply (e.g. WRONGTYPE). The second is ErrInvalidArgument (naming
-// the write's index; nothing was sent) or a transport failure (then the first is nil and any write may or may not
-// have happened).
-func PublishMany(ctx context.Context, c redis.UniversalClient, ws []Write) ([]error, error) {
+// order: the script's report (meaningful when its error is nil, ErrLockLost or ErrLockGone) and its error: nil,
+// ErrLockLost, ErrLockGone, or that write's error reply (e.g. WRONGTYPE, OOM, TRYAGAIN; the lock is then still
+// held). The second is ErrInvalidArgument (naming the write's index; nothing was sent) or a transport failure
+// (then the first is nil and any write may or may not have happened).
+func PublishMany(ctx context.Context, c redis.UniversalClient, ws []Write) ([]PublishOutcome, error) {
 	calls := make([]scriptCall, len(ws))
 	for i := range ws {
 		call, err := ws[i].call()
@@ -111,7 +152,7 @@ func PublishMany(ctx context.Context, c redis.UniversalClient, ws []Write) ([]er
 		}
 		calls[i] = call
 	}
-	out := make([]error, len(ws))
+	out := make([]PublishOutcome, len(ws))
 	if len(calls) == 0 {
 		return out, nil
 	}
@@ -120,34 +161,55 @@ func PublishMany(ctx context.Context, c redis.UniversalClient, ws []Write) ([]er
 		return nil, fmt.Errorf("lockstep: publish %d writes: %w", len(ws), err)
 	}
 	for i, cmd := range cmds {
-		out[i] = publishResult(cmd)
+		out[i].Published, out[i].Err = publishResult(cmd)
 	}
 	return out, nil
 }
 
+// PublishOutcome is one write's result in PublishMany.
+type PublishOutcome struct {
+	Published
+	Err error // nil, ErrLockLost, ErrLockGone, or the write's error reply
+}
+
+// Extended is one key's result in ExtendValueMany.
+type Extended struct {
+	// TTL is the cache key's TTL after the call: the new TTL when extended, the unchanged one when the max_stale
+	// bound left no room (Err is ErrStaleLimit), 0 otherwise.
+	TTL time.Duration
+	// Err is nil (extended), ErrStaleLimit (not extended: the value has been stale for max_stale already),
+	// ErrNotFound (the cache key is gone; nothing extended), ErrLockLost (the lock no longer holds the token;
+	// nothing touched), or that call's error reply. In the first three cases the lock was released.
+	Err error
+}
+
 // ExtendValueMany is the fail-safe for a refresh whose origin read failed: for each KeySet, only while its lock
-// holds token, it resets the TTL of the cache key and its meta hash to ttl (> 0, rounded up to ms) and deletes the
-// lock (extend_value.lua), so the old value is served a while longer instead of expiring into a stampede. One
-// pipelined round trip (plus a retry only on NOSCRIPT). The first result has one entry per KeySet, in order: nil
-// (extended), ErrLockLost (the lock no longer holds token; nothing touched), ErrNotFound (the cache key is gone;
-// nothing extended, the lock released), or that call's error reply. The second is ErrInvalidArgument or a
-// transport failure.
-func ExtendValueMany(ctx context.Context, c redis.UniversalClient, keys []KeySet, token string, ttl time.Duration) ([]error, error) {
+// holds token, it extends the TTL of the cache key and its meta hash to ttl (> 0, rounded up to ms), but never
+// past MetaStaleSinceField + maxStale, and deletes the lock (extend_value.lua), so the old value is served a
+// while longer instead of expiring into a stampede. The start of staleness lives in the meta hash, set by the
+// first extension to the value's original expiry and cleared by Publish, so every process shares one bound
+// (maxStale ≥ 0). A TTL is never shortened. One pipelined round trip (plus a retry only on NOSCRIPT). The first
+// result has one entry per KeySet, in order. The second is ErrInvalidArgument or a transport failure.
+func ExtendValueMany(ctx context.Context, c redis.UniversalClient, keys []KeySet, token string, ttl, maxStale time.Duration) ([]Extended, error) {
 	if err := checkTTL("ttl", ttl); err != nil {
 		return nil, err
+	}
+	if maxStale < 0 {
+		return nil, argError("max stale", "%v is negative", maxStale)
 	}
 	if token == "" {
 		return nil, argError("token", "empty")
 	}
 	ms := millis(ttl)
+	staleMs := int64(maxStale / time.Millisecond)
 	calls := make([]scriptCall, len(keys))
 	for i, k := range keys {
 		if k.Cache == "" || k.Lock == "" || k.Meta == "" {
 			return nil, fmt.Errorf("keys[%d]: %w", i, argError("key set", "cache, lock and meta keys are required"))
 		}
-		calls[i] = scriptCall{extendValueScript, []string{k.Cache, k.Lock, k.Meta}, []any{token, ms}}
+		calls[i] = scriptCall{extendValueScript, []string{k.Cache, k.Lock, k.Meta}, []any{token, ms, staleMs}}
 	}
-	out := make([]error, len(keys))
+	out := make([]Extended, len(keys))
 	if len(calls) == 0 {
 		return out, nil
 	}
@@ -156,16 +218,43 @@ func ExtendValueMany(ctx context.Context, c redis.UniversalClient, keys []KeySet
 		return nil, fmt.Errorf("lockstep: extend %d values: %w", len(keys), err)
 	}
 	for i, cmd := range cmds {
-		n, err := cmd.Int64()
-		switch {
-		case err != nil:
-			out[i] = err
-		case n == 1:
-		case n == -1:
-			out[i] = ErrNotFound
+		reply, err := cmd.Slice()
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		if len(reply) != 2 {
+			out[i].Err = fmt.Errorf("lockstep: extend value: unexpected reply %v", reply)
+			continue
+		}
+		status, _ := reply[0].(int64)
+		n, _ := reply[1].(int64)
+		switch status {
+		case 1:
+			out[i].TTL = time.Duration(n) * time.Millisecond
+		case 2:
+			out[i].TTL, out[i].Err = max(time.Duration(n)*time.Millisecond, 0), ErrStaleLimit
+		case -1:
+			out[i].Err = ErrNotFound
 		default:
-			out[i] = ErrLockLost
+			out[i].Err = ErrLockLost
 		}
 	}
 	return out, nil
+}
+
+// Invalidate is the write path's delete: after an app commits a change to the origin, it deletes the id's cache
+// key, meta hash and lock in one DEL (atomic), so that a rebuild already in flight, which may have read the row
+// before the commit, fails its token check at publish (ErrLockGone) and never writes the old row back. This is
+// the lease invalidation of Facebook's memcache (Nishtala et al., "Scaling Memcache at Facebook", NSDI 2013).
+// The stale copy is left alone. Apps in other languages do the same: DEL <cache> <lock> <meta>. Errors:
+// ErrInvalidArgument for a KeySet without cache, lock or meta key, or the Redis error.
+func Invalidate(ctx context.Context, c redis.UniversalClient, ks KeySet) error {
+	if ks.Cache == "" || ks.Lock == "" || ks.Meta == "" {
+		return argError("key set", "cache, lock and meta keys are required")
+	}
+	if err := c.Del(ctx, ks.Cache, ks.Lock, ks.Meta).Err(); err != nil {
+		return fmt.Errorf("lockstep: invalidate %q: %w", ks.Cache, err)
+	}
+	return nil
 }

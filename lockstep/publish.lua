@@ -1,5 +1,5 @@
--- lockstep publish v1: write (or delete) a rebuilt value and release the lock, only while the lock holds the
--- caller's token, so that a leader whose lock expired can never overwrite a newer value.
+-- lockstep publish v2: write (or delete) a rebuilt value and release the lock, only while the lock holds the
+-- caller's token, so that a leader whose lock expired, or whose key was invalidated, never writes an old value.
 -- KEYS[1] = cache key, KEYS[2] = lock key, KEYS[3] = meta key, KEYS[4] = stale key (optional)
 -- ARGV[1] = token
 -- ARGV[2] = mode: "set" writes the value, "del" deletes cache, meta and stale (the origin row is gone)
@@ -7,10 +7,25 @@
 -- ARGV[4] = cache TTL in milliseconds (integer >= 1; "0" in "del" mode)
 -- ARGV[5] = rebuild duration (delta) in milliseconds (integer >= 0)
 -- ARGV[6] = stale TTL in milliseconds (integer >= 1 when KEYS[4] is given in "set" mode, else "0")
--- Returns 1 when written (or deleted) and the lock released, 0 when the lock is not held by this token
--- (nothing is written then).
-if redis.call("GET", KEYS[2]) ~= ARGV[1] then
-  return 0
+-- Returns {status, old_pttl}: status 1 when written (or deleted) and the lock released, 0 when the lock holds
+-- another token, -1 when the lock key is gone (expired, evicted, or deleted by invalidate.lua); nothing is
+-- written unless status is 1. old_pttl is the cache key's PTTL in milliseconds just before the call (-2: it did
+-- not exist, -1: it had no TTL), so the caller learns whether the value expired before it was replaced.
+-- Lua does not roll back, so the script fails before its first write or not at all: it checks the meta key's
+-- type first (a WRONGTYPE reply then leaves everything untouched, the lock still held by the caller, who
+-- releases it), and Redis refuses a script for OOM only at its first write. The cache key is written first and
+-- the lock deleted last.
+local lock = redis.call("GET", KEYS[2])
+local old = redis.call("PTTL", KEYS[1])
+if lock == false then
+  return {-1, old}
+end
+if lock ~= ARGV[1] then
+  return {0, old}
+end
+local mtype = redis.call("TYPE", KEYS[3])["ok"]
+if mtype ~= "hash" and mtype ~= "none" then
+  return redis.error_reply("WRONGTYPE meta key " .. KEYS[3] .. " holds a " .. mtype .. ", not a hash")
 end
 if ARGV[2] == "del" then
   redis.call("DEL", KEYS[1], KEYS[3])
@@ -22,10 +37,11 @@ else
   local t = redis.call("TIME")
   local now_ms = string.format("%d%03d", t[1], math.floor(t[2] / 1000))
   redis.call("HSET", KEYS[3], "written_ms", now_ms, "delta_ms", ARGV[5])
+  redis.call("HDEL", KEYS[3], "stale_since_ms")
   redis.call("PEXPIRE", KEYS[3], ARGV[4])
   if KEYS[4] then
     redis.call("SET", KEYS[4], ARGV[3], "PX", ARGV[6])
   end
 end
 redis.call("DEL", KEYS[2])
-return 1
+return {1, old}

@@ -167,8 +167,8 @@ func TestPublishMany(t *testing.T) {
 	}
 	want := []error{nil, lockstep.ErrLockLost, nil, nil}
 	for i := range want {
-		if !errors.Is(errs[i], want[i]) || (want[i] == nil) != (errs[i] == nil) {
-			t.Errorf("PublishMany result[%d] = %v, want %v", i, errs[i], want[i])
+		if !errors.Is(errs[i].Err, want[i]) || (want[i] == nil) != (errs[i].Err == nil) {
+			t.Errorf("PublishMany result[%d] = %v, want %v", i, errs[i].Err, want[i])
 		}
 	}
 	for key, want := range map[string]string{a.Cache: "A", a.Stale: "A", c.Cache: "C"} {
@@ -200,13 +200,13 @@ func TestExtendValueMany(t *testing.T) {
 	rdb.Set(ctx, lost.Cache, "theirs", 2*time.Second)
 	rdb.Set(ctx, lost.Lock, "someone-else", time.Minute)
 
-	errs, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{held, gone, lost}, tok, 10*time.Minute)
+	errs, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{held, gone, lost}, tok, 10*time.Minute, time.Hour)
 	if err != nil {
 		t.Fatalf("ExtendValueMany: %v", err)
 	}
 	for i, want := range []error{nil, lockstep.ErrNotFound, lockstep.ErrLockLost} {
-		if errs[i] != want {
-			t.Errorf("result[%d] = %v, want %v", i, errs[i], want)
+		if errs[i].Err != want {
+			t.Errorf("result[%d] = %v, want %v", i, errs[i].Err, want)
 		}
 	}
 	if pttl := rdb.PTTL(ctx, held.Cache).Val(); pttl < 9*time.Minute {

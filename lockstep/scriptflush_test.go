@@ -129,8 +129,8 @@ func TestAfterScriptFlush(t *testing.T) {
 			t.Fatalf("PublishMany after SCRIPT FLUSH: %v", err)
 		}
 		for i, e := range errs {
-			if e != nil {
-				t.Errorf("PublishMany result[%d] = %v, want nil", i, e)
+			if e.Err != nil {
+				t.Errorf("PublishMany result[%d] = %v, want nil", i, e.Err)
 			}
 		}
 		h.check(t, "PublishMany", true)
@@ -144,13 +144,13 @@ func TestAfterScriptFlush(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.flush(t, rdb)
-		errs, err = lockstep.ExtendValueMany(ctx, rdb, sets, tok, time.Hour)
+		exts, err := lockstep.ExtendValueMany(ctx, rdb, sets, tok, time.Hour, time.Hour)
 		if err != nil {
 			t.Fatalf("ExtendValueMany after SCRIPT FLUSH: %v", err)
 		}
-		for i, e := range errs {
-			if e != nil {
-				t.Errorf("ExtendValueMany result[%d] = %v, want nil", i, e)
+		for i, e := range exts {
+			if e.Err != nil {
+				t.Errorf("ExtendValueMany result[%d] = %v, want nil", i, e.Err)
 			}
 		}
 		h.check(t, "ExtendValueMany", true)
