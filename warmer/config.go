@@ -39,14 +39,20 @@ type KeyspaceConfig struct {
 	// Jitter spreads written TTLs over [TTL, TTL×(1+Jitter)); in [0,1]. Zero means none: set DefaultJitter
 	// explicitly if wanted (the config loader does).
 	Jitter float64
-	// RefreshAhead is how long before expiry a hot key is refreshed; the lead actually used is never less than
-	// LeadMultiple × the key's measured rebuild p95. Default TTL/5.
+	// RefreshAhead is how long before expiry a hot key is refreshed; the lead actually used (Lead) is never less
+	// than LeadMultiple × the key's measured rebuild p95, nor than StatementTimeout + PoolWaitTimeout, and never
+	// more than TTL/2 (MaxLeadFraction). Default TTL/5; at most TTL/2.
 	RefreshAhead time.Duration
 	LockTTL      time.Duration // lease on a key's lock while it is rebuilt; > StatementTimeout. Default 5s.
 	StaleTTL     time.Duration // TTL of the stale copy; 0 writes none (also when Keys has no stale template)
 	// StatementTimeout bounds one origin query; lease extensions stop after StatementTimeout plus a margin.
 	// Default LockTTL/2.
 	StatementTimeout time.Duration
+	// PoolWaitTimeout bounds how long one origin query may wait for a free origin connection before it runs
+	// (the source's pool wait bound; 0 when the source does not wait). The lead is never less than
+	// StatementTimeout + PoolWaitTimeout, so that a refresh that waits and runs as long as the config allows
+	// still lands before the value expires.
+	PoolWaitTimeout time.Duration
 
 	BatchSize        int     // ids per origin query and per pipeline; default DefaultBatchSize
 	MaxOriginQueries int     // concurrent origin queries; default DefaultOriginConcurrent
@@ -133,13 +139,23 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	for name, d := range map[string]time.Duration{
 		"refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
 		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
+		"pool_wait_timeout": c.PoolWaitTimeout,
 	} {
 		if d < 0 {
 			bad(name, "%v is negative", d)
 		}
 	}
-	if c.RefreshAhead >= c.TTL && c.TTL > 0 {
-		bad("refresh_ahead", "%v is not below the ttl %v", c.RefreshAhead, c.TTL)
+	if c.TTL > 0 {
+		maxLead := c.maxLead()
+		if c.RefreshAhead > maxLead {
+			bad("refresh_ahead", "%v is more than half the ttl %v: a value would be rebuilt before it had lived half its TTL",
+				c.RefreshAhead, c.TTL)
+		}
+		if floor := c.originBound(); floor > maxLead {
+			bad("ttl", "%v is too short for statement_timeout %v + pool_wait_timeout %v: a refresh may take %v, which "+
+				"must fit in half the TTL (%v); raise ttl or lower statement_timeout / pool_wait_timeout",
+				c.TTL, c.StatementTimeout, c.PoolWaitTimeout, floor, maxLead)
+		}
 	}
 	if c.LockTTL <= c.StatementTimeout {
 		bad("lock_ttl", "%v must be greater than the statement timeout %v", c.LockTTL, c.StatementTimeout)
@@ -168,4 +184,38 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 		}
 	}
 	return c, errors.Join(errs...)
+}
+
+// MaxLeadFraction caps the lead at this fraction of the TTL: a written value lives at least TTL/2 before its next
+// refresh is due (TTL/4 with the XFetch-style early offset, which is at most lead/2), so a key is never rebuilt
+// again within one value's lifetime however slow its rebuilds are measured to be.
+const MaxLeadFraction = 0.5
+
+func (c KeyspaceConfig) maxLead() time.Duration { return time.Duration(float64(c.TTL) * MaxLeadFraction) }
+
+// originBound is the longest one refresh may take by the config: the wait for an origin connection plus the
+// statement timeout.
+func (c KeyspaceConfig) originBound() time.Duration { return c.StatementTimeout + c.PoolWaitTimeout }
+
+// Lead is how long before its expiry a hot key whose rebuilds take rebuildP95 (0: not measured yet) is
+// refreshed: the largest of RefreshAhead, LeadMultiple × rebuildP95 and StatementTimeout + PoolWaitTimeout, capped
+// at TTL × MaxLeadFraction. This is the one definition of the lead; the scheduler, the re-check under the lock,
+// the short-notice test and the fail-safe all use it. Call it on a config returned by New's validation.
+func (c KeyspaceConfig) Lead(rebuildP95 time.Duration) time.Duration {
+	l := max(c.RefreshAhead, c.originBound())
+	if m := time.Duration(c.LeadMultiple * float64(rebuildP95)); m > l {
+		l = m
+	}
+	return min(l, c.maxLead())
+}
+
+// LeadNote says, when it applies, that the configured refresh_ahead is raised to fit the worst-case refresh the
+// config allows (statement_timeout + pool_wait_timeout); "" otherwise. validate prints it and run logs it.
+func (c KeyspaceConfig) LeadNote() string {
+	if b := c.originBound(); c.RefreshAhead < b {
+		return fmt.Sprintf("keyspace %q: refresh_ahead %v is raised to %v = statement_timeout %v + pool_wait_timeout %v, "+
+			"so that a refresh that waits for a connection and runs as long as allowed still lands before expiry",
+			c.Name, c.RefreshAhead, b, c.StatementTimeout, c.PoolWaitTimeout)
+	}
+	return ""
 }

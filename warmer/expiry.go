@@ -143,7 +143,7 @@ func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Tim
 		exp := now.Add(pttl)
 		if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance || h.idx < 0 {
 			// New information (a newly hot key, or one an app rewrote): was there still time to refresh it?
-			h.shortNotice = pttl < lead(k.cfg.RefreshAhead, k.cfg.LeadMultiple, h.rebuildP95)
+			h.shortNotice = pttl < k.leadLocked(h)
 			h.expiry = exp
 			k.scheduleLocked(h)
 		}

@@ -58,7 +58,7 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		rnd:     w.newRand(),
 		results: map[string]*atomic.Int64{},
 	}
-	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultError} {
+	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultLockGone, ResultTooLarge, ResultError} {
 		k.results[r] = new(atomic.Int64)
 	}
 	k.tr.setPinned(c.Pinned, w.now().Unix())
@@ -269,24 +269,40 @@ func (k *keyspace) scheduleLocked(h *hotState) {
 		k.q.schedule(h, now)
 		return
 	}
-	est := h.rebuildP95
-	if est == 0 {
-		est = k.p95.p95()
-	}
-	ld := lead(k.cfg.RefreshAhead, k.cfg.LeadMultiple, est)
-	k.q.schedule(h, dueAt(h.expiry, ld, est, 1-k.rnd.Float64()))
+	k.q.schedule(h, dueAt(h.expiry, k.leadLocked(h), k.rebuildEstimateLocked(h), 1-k.rnd.Float64()))
 }
 
-// retryLocked queues h for another attempt after a back-off that grows with its consecutive errors.
+// rebuildEstimateLocked is h's rebuild p95, or the keyspace's for a key not rebuilt yet.
+func (k *keyspace) rebuildEstimateLocked(h *hotState) time.Duration {
+	if h.rebuildP95 > 0 {
+		return h.rebuildP95
+	}
+	return k.p95.p95()
+}
+
+// leadLocked is how long before its expiry h is refreshed: the one place where the lead is computed (see
+// KeyspaceConfig.Lead), used by the scheduler, the re-check under the lock, the short-notice test and the
+// fail-safe alike.
+func (k *keyspace) leadLocked(h *hotState) time.Duration {
+	return k.cfg.Lead(k.rebuildEstimateLocked(h))
+}
+
+// retryLocked queues h for another attempt after retryDelayLocked.
 func (k *keyspace) retryLocked(h *hotState, base time.Duration) {
 	if h.e.hot != h {
 		return
 	}
+	k.q.schedule(h, k.w.now().Add(k.retryDelayLocked(h, base)))
+}
+
+// retryDelayLocked is the back-off before another attempt at h: base doubled per consecutive error, capped at
+// max(TTL/2, 1s), with ±25% jitter so that keys that failed together (and replicas) do not retry in step.
+func (k *keyspace) retryDelayLocked(h *hotState, base time.Duration) time.Duration {
 	d := base << min(h.errors, 6)
 	if cap := max(k.cfg.TTL/2, time.Second); d > cap {
 		d = cap
 	}
-	k.q.schedule(h, k.w.now().Add(d))
+	return d - d/4 + time.Duration(k.rnd.Int64N(int64(d/2)+1))
 }
 
 // rebuildWindow keeps the last rebuild durations of a keyspace for a keyspace-wide p95, used for keys that have

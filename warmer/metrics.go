@@ -12,13 +12,36 @@ const (
 	ResultFresh    = "fresh"     // under the lock the key turned out already refreshed by someone else: no query
 	ResultLocked   = "locked"    // an app or another replica held the lock: skipped, re-checked later
 	ResultMissing  = "missing"   // the origin had no row: the missing policy was applied
-	ResultLockLost = "lock_lost" // the lease ran out before publishing: nothing was written
-	ResultError    = "error"     // the origin query or the publish failed
+	ResultLockLost = "lock_lost" // the lease ran out and another token took the lock before publishing: nothing was written
+	// ResultLockGone: the lock key vanished while the lease was still valid: an app invalidated the key after a
+	// write to the origin (lockstep.Invalidate), or Redis evicted the lock. Nothing was written; the key is read
+	// again soon, so the new row is published.
+	ResultLockGone = "lock_gone"
+	ResultTooLarge = "too_large" // the value exceeds max_value_bytes: not written, the old one kept (fail-safe)
+	ResultError    = "error"     // the origin query or a Redis command failed; the reason label says which
 )
+
+// Reasons of ResultError, the values of the "reason" label of keepwarm_warmer_refresh_errors_total.
+const (
+	ReasonOrigin        = "origin"         // the origin query failed (SQL error, connection refused, server timeout)
+	ReasonOriginTimeout = "origin_timeout" // the origin query outlived its bound on the client side
+	ReasonPoolExhausted = "pool_exhausted" // no origin connection was free within the pool wait bound
+	ReasonOOM           = "oom"            // Redis refused a write: used memory > maxmemory (noeviction)
+	ReasonTryAgain      = "tryagain"       // Redis Cluster: the slot is being migrated (TRYAGAIN); retried shortly
+	ReasonCluster       = "cluster"        // other Redis Cluster redirections or failures (MOVED, ASK, CLUSTERDOWN)
+	ReasonWrongType     = "wrongtype"      // a key of the layout holds the wrong type (e.g. the meta key is not a hash)
+	ReasonReply         = "reply"          // another Redis error reply
+	ReasonTransport     = "transport"      // Redis did not answer (timeout, reset, refused)
+)
+
+// reasons lists every reason, for Status and tests.
+var reasons = []string{ReasonOrigin, ReasonOriginTimeout, ReasonPoolExhausted, ReasonOOM, ReasonTryAgain,
+	ReasonCluster, ReasonWrongType, ReasonReply, ReasonTransport}
 
 // metrics are the warmer's Prometheus metrics. Labels are bounded: keyspace and result, never a key or an id.
 type metrics struct {
 	refreshes      *prometheus.CounterVec   // keyspace, result
+	refreshErrors  *prometheus.CounterVec   // keyspace, reason
 	refreshSeconds *prometheus.HistogramVec // keyspace
 	leadSeconds    *prometheus.HistogramVec // keyspace
 	hotExpired     *prometheus.CounterVec   // keyspace: the SLO counter
@@ -43,8 +66,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_refreshes_total",
-			Help: "Refresh attempts of hot keys, by keyspace and result (ok, fresh, locked, missing, lock_lost, error).",
+			Help: "Refresh attempts of hot keys, by keyspace and result (ok, fresh, locked, missing, lock_lost, lock_gone, too_large, error).",
 		}, []string{"keyspace", "result"}),
+		refreshErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_refresh_errors_total",
+			Help: "Refreshes that ended in result error, by keyspace and reason (origin, origin_timeout, pool_exhausted, oom, tryagain, cluster, wrongtype, reply, transport).",
+		}, []string{"keyspace", "reason"}),
 		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "keepwarm_warmer_refresh_duration_seconds",
 			Help:    "Duration of one refresh batch, from lock acquisition to publish.",
@@ -117,7 +144,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
+	for _, c := range []prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
 		m.persistent, m.queued, m.decays} {
 		if err := reg.Register(c); err != nil {
@@ -131,7 +158,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) forget(ks string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{m.refreshes, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice, m.originQueries, m.originRows,
+	}{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice, m.originQueries, m.originRows,
 		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
 	}

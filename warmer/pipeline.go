@@ -2,44 +2,66 @@ package warmer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
-// releaseTimeout bounds the lock release that ends every batch, even after shutdown cancelled the batch.
-const releaseTimeout = 2 * time.Second
+// Bounds of the lock release that ends every batch. A release is token-checked, so it is always safe to repeat:
+// after a failure it is retried with back-off (releaseRetryBase doubling up to releaseRetryMax, with jitter) until
+// Redis answers, for at most releaseRetryFor, or for releaseTimeout once ctx has ended (shutdown, an interrupted
+// warmup). Each attempt is bounded by releaseTimeout.
+const (
+	releaseTimeout   = 2 * time.Second
+	releaseRetryBase = 100 * time.Millisecond
+	releaseRetryMax  = 2 * time.Second
+	releaseRetryFor  = 2 * time.Minute
+)
 
-// item is one key in a batch of the refresh pipeline. The pipeline sets result (one of the ResultX values),
-// and for written values ttl and size.
+// item is one key in a batch of the refresh pipeline. The pipeline sets result (one of the ResultX values) and,
+// for ResultError, reason (one of the ReasonX values); for written values ttl, size and prevTTL.
 type item struct {
 	id    string
 	ks    lockstep.KeySet
 	h     *hotState     // the daemon's state of a hot key; nil in a warmup
 	pttl  time.Duration // TTL left when checked under the lock (daemon only)
-	owned bool          // this batch holds the key's lock
+	owned bool          // this batch holds (or may hold) the key's lock: released at the end
 	lost  bool          // a lease extension found the lock lost
 
 	result      string
+	reason      string // for ResultError: which failure (ReasonX)
 	err         error
 	ttl         time.Duration // the TTL written
+	prevTTL     time.Duration // the cache key's TTL just before the publish (lockstep.PrevGone: it had expired)
 	absent      bool          // the origin had no row: the missing policy applied
 	rescheduled bool          // the daemon's fail-safe already rescheduled this key
 	delete      bool          // the missing policy deleted the key
+}
+
+// fail settles it as an error with reason and cause.
+func (it *item) fail(reason string, err error) {
+	it.result, it.reason, it.err = ResultError, reason, err
 }
 
 // pipeline is one batch's run through the refresh pipeline, shared by the daemon's refresh-ahead and by
 // warmups (keepwarm warmup and [[schedule]] runs):
 //
 //  1. wait for the keyspace's origin budget (token bucket);
-//  2. acquire the locks, pipelined (one round trip); keys locked elsewhere are skipped as ResultLocked;
+//  2. acquire the locks, pipelined (one round trip); keys locked elsewhere are skipped as ResultLocked, keys
+//     whose SET NX got an error reply (OOM, TRYAGAIN) fail with that reason;
 //  3. optionally re-check the owned keys under their locks (the daemon's PTTL check);
 //  4. run one origin query for the rest, extending the leases every lock_ttl/3 while it runs;
 //  5. publish values with the token-checked script, pipelined, with the TTL that ttl returns, and apply the
-//     missing policy;
-//  6. release every lock still held, even when ctx was cancelled.
+//     missing policy; each key's outcome is classified: written, lock lost (another token), lock gone (evicted
+//     or invalidated while the lease was valid), or an error reply (nothing written, the lock still ours);
+//  6. release every lock still held, even when ctx was cancelled; after a transport error, every lock the batch
+//     may hold, retried until Redis answers (the release is token-checked, so this is always safe).
 type pipeline struct {
 	k     *keyspace
 	cfg   KeyspaceConfig
@@ -50,20 +72,22 @@ type pipeline struct {
 	// recheck, when set, sees the owned items under their locks and returns those that still need the origin;
 	// it settles the others itself.
 	recheck func(ctx context.Context, items []*item) ([]*item, error)
-	// failSafe, when set, handles an origin failure for the fetched items; without it they fail (ResultError).
-	failSafe func(ctx context.Context, items []*item, cause error)
+	// failSafe, when set, keeps the current values of items alive that cannot be refreshed now (the origin
+	// failed, or the new value is too large), and reschedules them; without it they fail.
+	failSafe func(ctx context.Context, items []*item)
 	// extra limits the batch further than the keyspace's budget (a warmup's --rate); may be nil.
 	extra interface {
 		WaitN(ctx context.Context, n int) error
 	}
 
-	rebuild time.Duration // duration of the origin query, once run
-	start   time.Time     // when publishing began: a written key expires no earlier than start + ttl
+	rebuild    time.Duration // duration of the origin query, once run
+	start      time.Time     // when publishing began: a written key expires no earlier than start + ttl
+	leaseUntil time.Time     // the batch's locks cannot have expired before this (guarded by k.mu)
 }
 
-// run sends items through the pipeline. It returns an error, with no item settled, only when the batch as a
-// whole could not run (ctx ended while waiting for budget, or Redis failed before or at publishing): the
-// caller retries or counts those items as failed.
+// run sends items through the pipeline. It returns an error, with the unsettled items, only when the batch as a
+// whole could not run (ctx ended while waiting for budget, or Redis failed before or at publishing): the caller
+// retries or counts those items as failed.
 func (p *pipeline) run(ctx context.Context, items []*item) error {
 	p.token = lockstep.NewToken()
 	defer p.releaseOwned(ctx, items)
@@ -90,29 +114,47 @@ func (p *pipeline) run(ctx context.Context, items []*item) error {
 	return p.fetchAndPublish(ctx, owned)
 }
 
-// acquire takes the items' locks in one pipelined round trip and returns the items it owns.
+// acquire takes the items' locks in one pipelined round trip and returns the items it owns. After a transport
+// error every item counts as owned, so that releaseOwned releases the locks that the pipeline's SET NX commands
+// may still take when Redis wakes up.
 func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) {
 	locks := make([]string, len(items))
 	for i, it := range items {
 		locks[i] = it.ks.Lock
 	}
+	sent := p.k.w.now()
 	ok, err := lockstep.AcquireMany(ctx, p.k.w.rdb, locks, p.token, p.cfg.LockTTL)
-	if err != nil {
+	var replies lockstep.ReplyErrors
+	if err != nil && !errors.As(err, &replies) {
+		p.k.mu.Lock()
+		for _, it := range items {
+			it.owned = true // maybe: the commands may run late
+		}
+		p.k.mu.Unlock()
 		return nil, err
 	}
 	var owned []*item
 	p.k.mu.Lock()
+	p.leaseUntil = sent.Add(p.cfg.LockTTL)
 	for i, it := range items {
-		if ok[i] {
+		switch {
+		case replies[i] != nil:
+			it.fail(redisReason(replies[i]), fmt.Errorf("acquire lock %q: %w", it.ks.Lock, replies[i]))
+		case ok[i]:
 			it.owned = true
 			owned = append(owned, it)
-		} else {
+		default:
 			it.result = ResultLocked
 		}
 	}
 	p.k.mu.Unlock()
+	for _, it := range items {
+		if it.result == ResultError {
+			p.k.log.Warn("lock refused by Redis", "key", it.ks.Cache, "reason", it.reason, "error", it.err)
+		}
+	}
 	p.k.w.m.locks.WithLabelValues(p.cfg.Name, "acquired").Add(float64(len(owned)))
-	p.k.w.m.locks.WithLabelValues(p.cfg.Name, "held").Add(float64(len(items) - len(owned)))
+	p.k.w.m.locks.WithLabelValues(p.cfg.Name, "held").Add(float64(len(items) - len(owned) - len(replies)))
 	return owned, nil
 }
 
@@ -127,9 +169,9 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	// never past that bound.
 	qctx, cancel := context.WithTimeout(ctx, cfg.StatementTimeout+cfg.LockTTL/3)
 	stopLease := p.extendLeases(qctx, items)
-	qstart := time.Now()
+	qstart := p.k.w.now()
 	values, missing, err := cfg.Src.Fetch(qctx, ids)
-	p.rebuild = time.Since(qstart)
+	p.rebuild = p.k.w.now().Sub(qstart)
 	cancel()
 	stopLease()
 	p.k.w.m.originSeconds.WithLabelValues(cfg.Name).Observe(p.rebuild.Seconds())
@@ -138,12 +180,13 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	}
 	if err != nil {
 		p.k.w.m.originQueries.WithLabelValues(cfg.Name, "error").Inc()
-		if p.failSafe != nil {
-			p.failSafe(ctx, items, err)
-			return nil
-		}
+		reason := originReason(err)
 		for _, it := range items {
-			it.result, it.err = ResultError, err
+			it.fail(reason, err)
+		}
+		if p.failSafe != nil {
+			p.k.outageBegins(cfg, err)
+			p.failSafe(ctx, items)
 		}
 		return nil
 	}
@@ -153,7 +196,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	_ = missing // every id not in values is missing (the Source contract)
 
 	var writes []lockstep.Write
-	var witems []*item
+	var witems, large []*item
 	p.k.mu.Lock()
 	for _, it := range items {
 		if it.lost {
@@ -163,8 +206,9 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		v, found := values[it.id]
 		switch {
 		case found && cfg.MaxValueBytes > 0 && len(v) > cfg.MaxValueBytes:
-			it.result = ResultError
+			it.result = ResultTooLarge
 			it.err = fmt.Errorf("value of %d bytes exceeds max_value_bytes %d", len(v), cfg.MaxValueBytes)
+			large = append(large, it)
 		case found:
 			it.ttl = p.ttl()
 			writes = append(writes, lockstep.Write{Keys: it.ks, Token: p.token, Value: v, TTL: it.ttl,
@@ -188,10 +232,11 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		}
 	}
 	p.k.mu.Unlock()
-	for _, it := range items {
-		if it.result == ResultError && it.err != nil {
-			p.k.log.Warn("refusing value", "id", it.id, "error", it.err)
-		}
+	for _, it := range large {
+		p.k.log.Warn("refusing value", "id", it.id, "key", it.ks.Cache, "error", it.err)
+	}
+	if len(large) > 0 && p.failSafe != nil {
+		p.failSafe(ctx, large) // the old value stays under the fail-safe rules; the id backs off
 	}
 	if len(writes) == 0 {
 		return nil
@@ -199,20 +244,35 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	p.start = p.k.w.now()
 	results, err := lockstep.PublishMany(ctx, p.k.w.rdb, writes)
 	if err != nil {
-		return err
+		return err // the items stay owned: releaseOwned releases whatever the scripts left
 	}
 	p.k.mu.Lock()
-	defer p.k.mu.Unlock()
+	var replies []*item
 	for i, it := range witems {
-		it.owned = false // the publish script deleted the lock, or it was not ours any more
+		r := results[i]
+		it.prevTTL = r.PrevTTL
 		switch {
-		case results[i] != nil:
-			it.result, it.err = ResultLockLost, results[i]
-		case it.absent:
-			it.result = ResultMissing
-		default:
+		case r.Err == nil:
+			it.owned = false // the script deleted the lock
 			it.result = ResultOK
+			if it.absent {
+				it.result = ResultMissing
+			}
+		case errors.Is(r.Err, lockstep.ErrLockGone) && p.start.Before(p.leaseUntil):
+			it.owned = false
+			it.result, it.err = ResultLockGone, r.Err
+		case errors.Is(r.Err, lockstep.ErrLockLost):
+			it.owned = false
+			it.result, it.err = ResultLockLost, r.Err
+		default: // an error reply: nothing was written and the lock is still ours (publish.lua fails before writing)
+			it.fail(redisReason(r.Err), fmt.Errorf("publish %q: %w", it.ks.Cache, r.Err))
+			replies = append(replies, it)
 		}
+	}
+	p.k.mu.Unlock()
+	for _, it := range replies {
+		p.k.log.Warn("publish refused by Redis; lock released, retrying with back-off", "key", it.ks.Cache,
+			"reason", it.reason, "error", it.err)
 	}
 	return nil
 }
@@ -249,18 +309,19 @@ func (p *pipeline) extendLeases(ctx context.Context, items []*item) (stop func()
 			for i, it := range live {
 				locks[i] = it.ks.Lock
 			}
+			sent := k.w.now()
 			ok, err := lockstep.ExtendMany(ctx, k.w.rdb, locks, p.token, cfg.LockTTL)
 			if err != nil {
 				continue // Redis trouble: the publish's token check still guards correctness
 			}
 			k.mu.Lock()
+			p.leaseUntil = sent.Add(cfg.LockTTL)
 			for i, it := range live {
 				if ok[i] {
 					k.w.m.leaseExtends.WithLabelValues(cfg.Name, "ok").Inc()
 					continue
 				}
 				it.lost = true
-				it.owned = false
 				k.w.m.leaseExtends.WithLabelValues(cfg.Name, "lost").Inc()
 			}
 			k.mu.Unlock()
@@ -272,9 +333,10 @@ func (p *pipeline) extendLeases(ctx context.Context, items []*item) (stop func()
 	}
 }
 
-// releaseOwned releases every lock the batch still holds. It runs even when ctx was cancelled (shutdown past
-// the grace period, an interrupted warmup), with its own short deadline, so that apps never wait out lock_ttl
-// because of keepwarm.
+// releaseOwned releases every lock the batch still holds, or may hold after a transport error. It runs even when
+// ctx was cancelled (shutdown past the grace period, an interrupted warmup), so that apps never wait out lock_ttl
+// because of keepwarm; when Redis does not answer it retries (see releaseRetryFor), since commands sent before a
+// freeze run when Redis wakes and would leave locks nobody releases.
 func (p *pipeline) releaseOwned(ctx context.Context, items []*item) {
 	var locks []string
 	p.k.mu.Lock()
@@ -288,9 +350,35 @@ func (p *pipeline) releaseOwned(ctx context.Context, items []*item) {
 	if len(locks) == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	if err := lockstep.ReleaseMany(rctx, p.k.w.rdb, locks, p.token); err != nil {
-		p.k.log.Warn("release locks", "count", len(locks), "error", err)
+	if err := releaseLocks(ctx, p.k.w.rdb, locks, p.token); err != nil {
+		p.k.log.Warn("release locks failed; they expire by themselves", "count", len(locks), "lock_ttl", p.cfg.LockTTL,
+			"error", err)
+	}
+}
+
+// releaseLocks releases locks held with token (lockstep.ReleaseMany), retrying with jittered back-off until Redis
+// answers: for at most releaseRetryFor, or releaseTimeout once ctx has ended. It returns the last error.
+func releaseLocks(ctx context.Context, rdb redis.UniversalClient, locks []string, token string) error {
+	bg := context.WithoutCancel(ctx)
+	deadline := time.Now().Add(releaseRetryFor)
+	wait := releaseRetryBase
+	for {
+		actx, cancel := context.WithTimeout(bg, releaseTimeout)
+		err := lockstep.ReleaseMany(actx, rdb, locks, token)
+		cancel()
+		if err == nil || isErrorReply(err) {
+			return err // answered: released, or refused for good (an error reply will not change on retry)
+		}
+		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		t := time.NewTimer(wait/2 + rand.N(wait/2+1))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			deadline = time.Now().Add(releaseTimeout)
+		}
+		wait = min(2*wait, releaseRetryMax)
 	}
 }

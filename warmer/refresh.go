@@ -11,18 +11,23 @@ import (
 // retryBase is the first back-off after a failed or skipped refresh; it doubles per consecutive failure.
 const retryBase = 500 * time.Millisecond
 
+// tryAgainDelay is the back-off after a TRYAGAIN reply (a Redis Cluster slot in migration, which lasts
+// milliseconds to seconds): short, so that the key is published as soon as the slot has moved.
+const tryAgainDelay = 100 * time.Millisecond
+
 // resultSettled marks an item the re-check under the lock already dealt with (no longer hot, or no TTL): it is
 // not a refresh and is not counted.
 const resultSettled = "settled"
 
 // refresh runs one batch of due hot keys through the pipeline (see pipeline) with the daemon's two additions:
-// under the locks it re-reads PTTL so a key someone else just rebuilt is not rebuilt again, and on origin
-// failure it keeps the current values alive (fail-safe). Then it reschedules every key.
+// under the locks it re-reads PTTL so a key someone else just rebuilt is not rebuilt again, and when a key
+// cannot be refreshed (origin failure, value too large) it keeps the current value alive (fail-safe). Then it
+// reschedules every key.
 func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
 	k.mu.Lock()
 	cfg := k.cfg
 	k.mu.Unlock()
-	start := time.Now()
+	start := k.w.now()
 	items := make([]*item, 0, len(batch))
 	for _, h := range batch {
 		ks, err := cfg.Keys.For(h.id)
@@ -39,19 +44,20 @@ func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
 	p = &pipeline{k: k, cfg: cfg,
 		ttl:      func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) },
 		recheck:  k.recheck,
-		failSafe: func(ctx context.Context, items []*item, cause error) { k.failSafe(ctx, p.cfg, p.token, items, cause) },
+		failSafe: func(ctx context.Context, items []*item) { k.failSafe(ctx, p.cfg, p.token, items) },
 	}
 	err := p.run(ctx, items)
 	if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 		k.redisError(ctx, "refresh", err)
 	}
 	k.settle(p, items, err)
-	k.w.m.refreshSeconds.WithLabelValues(cfg.Name).Observe(time.Since(start).Seconds())
+	k.w.m.refreshSeconds.WithLabelValues(cfg.Name).Observe(k.w.now().Sub(start).Seconds())
 }
 
 // settle records each item's result in its hot state and reschedules it.
 func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 	cfg := p.cfg
+	now := k.w.now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, it := range items {
@@ -62,58 +68,76 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 			if ctxErr := errors.Is(runErr, context.Canceled) || errors.Is(runErr, context.DeadlineExceeded); !ctxErr {
 				h.lastErr = runErr.Error()
 				h.errors++
-				k.count(ResultError)
+				it.fail(redisReason(runErr), runErr)
+				k.countLocked(it)
 			}
 			k.retryLocked(h, retryBase)
 			continue
 		}
 		if it.result != "" && it.result != ResultFresh && it.result != resultSettled {
-			k.count(it.result)
+			k.countLocked(it)
 		}
 		switch it.result {
-		case ResultLocked:
-			// An app or another replica is rebuilding it: look again soon, by which time the new value is there.
+		case ResultLocked, ResultLockGone:
+			// An app or another replica is rebuilding it, or an app just invalidated it: look again soon, by
+			// which time the new value is there (or the key is due at once).
 			h.needPTTL = true
-			k.q.schedule(h, k.w.now().Add(min(cfg.LockTTL/2, time.Second)))
+			k.q.schedule(h, now.Add(min(cfg.LockTTL/2, time.Second)))
 		case ResultLockLost:
 			if it.err != nil {
 				h.lastErr = it.err.Error()
 			}
 			k.retryLocked(h, retryBase)
-		case ResultError:
+		case ResultError, ResultTooLarge:
 			if it.err != nil {
 				h.lastErr = it.err.Error()
 			}
-			if !it.rescheduled { // the fail-safe reschedules the keys it handled
-				h.errors++
-				k.retryLocked(h, retryBase)
+			if it.rescheduled { // the fail-safe reschedules the keys it handled
+				continue
 			}
+			h.errors++
+			if it.reason == ReasonTryAgain {
+				k.q.schedule(h, now.Add(tryAgainDelay/2+time.Duration(k.rnd.Int64N(int64(tryAgainDelay)))))
+				continue
+			}
+			k.retryLocked(h, retryBase)
 		case ResultMissing:
 			h.absent = true
 			h.lastErr = ""
 			h.lastRefresh = p.start
 			if it.delete || cfg.Missing == MissingKeep {
 				h.expiry = time.Time{}
-				k.q.schedule(h, k.w.now().Add(cfg.TTL)) // look again in one TTL, not at once
+				k.q.schedule(h, now.Add(cfg.TTL)) // look again in one TTL, not at once
 				continue
 			}
 			h.expiry = p.start.Add(it.ttl) // tombstone
 			k.scheduleLocked(h)
 		case ResultOK:
+			if it.prevTTL == lockstep.PrevGone {
+				// The publish found the value already gone: an expiry the periodic check may never have seen.
+				k.noteGoneLocked(h, now)
+			}
+			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
 			h.lastRefresh = p.start
 			h.lastErr = ""
 			h.errors = 0
-			h.staleSince = time.Time{}
 			h.counted = false
 			h.shortNotice = false
 			h.needPTTL = false
 			h.absent = false
 			h.observeRebuild(p.rebuild)
 			k.p95.add(p.rebuild)
-			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.pttl, 0).Seconds())
 			h.expiry = p.start.Add(it.ttl)
 			k.scheduleLocked(h)
 		}
+	}
+}
+
+// countLocked records it's result, and for an error its reason, in the metrics and the keyspace's counters.
+func (k *keyspace) countLocked(it *item) {
+	k.count(it.result)
+	if it.result == ResultError && it.reason != "" {
+		k.w.m.refreshErrors.WithLabelValues(k.name, it.reason).Inc()
 	}
 }
 
@@ -139,11 +163,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 	for i, it := range items {
 		it.pttl = ttls[i]
 		h := it.h
-		est := h.rebuildP95
-		if est == 0 {
-			est = k.p95.p95()
-		}
-		ld := lead(cfg.RefreshAhead, cfg.LeadMultiple, est)
+		ld := k.leadLocked(h)
 		switch {
 		case h.e.hot != h:
 			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
@@ -168,59 +188,50 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 	return out, nil
 }
 
-// failSafe keeps hot values alive while the origin fails: rather than let them expire into a stampede against
-// a sick database, it extends each current value's TTL under the lock until the next retry, bounded so that no
-// value outlives its last good expiry by more than max_stale. It logs once per outage, not once per key.
-func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token string, items []*item, cause error) {
+// failSafe keeps hot values alive that cannot be refreshed now (the origin failed, or the new value is too
+// large): rather than let them expire into a stampede against a sick database, it extends each current value's
+// TTL under the lock until the next retry (lockstep.ExtendValueMany). The bound is fleet-wide: no value outlives
+// its last good expiry by more than max_stale, however many daemons extend it, because the start of staleness
+// is kept in Redis. Items keep their result (error or too_large); each is rescheduled with back-off.
+func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token string, items []*item) {
 	now := k.w.now()
 	k.mu.Lock()
-	if !k.outage {
-		k.outage = true
-		k.log.Error("origin failing; serving current values past their TTL (fail-safe)", "max_stale", cfg.MaxStale,
-			"error", cause)
-	}
 	byTTL := map[time.Duration][]*item{}
 	for _, it := range items {
 		h := it.h
-		it.result, it.err = ResultError, cause
 		h.errors++
-		if it.lost || it.pttl <= 0 {
+		if it.lost {
 			continue
 		}
-		if h.staleSince.IsZero() {
-			h.staleSince = now.Add(it.pttl) // the value's own expiry: staleness starts there
-		}
-		retry := min(retryBase<<min(h.errors, 6), max(cfg.TTL/2, time.Second))
-		want := retry + lead(cfg.RefreshAhead, cfg.LeadMultiple, h.rebuildP95)
-		if limit := h.staleSince.Add(cfg.MaxStale).Sub(now); want > limit {
-			want = limit
-		}
-		if want <= it.pttl {
-			continue // never shorten a TTL; past max_stale the value is left to expire
-		}
+		want := k.retryDelayLocked(h, retryBase) + k.leadLocked(h)
 		byTTL[want] = append(byTTL[want], it)
 	}
 	k.mu.Unlock()
 
-	extended := map[*item]time.Duration{}
 	for ttl, group := range byTTL { // usually one group
 		sets := make([]lockstep.KeySet, len(group))
 		for i, it := range group {
 			sets[i] = it.ks
 		}
-		res, err := lockstep.ExtendValueMany(ctx, k.w.rdb, sets, token, ttl)
+		res, err := lockstep.ExtendValueMany(ctx, k.w.rdb, sets, token, ttl, cfg.MaxStale)
 		if err != nil {
 			k.redisError(ctx, "fail-safe extend", err)
-			continue
+			continue // the items stay owned: the batch releases their locks
 		}
 		k.mu.Lock()
 		for i, it := range group {
-			if res[i] == nil {
-				extended[it] = ttl
+			r := res[i]
+			switch {
+			case r.Err == nil:
+				it.h.expiry = now.Add(r.TTL)
 				k.w.m.failSafe.WithLabelValues(cfg.Name).Inc()
-			}
-			if res[i] == nil || errors.Is(res[i], lockstep.ErrLockLost) {
+				it.owned = false
+			case errors.Is(r.Err, lockstep.ErrStaleLimit):
+				it.owned = false // past max_stale: left to expire on its TTL
+			case errors.Is(r.Err, lockstep.ErrNotFound), errors.Is(r.Err, lockstep.ErrLockLost):
 				it.owned = false // the script released the lock, or it was not ours any more
+			default: // an error reply: nothing touched, the lock is still ours and is released by the batch
+				k.log.Warn("fail-safe extension refused by Redis", "key", it.ks.Cache, "error", r.Err)
 			}
 		}
 		k.mu.Unlock()
@@ -228,11 +239,20 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, it := range items {
-		if ttl, ok := extended[it]; ok {
-			it.h.expiry = now.Add(ttl)
-		}
 		it.rescheduled = true
 		k.retryLocked(it.h, retryBase)
+	}
+}
+
+// outageBegins logs, once per outage of the origin, that the fail-safe is serving current values.
+func (k *keyspace) outageBegins(cfg KeyspaceConfig, cause error) {
+	k.mu.Lock()
+	first := !k.outage
+	k.outage = true
+	k.mu.Unlock()
+	if first {
+		k.log.Error("origin failing; serving current values past their TTL (fail-safe)", "max_stale", cfg.MaxStale,
+			"error", cause)
 	}
 }
 

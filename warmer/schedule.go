@@ -6,16 +6,6 @@ import (
 	"time"
 )
 
-// lead returns how long before expiry a key is refreshed: the configured refresh-ahead, but never less than
-// LeadMultiple × the key's rebuild-time estimate (its p95), so that a slow rebuild still lands before expiry.
-func lead(refreshAhead time.Duration, multiple float64, rebuildP95 time.Duration) time.Duration {
-	l := refreshAhead
-	if m := time.Duration(multiple * float64(rebuildP95)); m > l {
-		l = m
-	}
-	return l
-}
-
 // dueAt returns when a key expiring at expiry should be refreshed: expiry − lead − an XFetch-style early offset.
 // The offset is δ·β·(−ln u) with δ the rebuild estimate, β = 1 and u in (0,1], i.e. the moment at which XFetch's
 // test "now − δβ·ln(u) ≥ expiry" first holds for one draw (Vattani, Chierichetti, Lowenstein, "Optimal

@@ -8,21 +8,28 @@ import (
 )
 
 func TestLead(t *testing.T) {
+	base := KeyspaceConfig{TTL: 60 * time.Second, RefreshAhead: 5 * time.Second, LeadMultiple: 3,
+		StatementTimeout: 2 * time.Second, PoolWaitTimeout: 500 * time.Millisecond}
 	tests := []struct {
 		name    string
-		ahead   time.Duration
-		mult    float64
+		edit    func(*KeyspaceConfig)
 		rebuild time.Duration
 		want    time.Duration
 	}{
-		{"refresh_ahead wins", 5 * time.Second, 3, time.Second, 5 * time.Second},
-		{"slow rebuild wins", 2 * time.Second, 3, time.Second, 3 * time.Second},
-		{"no rebuild yet", 2 * time.Second, 3, 0, 2 * time.Second},
+		{"refresh_ahead wins", nil, time.Second, 5 * time.Second},
+		{"slow rebuild wins", nil, 2 * time.Second, 6 * time.Second},
+		{"no rebuild yet", nil, 0, 5 * time.Second},
+		{"origin bound wins", func(c *KeyspaceConfig) { c.RefreshAhead = time.Second }, 0, 2500 * time.Millisecond},
+		{"capped at half the TTL", nil, time.Minute, 30 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := lead(tt.ahead, tt.mult, tt.rebuild); got != tt.want {
-				t.Errorf("lead(%v, %v, %v) = %v, want %v", tt.ahead, tt.mult, tt.rebuild, got, tt.want)
+			c := base
+			if tt.edit != nil {
+				tt.edit(&c)
+			}
+			if got := c.Lead(tt.rebuild); got != tt.want {
+				t.Errorf("Lead(%v) = %v, want %v", tt.rebuild, got, tt.want)
 			}
 		})
 	}

@@ -98,7 +98,7 @@ func (c *countingSource) count(id string) int {
 func (f *fixture) config(pinned ...string) warmer.KeyspaceConfig {
 	return warmer.KeyspaceConfig{
 		Name: "items", Keys: f.keys, Src: f.src, TTL: 2 * time.Second, Jitter: 0.1,
-		RefreshAhead: 600 * time.Millisecond, LockTTL: 2 * time.Second, StatementTimeout: time.Second,
+		RefreshAhead: 600 * time.Millisecond, LockTTL: 2 * time.Second, StatementTimeout: 500 * time.Millisecond,
 		BatchSize: 50, MaxOriginQueries: 2, TopN: 10, Pinned: pinned,
 		AccessKey:    f.prefix + "access",
 		PollInterval: 200 * time.Millisecond, ReconcileEvery: 300 * time.Millisecond,
@@ -461,6 +461,7 @@ func TestShutdownDuringSlowRefreshLeavesNoLock(t *testing.T) {
 	cfg := f.config("1", "2", "3")
 	cfg.LockTTL = 5 * time.Second
 	cfg.StatementTimeout = 3 * time.Second
+	cfg.TTL = 10 * time.Second // room for the 3 s statement timeout in the lead
 	_, _, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Grace: 200 * time.Millisecond})
 	<-started
 	time.Sleep(100 * time.Millisecond)
@@ -586,7 +587,7 @@ func TestUpdatePinsAndUnpins(t *testing.T) {
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	keys, _ := lockstep.NewKeys("k:${id}", "", "", "")
-	good := warmer.KeyspaceConfig{Name: "k", Keys: keys, Src: &countingSource{}, TTL: time.Second}
+	good := warmer.KeyspaceConfig{Name: "k", Keys: keys, Src: &countingSource{}, TTL: 10 * time.Second}
 	tests := []struct {
 		field string
 		mut   func(c *warmer.KeyspaceConfig)
@@ -595,7 +596,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"ttl", func(c *warmer.KeyspaceConfig) { c.TTL = -1 }},
 		{"jitter", func(c *warmer.KeyspaceConfig) { c.Jitter = 1.5 }},
 		{"lock_ttl", func(c *warmer.KeyspaceConfig) { c.LockTTL = time.Second; c.StatementTimeout = 2 * time.Second }},
-		{"refresh_ahead", func(c *warmer.KeyspaceConfig) { c.RefreshAhead = 2 * time.Second }},
+		{"refresh_ahead", func(c *warmer.KeyspaceConfig) { c.RefreshAhead = 6 * time.Second }},
+		{"statement_timeout", func(c *warmer.KeyspaceConfig) { c.StatementTimeout = 4 * time.Second; c.PoolWaitTimeout = 2 * time.Second }},
 		{"missing", func(c *warmer.KeyspaceConfig) { c.Missing = "drop" }},
 		{"tombstone_ttl", func(c *warmer.KeyspaceConfig) { c.Missing = warmer.MissingTombstone }},
 		{"pinned", func(c *warmer.KeyspaceConfig) { c.Pinned = []string{""} }},
