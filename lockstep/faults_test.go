@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -189,5 +190,40 @@ func TestOOMReplies(t *testing.T) {
 	}
 	if got := rdb.Get(ctx, ks.Lock).Val(); got != tok {
 		t.Errorf("lock = %q, want still ours after the refused publish", got)
+	}
+}
+
+// The invalidate-on-write race through the read-through client: a leader's loader reads the old row, then another
+// app process commits a change and invalidates the key. The leader's publish fails (the lock is gone) and the
+// old row is never cached; the next Get loads the new row.
+func TestInvalidateBeatsInflightClientRebuild(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, writer := testenv.Redis(t), testenv.Redis(t) // two app processes
+	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
+	var row atomic.Value
+	row.Store("old")
+	var raced atomic.Bool
+	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) {
+		v := row.Load().(string)
+		if raced.CompareAndSwap(false, true) {
+			// The write path runs between this read and the leader's publish.
+			row.Store("new")
+			w := newClient(t, writer, "product", keys, func(context.Context, string) ([]byte, error) { return nil, nil }, time.Minute)
+			if err := w.Invalidate(ctx, "7"); err != nil {
+				t.Error(err)
+			}
+		}
+		return []byte(v), nil
+	}, time.Minute)
+	if v, err := c.Get(ctx, "7"); err != nil || string(v) != "old" {
+		t.Fatalf("first Get = %q, %v; want the value it loaded (old)", v, err)
+	}
+	ks := mustFor(t, keys, "7")
+	if n := rdb.Exists(ctx, ks.Cache).Val(); n != 0 {
+		t.Fatalf("old row cached after an invalidation raced the rebuild: %q", rdb.Get(ctx, ks.Cache).Val())
+	}
+	if v, err := c.Get(ctx, "7"); err != nil || string(v) != "new" {
+		t.Errorf("second Get = %q, %v; want the new row", v, err)
 	}
 }

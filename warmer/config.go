@@ -191,7 +191,9 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 // again within one value's lifetime however slow its rebuilds are measured to be.
 const MaxLeadFraction = 0.5
 
-func (c KeyspaceConfig) maxLead() time.Duration { return time.Duration(float64(c.TTL) * MaxLeadFraction) }
+func (c KeyspaceConfig) maxLead() time.Duration {
+	return time.Duration(float64(c.TTL) * MaxLeadFraction)
+}
 
 // originBound is the longest one refresh may take by the config: the wait for an origin connection plus the
 // statement timeout.

@@ -172,6 +172,7 @@ func TestCronReloadNeverDuplicatesARun(t *testing.T) {
 	t.Cleanup(func() { pool.Exec(context.Background(), "delete from keepwarm.warmup_runs where name = $1", name) })
 	cfg := f.config()
 	cfg.LockTTL, cfg.StatementTimeout = 5*time.Second, 3*time.Second
+	cfg.TTL = 10 * time.Second // the lead must fit the 3 s statement timeout
 	w := newWarmer(t, f, cfg)
 	c, err := warmer.NewCron(w, runs.New(pool, "reloader"), nil, nil)
 	if err != nil {

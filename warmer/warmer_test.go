@@ -70,6 +70,7 @@ type countingSource struct {
 	queries int
 	asked   map[string]int
 	before  func(ids []string) // optional hook, run before the query
+	after   func(ids []string) // optional hook, run after the query, before its values are returned
 }
 
 func (c *countingSource) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
@@ -81,12 +82,16 @@ func (c *countingSource) Fetch(ctx context.Context, ids []string) (map[string][]
 	for _, id := range ids {
 		c.asked[id]++
 	}
-	hook := c.before
+	hook, after := c.before, c.after
 	c.mu.Unlock()
 	if hook != nil {
 		hook(ids)
 	}
-	return c.src.Fetch(ctx, ids)
+	values, missing, err := c.src.Fetch(ctx, ids)
+	if after != nil {
+		after(ids)
+	}
+	return values, missing, err
 }
 
 func (c *countingSource) count(id string) int {
@@ -597,7 +602,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"jitter", func(c *warmer.KeyspaceConfig) { c.Jitter = 1.5 }},
 		{"lock_ttl", func(c *warmer.KeyspaceConfig) { c.LockTTL = time.Second; c.StatementTimeout = 2 * time.Second }},
 		{"refresh_ahead", func(c *warmer.KeyspaceConfig) { c.RefreshAhead = 6 * time.Second }},
-		{"statement_timeout", func(c *warmer.KeyspaceConfig) { c.StatementTimeout = 4 * time.Second; c.PoolWaitTimeout = 2 * time.Second }},
+		{"statement_timeout", func(c *warmer.KeyspaceConfig) {
+			c.StatementTimeout = 4 * time.Second
+			c.PoolWaitTimeout = 2 * time.Second
+		}},
 		{"missing", func(c *warmer.KeyspaceConfig) { c.Missing = "drop" }},
 		{"tombstone_ttl", func(c *warmer.KeyspaceConfig) { c.Missing = warmer.MissingTombstone }},
 		{"pinned", func(c *warmer.KeyspaceConfig) { c.Pinned = []string{""} }},

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -55,13 +56,16 @@ type WarmupResult struct {
 	Written       int64 // values published
 	SkippedLocked int64 // an app (or the daemon) held the key's lock: being rebuilt anyway
 	Missing       int64 // the origin had no row; the missing policy was applied
-	Failed        int64 // origin, Redis or validation failure
-	Batches       int64
-	FailedIDs     []string // the first MaxFailedIDs failed ids
-	FirstError    error    // the first failure's cause
-	TTLs          Histogram
-	Duration      time.Duration
-	Interrupted   bool // ctx ended before every id was processed
+	Failed        int64 // origin, Redis or validation failure; includes NotKept
+	// NotKept counts values that were written but gone when checked right after their batch: Redis evicted them
+	// at once (maxmemory with an allkeys policy). They are in Failed and FailedIDs too.
+	NotKept     int64
+	Batches     int64
+	FailedIDs   []string // the first MaxFailedIDs failed ids
+	FirstError  error    // the first failure's cause
+	TTLs        Histogram
+	Duration    time.Duration
+	Interrupted bool // ctx ended before every id was processed
 }
 
 // Histogram counts written TTLs in equal bins over [Min, Max).
@@ -154,6 +158,9 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 						}
 						runErr = p.run(ctx, items)
 						k.releaseSlot()
+						if runErr == nil {
+							k.checkKept(ctx, items)
+						}
 					}
 				}
 				mu.Lock()
@@ -246,9 +253,10 @@ func (r *WarmupResult) add(items []*item, invalid map[string]error, runErr error
 			r.SkippedLocked++
 		case ResultMissing:
 			r.Missing++
-		case ResultLockLost:
+		case resultNotKept:
+			r.NotKept++
 			fail(it.id, it.err)
-		case ResultError:
+		case ResultLockLost, ResultLockGone, ResultTooLarge, ResultError:
 			fail(it.id, it.err)
 		default: // not processed: the batch could not run
 			if interrupted || errors.Is(runErr, context.Canceled) {
@@ -287,4 +295,39 @@ func (k *keyspace) releaseSlot() {
 	k.running--
 	k.mu.Unlock()
 	k.poke()
+}
+
+// resultNotKept marks a warmup item that was written and then evicted at once.
+const resultNotKept = "not_kept"
+
+// checkKept reads, in one pipelined round trip, whether the values a warmup batch just wrote are still there: under
+// maxmemory with an allkeys eviction policy Redis may evict a key right after it was written, and a warmup that
+// reported it as written would mislead the operator before a promotion. Those items become resultNotKept. When
+// Redis fails to answer, the items are left as they are.
+func (k *keyspace) checkKept(ctx context.Context, items []*item) {
+	var written []*item
+	for _, it := range items {
+		if it.result == ResultOK {
+			written = append(written, it)
+		}
+	}
+	if len(written) == 0 {
+		return
+	}
+	cmds := make([]*redis.IntCmd, len(written))
+	_, err := k.w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, it := range written {
+			cmds[i] = p.Exists(ctx, it.ks.Cache)
+		}
+		return nil
+	})
+	if err != nil {
+		return
+	}
+	for i, it := range written {
+		if cmds[i].Val() == 0 {
+			it.result = resultNotKept
+			it.err = fmt.Errorf("%s: written, then evicted at once (Redis is at maxmemory)", it.ks.Cache)
+		}
+	}
 }

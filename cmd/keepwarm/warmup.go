@@ -235,8 +235,12 @@ func printWarmup(w io.Writer, ks *config.Keyspace, r warmer.WarmupResult, dryRun
 		fmt.Fprintln(w, "  projected TTLs:")
 	} else {
 		rate := float64(r.Written+r.SkippedLocked+r.Missing+r.Failed) / max(r.Duration.Seconds(), 1e-9)
-		fmt.Fprintf(w, "  requested %d  written %d  skipped (locked) %d  missing %d  failed %d\n",
+		fmt.Fprintf(w, "  requested %d  written %d  skipped (locked) %d  missing %d  failed %d",
 			r.Requested, r.Written, r.SkippedLocked, r.Missing, r.Failed)
+		if r.NotKept > 0 {
+			fmt.Fprintf(w, " (of which not kept: %d written, then evicted at once: Redis is at maxmemory)", r.NotKept)
+		}
+		fmt.Fprintln(w)
 		fmt.Fprintf(w, "  duration %v  %.0f keys/s  batches %d\n", r.Duration.Round(time.Millisecond), rate, r.Batches)
 		fmt.Fprintln(w, "  written TTLs (the new expiries, relative to the write):")
 	}
