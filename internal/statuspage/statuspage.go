@@ -211,7 +211,7 @@ func (h *Handler) build(ctx context.Context) page {
 
 // resultOrder is the order of the refresh results on the page; others follow by name.
 var resultOrder = []string{warmer.ResultOK, warmer.ResultFresh, warmer.ResultLocked, warmer.ResultMissing,
-	warmer.ResultLockLost, warmer.ResultError}
+	warmer.ResultLockLost, warmer.ResultLockGone, warmer.ResultTooLarge, warmer.ResultError}
 
 func results(m map[string]int64) []resultCount {
 	out := make([]resultCount, 0, len(m))
