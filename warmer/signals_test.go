@@ -72,9 +72,12 @@ func TestNotificationsGiveEarlyNotice(t *testing.T) {
 	start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
 	ctx := context.Background()
 	eventually(t, 3*time.Second, "key written", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
-	time.Sleep(200 * time.Millisecond) // let the subscription settle
+	eventually(t, 10*time.Second, "the daemon subscribed to keyspace notifications", func() bool {
+		return f.rdb.PubSubNumSub(ctx, "__keyevent@0__:del").Val()["__keyevent@0__:del"] > 0
+	})
 	f.rdb.Del(ctx, f.key("1"))
-	eventually(t, time.Second, "deleted hot key rebuilt on notice", func() bool {
+	// Reconciliation runs once a minute: a rebuild within 10 s can only come from the notification.
+	eventually(t, 10*time.Second, "deleted hot key rebuilt on notice", func() bool {
 		return f.rdb.Exists(ctx, f.key("1")).Val() == 1
 	})
 }
