@@ -2,6 +2,8 @@ package warmer_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -335,5 +337,57 @@ func TestTooLargeKeepsOldValue(t *testing.T) {
 	}
 	if got := refreshErrors(t, reg, warmer.ReasonOrigin); got != 0 {
 		t.Errorf("origin errors = %v, want 0 (too large is its own result)", got)
+	}
+}
+
+// timeoutOnce fails the first Fetch with a client-side deadline, as a daemon resumed after SIGSTOP sees its own
+// query timer fire although PostgreSQL answered long ago, then behaves.
+type timeoutOnce struct {
+	warmer.Source
+	failed atomic.Bool
+}
+
+func (s *timeoutOnce) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
+	if s.failed.CompareAndSwap(false, true) {
+		return nil, nil, fmt.Errorf("fetch: %w", context.DeadlineExceeded)
+	}
+	return s.Source.Fetch(ctx, ids)
+}
+
+// logBuffer is a concurrency-safe log sink.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// One client-side timeout is counted (origin_timeout) but does not declare the origin failing; the next query
+// succeeds and the key is written.
+func TestSingleClientTimeoutIsNoOutage(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	var logs logBuffer
+	cfg := f.config("1")
+	cfg.Src = &timeoutOnce{Source: f.src}
+	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	eventually(t, 10*time.Second, "key written after one timeout", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
+	stop()
+	if got := refreshErrors(t, reg, warmer.ReasonOriginTimeout); got != 1 {
+		t.Errorf("origin_timeout errors = %v, want 1", got)
+	}
+	if strings.Contains(logs.String(), "origin failing") {
+		t.Errorf("one client-side timeout logged an origin outage:\n%s", logs.String())
 	}
 }

@@ -29,19 +29,20 @@ type keyspace struct {
 	results    map[string]*atomic.Int64 // refreshes by result, for Status (the metrics hold the same counts)
 	hotExpired atomic.Int64             // the SLO counter, for Status
 
-	mu        sync.Mutex
-	cfg       KeyspaceConfig
-	tr        *tracker
-	hotSet    map[string]*hotState
-	q         dueQueue
-	adopt     []*hotState // hot keys whose expiry must be learnt with PTTL
-	running   int         // origin queries in flight
-	rnd       *rand.Rand
-	outage    bool // the origin is failing; logged once per outage
-	redisDown bool // Redis is failing; logged once per outage
-	lastSync  time.Time
-	lfu       lfuState
-	p95       rebuildWindow
+	mu             sync.Mutex
+	cfg            KeyspaceConfig
+	tr             *tracker
+	hotSet         map[string]*hotState
+	q              dueQueue
+	adopt          []*hotState // hot keys whose expiry must be learnt with PTTL
+	running        int         // origin queries in flight
+	rnd            *rand.Rand
+	outage         bool // the origin is failing; logged once per outage
+	originFailures int  // origin queries failed in a row (see originFailed)
+	redisDown      bool // Redis is failing; logged once per outage
+	lastSync       time.Time
+	lfu            lfuState
+	p95            rebuildWindow
 }
 
 func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {

@@ -185,7 +185,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 			it.fail(reason, err)
 		}
 		if p.failSafe != nil {
-			p.k.outageBegins(cfg, err)
+			p.k.originFailed(cfg, reason, err)
 			p.failSafe(ctx, items)
 		}
 		return nil

@@ -244,11 +244,17 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	}
 }
 
-// outageBegins logs, once per outage of the origin, that the fail-safe is serving current values.
-func (k *keyspace) outageBegins(cfg KeyspaceConfig, cause error) {
+// originFailed notes a failed origin query and logs, once per outage, that the fail-safe is serving current
+// values. A client-side timeout alone (reason origin_timeout) does not begin an outage until a second batch in a
+// row fails: a daemon that was paused (SIGSTOP, a stalled VM) past a query's deadline sees its own timer fire on
+// resume although PostgreSQL answered long ago. Errors that come from the origin itself begin it at once.
+func (k *keyspace) originFailed(cfg KeyspaceConfig, reason string, cause error) {
 	k.mu.Lock()
-	first := !k.outage
-	k.outage = true
+	k.originFailures++
+	first := !k.outage && (reason != ReasonOriginTimeout || k.originFailures >= 2)
+	if first {
+		k.outage = true
+	}
 	k.mu.Unlock()
 	if first {
 		k.log.Error("origin failing; serving current values past their TTL (fail-safe)", "max_stale", cfg.MaxStale,
@@ -260,6 +266,7 @@ func (k *keyspace) originOK() {
 	k.mu.Lock()
 	was := k.outage
 	k.outage = false
+	k.originFailures = 0
 	k.mu.Unlock()
 	if was {
 		k.log.Info("origin recovered; refreshes resumed")
