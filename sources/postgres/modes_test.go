@@ -114,5 +114,3 @@ func TestOddIDsInEveryExecMode(t *testing.T) {
 		})
 	}
 }
-
-
