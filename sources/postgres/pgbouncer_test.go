@@ -185,7 +185,7 @@ func TestPgBouncerDefaultDSN(t *testing.T) {
 		t.Errorf("Fetch: got error %q, want it to say to add default_query_exec_mode=exec to the dsn", errB)
 	}
 
-	for _, mode := range []string{"exec", "simple_protocol"} {
+	for _, mode := range []string{"exec", "simple_protocol", "cache_describe"} { // cache_describe: unnamed statements
 		fixed := setDSNParam(single, "default_query_exec_mode", mode)
 		for i := range 2 {
 			src := newSource(t, pgBouncerPool(t, fixed, 1), cfg)
@@ -193,5 +193,39 @@ func TestPgBouncerDefaultDSN(t *testing.T) {
 				t.Errorf("%s, client %d: got %q, %v; want one", mode, i, values, err)
 			}
 		}
+	}
+}
+
+// TestCheckStatementCache checks the probe validate runs: it must flag pgx's statement cache behind a
+// transaction-pooling PgBouncer, with the hint, and pass directly on PostgreSQL and with the documented DSN.
+func TestCheckStatementCache(t *testing.T) {
+	direct := testenv.PostgresURL()
+	testenv.Postgres(t)
+	pgb := pgBouncerURL()
+	pool1 := strings.Replace(pgb, "/keepwarm?", "/keepwarm_pool1?", 1)
+	tests := []struct {
+		name, dsn string
+		wantHint  bool
+	}{
+		{"postgres, default mode", direct, false},
+		{"pgbouncer, default mode", setDSNParam(pool1, "default_query_exec_mode", "cache_statement"), true},
+		{"pgbouncer, cache_describe", setDSNParam(pool1, "default_query_exec_mode", "cache_describe"), false}, // unnamed statements
+		{"pgbouncer, exec", setDSNParam(pool1, "default_query_exec_mode", "exec"), false},
+		{"pgbouncer, simple_protocol", setDSNParam(pool1, "default_query_exec_mode", "simple_protocol"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pool := smallPool(t, 2, "")
+			if tt.dsn != direct {
+				pool = pgBouncerPool(t, tt.dsn, 2)
+			}
+			err := postgres.CheckStatementCache(context.Background(), pool)
+			switch {
+			case tt.wantHint && (err == nil || !strings.Contains(err.Error(), "default_query_exec_mode=exec")):
+				t.Errorf("CheckStatementCache: got %v, want an error with the DSN hint", err)
+			case !tt.wantHint && err != nil:
+				t.Errorf("CheckStatementCache: got %v, want nil", err)
+			}
+		})
 	}
 }
