@@ -72,6 +72,23 @@ func TestPoolExhausted(t *testing.T) {
 	if got := testutil.CollectAndCount(reg, "keepwarm_origin_pool_wait_seconds"); got != 2 {
 		t.Errorf("keepwarm_origin_pool_wait_seconds: got %d series, want 2 (one per keyspace)", got)
 	}
+	// The cut-off wait is recorded: one observation of at least the 100ms bound for keyspace "tight".
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var count uint64
+	var sum float64
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if mf.GetName() == "keepwarm_origin_pool_wait_seconds" && m.GetLabel()[0].GetValue() == "tight" {
+				count, sum = m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	if count != 1 || sum < 0.1 {
+		t.Errorf("keepwarm_origin_pool_wait_seconds{keyspace=\"tight\"}: got %d observations summing to %gs, want 1 of at least 0.1s", count, sum)
+	}
 	if problems, err := testutil.CollectAndLint(reg); err != nil || len(problems) != 0 {
 		t.Errorf("lint: %v %v", problems, err)
 	}
