@@ -201,3 +201,31 @@ func TestPreparedStatementHint(t *testing.T) {
 		t.Errorf("Fetch: got error %q, want it to say to set default_query_exec_mode=exec in the dsn", err)
 	}
 }
+
+// TestCallerDeadlineKeepsConnections: when the caller's deadline comes before StatementTimeout (or there is no
+// StatementTimeout), the server-side timeout follows the deadline, so the connection survives that too.
+func TestCallerDeadlineKeepsConnections(t *testing.T) {
+	pool := smallPool(t, 2, "")
+	for _, timeout := range []time.Duration{time.Minute, 0} {
+		t.Run(fmt.Sprint(timeout), func(t *testing.T) {
+			src := newSource(t, pool, postgres.Config{Keyspace: "slow",
+				Query:            "select id, case when id = 'slow' then pg_sleep(30)::text else id end from unnest($1::text[]) as id",
+				StatementTimeout: timeout})
+			if _, _, err := src.Fetch(context.Background(), []string{"fast"}); err != nil {
+				t.Fatalf("Fetch: %v", err)
+			}
+			before := pool.Stat().NewConnsCount()
+			for i := range 5 {
+				ctx, cancel := context.WithTimeout(context.Background(), postgres.ClientTimeoutMargin+100*time.Millisecond)
+				_, _, err := src.Fetch(ctx, []string{"slow"})
+				cancel()
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Fetch %d: got error %v, want one wrapping context.DeadlineExceeded", i, err)
+				}
+			}
+			if opened := pool.Stat().NewConnsCount() - before; opened != 0 {
+				t.Errorf("5 queries cut off by the caller's deadline opened %d new connections, want 0", opened)
+			}
+		})
+	}
+}

@@ -47,9 +47,12 @@ type Config struct {
 	IDsQuery string
 	// StatementTimeout bounds each Fetch query on the server: Fetch runs the query in a transaction with
 	// SET LOCAL statement_timeout, so that a slow query is cancelled by PostgreSQL and the connection survives
-	// (this also works through PgBouncer in transaction mode). A client-side backstop cancels at
-	// StatementTimeout + ClientTimeoutMargin, in case the server does not answer. 0 means no bound of its own
-	// and no transaction. It does not apply to IDs, which streams for as long as its context allows.
+	// (this also works through PgBouncer in transaction mode). When the caller's context has a deadline that
+	// comes first, the server timeout is shortened to end shortly before it (ClientTimeoutMargin, or a fifth of
+	// the time left if less). A client-side backstop
+	// cancels at StatementTimeout + ClientTimeoutMargin, in case the server does not answer. 0 means no bound of
+	// its own (and no transaction unless the context has a deadline). It does not apply to IDs, which streams
+	// for as long as its context allows.
 	StatementTimeout time.Duration
 	// PoolWaitTimeout bounds how long Fetch waits for a free pool connection before it fails with
 	// ErrPoolExhausted; it is separate from StatementTimeout, so a query's worst case is PoolWaitTimeout +
@@ -70,10 +73,9 @@ func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) 
 
 // Source fetches one keyspace's values from PostgreSQL. It is safe for concurrent use.
 type Source struct {
-	pool       *pgxpool.Pool
-	cfg        Config
-	beginQuery string   // begin; set local statement_timeout, or "" for no transaction
-	metrics    *metrics // nil without WithRegisterer
+	pool    *pgxpool.Pool
+	cfg     Config
+	metrics *metrics // nil without WithRegisterer
 }
 
 // New returns a Source that runs cfg's queries on pool. It checks cfg but does not touch the database; call
@@ -99,11 +101,6 @@ func New(pool *pgxpool.Pool, cfg Config, opts ...Option) (*Source, error) {
 		opt(&o)
 	}
 	s := &Source{pool: pool, cfg: cfg}
-	if cfg.StatementTimeout > 0 {
-		// Milliseconds, rounded up so that a sub-millisecond timeout is not 0 (which would mean none).
-		ms := (cfg.StatementTimeout + time.Millisecond - 1) / time.Millisecond
-		s.beginQuery = fmt.Sprintf("begin; set local statement_timeout = %d", ms)
-	}
 	if o.reg != nil {
 		m, err := newMetrics(o.reg)
 		if err != nil {
@@ -145,12 +142,15 @@ func (s *Source) Fetch(ctx context.Context, ids []string) (map[string][]byte, []
 		return nil, nil, err
 	}
 	defer conn.Release()
+	timeout := s.serverTimeout(ctx)
 	qctx, cancel := s.queryContext(ctx)
 	defer cancel()
-	if s.beginQuery == "" {
+	if timeout == 0 {
 		return s.read(ctx, qctx, conn, uniq, want)
 	}
-	tx, err := conn.BeginTx(qctx, pgx.TxOptions{BeginQuery: s.beginQuery})
+	// Milliseconds, rounded up so that a sub-millisecond timeout is not 0 (which would mean none).
+	ms := (timeout + time.Millisecond - 1) / time.Millisecond
+	tx, err := conn.BeginTx(qctx, pgx.TxOptions{BeginQuery: fmt.Sprintf("begin; set local statement_timeout = %d", ms)})
 	if err != nil {
 		return nil, nil, s.wrap(ctx, qctx, "query: begin", err)
 	}
@@ -374,6 +374,22 @@ func (s *Source) Check(ctx context.Context) error {
 	return nil
 }
 
+// serverTimeout is the statement_timeout Fetch sets on the server: StatementTimeout, or less when ctx's deadline
+// comes first, so that PostgreSQL cancels the query before the caller's context would (and with it pgx, which
+// closes the connection): ClientTimeoutMargin before the deadline, or a fifth of the time left when that is
+// shorter. 0 means none.
+func (s *Source) serverTimeout(ctx context.Context) time.Duration {
+	t := s.cfg.StatementTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		left = max(left-min(ClientTimeoutMargin, left/5), time.Millisecond)
+		if t == 0 || left < t {
+			t = left
+		}
+	}
+	return t
+}
+
 // queryContext is the client-side backstop: StatementTimeout plus ClientTimeoutMargin, so that the server's
 // statement_timeout fires first and the connection survives.
 func (s *Source) queryContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -417,7 +433,7 @@ func (s *Source) wrap(ctx, qctx context.Context, op string, err error) error {
 		}
 		return fmt.Errorf("keyspace %q: %s: timeout after %s: %w: %w", s.cfg.Keyspace, op, s.cfg.StatementTimeout, context.DeadlineExceeded, err)
 	case serverTimeout && s.cfg.StatementTimeout > 0:
-		return fmt.Errorf("keyspace %q: %s: timeout after %s (server statement_timeout): %w: %w", s.cfg.Keyspace, op, s.cfg.StatementTimeout, context.DeadlineExceeded, err)
+		return fmt.Errorf("keyspace %q: %s: timeout (server statement_timeout, at most %s): %w: %w", s.cfg.Keyspace, op, s.cfg.StatementTimeout, context.DeadlineExceeded, err)
 	case serverTimeout:
 		return fmt.Errorf("keyspace %q: %s: timeout (server statement_timeout): %w: %w", s.cfg.Keyspace, op, context.DeadlineExceeded, err)
 	case isPg && (pgErr.Code == sqlstateDuplicatePrepared || pgErr.Code == sqlstateInvalidStatement):
