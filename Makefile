@@ -5,11 +5,16 @@ GO ?= go
 # The local services that scripts/services starts (fixed, non-default loopback ports).
 export KEEPWARM_REDIS_URL ?= redis://127.0.0.1:16379/0
 export KEEPWARM_POSTGRES_URL ?= postgres://keepwarm@127.0.0.1:15432/keepwarm?sslmode=disable
+# PgBouncer in transaction mode in front of that PostgreSQL (opt-in: `make pgbouncer`; `make test` starts it).
+export KEEPWARM_PGBOUNCER_URL ?= postgres://keepwarm@127.0.0.1:16432/keepwarm?sslmode=disable&default_query_exec_mode=exec
 
-.PHONY: services services-down test vet build
+.PHONY: services services-down pgbouncer test vet build
 
 services:
 	scripts/services up
+
+pgbouncer: services
+	scripts/services up pgbouncer
 
 services-down:
 	scripts/services down
@@ -20,7 +25,7 @@ build:
 vet:
 	$(GO) vet ./...
 
-test: services test-deps
+test: services pgbouncer test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 

@@ -63,7 +63,8 @@ func cmdFetch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer pool.Close()
-	src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, StatementTimeout: cfg.Postgres.StatementTimeout})
+	src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, StatementTimeout: cfg.Postgres.StatementTimeout,
+		PoolWaitTimeout: cfg.Postgres.PoolWaitTimeout})
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/keepwarm/keepwarm/internal/statuspage"
 	"github.com/keepwarm/keepwarm/internal/systemd"
 	"github.com/keepwarm/keepwarm/internal/wire"
+	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -215,7 +216,7 @@ func (d *daemon) run(ctx context.Context) error {
 	}
 	defer d.rdb.Close()
 	defer d.pool.Close()
-	srcs, err := wire.Sources(d.pool, d.cfg)
+	srcs, err := wire.Sources(d.pool, d.cfg, postgres.WithRegisterer(d.reg))
 	if err != nil {
 		return err
 	}
@@ -298,7 +299,7 @@ func (d *daemon) reload(reason string) {
 		cfg.Daemon.Listen != d.cfg.Daemon.Listen {
 		d.log.Warn("config reload: [redis], [postgres] and daemon.listen changes take effect after a restart")
 	}
-	srcs, err := wire.Sources(d.pool, cfg)
+	srcs, err := wire.Sources(d.pool, cfg, postgres.WithRegisterer(d.reg))
 	if err == nil {
 		err = d.w.Update(wire.Keyspaces(cfg, srcs))
 	}

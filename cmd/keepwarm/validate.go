@@ -82,6 +82,11 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 		return fmt.Errorf("postgres %s: %w", cfg.Postgres.RedactedDSN(), err)
 	}
 	var errs []error
+	// Behind a transaction-pooling PgBouncer, pgx's default statement cache fails at run time (SQLSTATE 42P05):
+	// say so now, with what to set in the dsn.
+	if err := postgres.CheckStatementCache(ctx, pool); err != nil {
+		errs = append(errs, err)
+	}
 	for _, ks := range cfg.Keyspaces {
 		src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, IDsQuery: ks.IDsQuery})
 		if err == nil {

@@ -101,6 +101,10 @@ type Postgres struct {
 	MaxConns         int32         // pool size; default DefaultPostgresMaxConns
 	StatementTimeout time.Duration // bound on each fetch query; default DefaultPostgresStatementTimeout
 	ConnectTimeout   time.Duration // bound on each connection attempt; default DefaultPostgresConnectTimeout
+	// PoolWaitTimeout (pool_wait_timeout) bounds a fetch's wait for a free pool connection; when it runs out the
+	// fetch fails with "pool exhausted (max_conns N)". Its default (1s) and bounds (more than 0, at most 1m) are
+	// postgres.Config.PoolWaitTimeout's: postgres.DefaultPoolWaitTimeout and postgres.MaxPoolWaitTimeout.
+	PoolWaitTimeout time.Duration
 }
 
 // Daemon is the [daemon] section.

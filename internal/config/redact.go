@@ -138,6 +138,7 @@ func (c *Config) Redacted() string {
 	w("max_conns", c.Postgres.MaxConns)
 	w("statement_timeout", c.Postgres.StatementTimeout)
 	w("connect_timeout", c.Postgres.ConnectTimeout)
+	w("pool_wait_timeout", c.Postgres.PoolWaitTimeout)
 
 	b.WriteString("\n[daemon]\n")
 	w("listen", c.Daemon.Listen)

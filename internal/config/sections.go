@@ -190,6 +190,11 @@ func decodePostgres(t *table, p *Postgres) {
 	t.integer("max_conns", &maxConns)
 	t.duration("statement_timeout", &p.StatementTimeout)
 	t.duration("connect_timeout", &p.ConnectTimeout)
+	p.PoolWaitTimeout = pgsource.DefaultPoolWaitTimeout
+	if t.duration("pool_wait_timeout", &p.PoolWaitTimeout) && p.PoolWaitTimeout > pgsource.MaxPoolWaitTimeout {
+		t.problem("pool_wait_timeout", "%s is more than %s: a pool that busy needs more max_conns, not a longer wait",
+			p.PoolWaitTimeout, pgsource.MaxPoolWaitTimeout)
+	}
 	t.done()
 	if t.d.known != nil {
 		return

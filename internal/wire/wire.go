@@ -49,13 +49,13 @@ func Postgres(ctx context.Context, cfg *config.Config, timeout time.Duration) (*
 	return pool, nil
 }
 
-// Sources returns one PostgreSQL source per keyspace, by name.
-func Sources(pool *pgxpool.Pool, cfg *config.Config) (map[string]*postgres.Source, error) {
+// Sources returns one PostgreSQL source per keyspace, by name. opts (postgres.WithRegisterer) apply to each.
+func Sources(pool *pgxpool.Pool, cfg *config.Config, opts ...postgres.Option) (map[string]*postgres.Source, error) {
 	out := make(map[string]*postgres.Source, len(cfg.Keyspaces))
 	var errs []error
 	for _, ks := range cfg.Keyspaces {
 		src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, IDsQuery: ks.IDsQuery,
-			StatementTimeout: cfg.Postgres.StatementTimeout})
+			StatementTimeout: cfg.Postgres.StatementTimeout, PoolWaitTimeout: cfg.Postgres.PoolWaitTimeout}, opts...)
 		if err != nil {
 			errs = append(errs, err)
 			continue

@@ -10,8 +10,30 @@
 // Filtering the ids before the cast keeps a stray id ("abc") from failing the whole batch, and returning
 // ids.id gives back each id exactly as requested. The value is written to Redis byte for byte: json and jsonb as
 // psql prints them, text as is, bytea raw. An id the query does not return, or returns with a NULL value, is
-// missing. Each Fetch runs under the keyspace's statement timeout; IDs streams the optional ids_query for
-// warmups with no timeout of its own.
+// missing.
+//
+// # Query modes and PgBouncer
+//
+// Values are decoded by the wire format each column really came in, so they are the same bytes in all five of
+// pgx's default_query_exec_mode settings (cache_statement, the default; cache_describe; describe_exec; exec;
+// simple_protocol): in exec and simple_protocol modes the server sends every column as text, jsonb without its
+// binary version byte and bytea in its bytea_output form (hex or escape), and both are decoded.
+//
+// Behind PgBouncer in pool_mode = transaction, pgx's default statement cache fails: a statement prepared in one
+// transaction is on a server connection the next transaction may not get (SQLSTATE 26000), or another client's
+// identically named statement is already there (42P05). Set default_query_exec_mode=exec in the DSN (or
+// simple_protocol, or cache_describe, which all use unnamed statements; or enable max_prepared_statements in
+// PgBouncer 1.21+). Fetch's errors with those SQLSTATEs end with PgBouncerHint, and CheckStatementCache, run by
+// `keepwarm validate --check-db`, detects the setup before it fails.
+//
+// # Timeouts and the pool
+//
+// Each Fetch first waits at most PoolWaitTimeout for a pool connection (ErrPoolExhausted, "pool exhausted
+// (max_conns N)", when none comes free; the wait is in keepwarm_origin_pool_wait_seconds), then runs its query
+// in a transaction that begins with SET LOCAL statement_timeout: PostgreSQL cancels a slow query itself and the
+// connection stays usable, where pgx's client-side cancel would close it. SET LOCAL ends with the transaction, so
+// it is safe through PgBouncer in transaction mode. IDs streams the optional ids_query for warmups on a
+// connection of its own, outside the pool, with no timeout of its own.
 //
 // Source implements the contract described in package sources and passes sources/sourcetest.
 package postgres

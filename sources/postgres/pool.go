@@ -61,3 +61,44 @@ func scrubParseError(err error) error {
 	}
 	return inner
 }
+
+// statementCacheProbe is the statement CheckStatementCache prepares. It takes a parameter so that pgx sends it
+// in the DSN's default_query_exec_mode (pgx uses the simple protocol for statements without arguments).
+const statementCacheProbe = "select $1::int as keepwarm_statement_cache_probe"
+
+// CheckStatementCache tells whether pgx's prepared-statement cache survives between pool and server: it runs a
+// probe statement on two of pool's connections in turn, twice, in the DSN's default_query_exec_mode. Behind a
+// pooler in transaction mode that does not track prepared statements (PgBouncer before 1.21, or with
+// max_prepared_statements = 0), consecutive transactions of different clients land on the same idle server
+// connection, and the second client's cached statement collides with the first's (SQLSTATE 42P05, or 26000):
+// it then returns an error that wraps the *pgconn.PgError and ends with PgBouncerHint. Directly on PostgreSQL, or
+// with default_query_exec_mode=exec or simple_protocol, it returns nil. A nil result is not proof: a pooler
+// that hands out server connections round-robin may collide only under load. It needs MaxConns >= 2 and returns
+// an error otherwise.
+func CheckStatementCache(ctx context.Context, pool *pgxpool.Pool) error {
+	if n := pool.Config().MaxConns; n < 2 {
+		return fmt.Errorf("postgres: check statement cache: needs a pool of 2 connections, got %d", n)
+	}
+	c1, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: check statement cache: %w", err)
+	}
+	defer c1.Release()
+	c2, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: check statement cache: %w", err)
+	}
+	defer c2.Release()
+	for range 2 {
+		for _, c := range []*pgxpool.Conn{c1, c2} {
+			if _, err := c.Exec(ctx, statementCacheProbe, 1); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && (pgErr.Code == sqlstateDuplicatePrepared || pgErr.Code == sqlstateInvalidStatement) {
+					return fmt.Errorf("postgres: check statement cache: %w; %s", err, PgBouncerHint)
+				}
+				return fmt.Errorf("postgres: check statement cache: %w", err)
+			}
+		}
+	}
+	return nil
+}
