@@ -86,6 +86,7 @@ func Keyspace(cfg *config.Config, ks *config.Keyspace, src warmer.Source) warmer
 		LockTTL:          ks.LockTTL,
 		StaleTTL:         ks.StaleTTL,
 		StatementTimeout: cfg.Postgres.StatementTimeout,
+		PoolWaitTimeout:  cfg.Postgres.PoolWaitTimeout,
 		BatchSize:        ks.BatchSize,
 		MaxOriginQueries: ks.MaxOriginConcurrency,
 		OriginRate:       ks.OriginRate,

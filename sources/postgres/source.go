@@ -19,7 +19,14 @@ var ErrNoIDsQuery = errors.New("postgres: keyspace has no ids_query")
 
 // ErrPoolExhausted is wrapped by Fetch's error when every pool connection stayed busy for PoolWaitTimeout. The
 // message says "pool exhausted (max_conns N)". It does not wrap context.DeadlineExceeded: the query never ran.
-var ErrPoolExhausted = errors.New("postgres: pool exhausted")
+// It has a method PoolExhausted() bool (true), by which the warmer tells it from an origin failure without
+// importing this package.
+var ErrPoolExhausted error = poolExhaustedError{}
+
+type poolExhaustedError struct{}
+
+func (poolExhaustedError) Error() string       { return "postgres: pool exhausted" }
+func (poolExhaustedError) PoolExhausted() bool { return true }
 
 // Defaults and bounds of Config.
 const (
