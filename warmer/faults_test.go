@@ -15,6 +15,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -390,4 +391,64 @@ func TestSingleClientTimeoutIsNoOutage(t *testing.T) {
 	if strings.Contains(logs.String(), "origin failing") {
 		t.Errorf("one client-side timeout logged an origin outage:\n%s", logs.String())
 	}
+}
+
+// The origin's capacity is exhausted: max_conns 2, and both connections are held by another keyspace's queries
+// that hang until the server's statement timeout. A hot key of a second keyspace never expires meanwhile: its
+// refresh waits at most pool_wait_timeout for a connection (the lead covers statement_timeout +
+// pool_wait_timeout), and when none comes free in time (pool_exhausted) the fail-safe keeps the value until a
+// connection does. Before, the refresh took its lock, waited for a connection past the value's expiry, and the
+// SLO counter did not even move.
+func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	pool, err := postgres.NewPool(ctx, testenv.PostgresURL(), 2, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	newSrc := func(name, query string) warmer.Source {
+		src, err := postgres.New(pool, postgres.Config{Keyspace: name, Query: query,
+			StatementTimeout: 2 * time.Second, PoolWaitTimeout: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	hogKeys, err := lockstep.NewKeys(f.prefix+"hog:${id}", "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hog := warmer.KeyspaceConfig{Name: "hog", Keys: hogKeys, TTL: 10 * time.Second, LockTTL: 5 * time.Second,
+		Src:              newSrc("hog", "select id, body from "+f.table+", pg_sleep(30) where id = any($1)"),
+		StatementTimeout: 2 * time.Second, PoolWaitTimeout: 300 * time.Millisecond,
+		BatchSize: 1, MaxOriginQueries: 2, Pinned: []string{"1", "2"}, AccessKey: f.prefix + "hog-access",
+		PollInterval: 200 * time.Millisecond, ReconcileEvery: 300 * time.Millisecond}
+	fast := f.config("1")
+	fast.Src = newSrc("items", "select id, body from "+f.table+" where id = any($1)")
+	fast.TTL, fast.RefreshAhead, fast.LockTTL = 6*time.Second, time.Second, 5*time.Second
+	fast.StatementTimeout, fast.PoolWaitTimeout = 2*time.Second, 300*time.Millisecond
+	ks := f.keySet(t, "1")
+	f.rdb.Set(ctx, ks.Cache, "v0", 4*time.Second)
+	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{hog, fast}})
+	okRefreshes := func() float64 {
+		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"keyspace": "items", "result": "ok"})
+	}
+	deadline := time.Now().Add(40 * time.Second)
+	for okRefreshes() < 2 {
+		if f.rdb.Exists(ctx, ks.Cache).Val() == 0 {
+			t.Fatalf("the hot key expired while the pool was exhausted (ok refreshes so far: %v, pool_exhausted: %v)",
+				okRefreshes(), refreshErrors(t, reg, warmer.ReasonPoolExhausted))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than 2 ok refreshes of the hot key in 40 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	if got := counter(t, reg, "keepwarm_warmer_hot_expired_total", map[string]string{"keyspace": "items"}); got != 0 {
+		t.Errorf("SLO counter = %v, want 0", got)
+	}
+	t.Logf("pool_exhausted errors: %v, fail-safe extensions: %v", refreshErrors(t, reg, warmer.ReasonPoolExhausted),
+		counter(t, reg, "keepwarm_warmer_failsafe_extensions_total", map[string]string{"keyspace": "items"}))
 }

@@ -524,7 +524,7 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 		return v, nil
 	}
 	ks := warmer.KeyspaceConfig{Name: ksName, Keys: keys, Src: rl, TTL: c.ttl, Jitter: lockstep.DefaultJitter,
-		LockTTL: 5 * time.Second, StatementTimeout: 2 * time.Second, PollInterval: time.Second, DecayHalfLife: c.halfLife}
+		LockTTL: 5 * time.Second, StatementTimeout: min(2*time.Second, c.ttl/4), PollInterval: time.Second, DecayHalfLife: c.halfLife}
 	if mode == "oracle" {
 		for _, i := range e.oracle {
 			ks.Pinned = append(ks.Pinned, e.w.ids[i])

@@ -469,7 +469,7 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeRe
 			}
 			w, err = warmer.New(e.daemon, warmer.Config{Logger: e.log, Keyspaces: []warmer.KeyspaceConfig{{
 				Name: ksName, Keys: keys, Src: countingSource{o: o, src: dsrc}, TTL: c.expiry, Jitter: c.jitter,
-				RefreshAhead: c.refreshAhead, LockTTL: c.lockTTL, StatementTimeout: c.lockTTL / 2,
+				RefreshAhead: c.refreshAhead, LockTTL: c.lockTTL, StatementTimeout: min(c.lockTTL/2, c.expiry/4),
 				StaleTTL: time.Hour, TopN: 1, PollInterval: time.Second,
 			}}})
 			if err != nil {

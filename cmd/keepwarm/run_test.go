@@ -64,7 +64,8 @@ func (f *daemonFixture) write(t *testing.T, pinned string, extra string) {
 url = %q
 [postgres]
 dsn = %q
-statement_timeout = "1s"
+statement_timeout = "500ms"
+pool_wait_timeout = "300ms"
 [daemon]
 listen = "127.0.0.1:0"
 log_format = "text"
