@@ -88,3 +88,25 @@ func TestRunSkipsBadListLines(t *testing.T) {
 		t.Errorf("the warning does not name the first bad line:\n%s", logs)
 	}
 }
+
+// TestWarmupListSkipsBadLines: `warmup --list` warms the valid ids of a list file with bad lines and says how
+// many lines it skipped.
+func TestWarmupListSkipsBadLines(t *testing.T) {
+	f := newDaemonFixture(t)
+	rdb := testenv.Redis(t)
+	f.write(t, `"1"`, listWithBadLines(t, f))
+	_, stderr, code := keepwarm(t, "warmup", "--config", f.path, "--keyspace", "items", "--list", "file")
+	if code != 0 {
+		t.Fatalf("warmup: exit %d, stderr:\n%s", code, stderr)
+	}
+	if n := strings.Count(stderr, "skipping lines of the list that are not valid ids"); n != 1 {
+		t.Errorf("warmup: %d warnings about skipped lines, want 1; stderr:\n%s", n, stderr)
+	}
+	var keys []string
+	for i := 1; i <= 20; i++ {
+		keys = append(keys, f.prefix+"item:"+strconv.Itoa(i))
+	}
+	if n := rdb.Exists(context.Background(), keys...).Val(); n != 18 {
+		t.Errorf("%d of ids 1..20 written, want the 18 valid ones", n)
+	}
+}
