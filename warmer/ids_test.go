@@ -73,15 +73,15 @@ func sortedIDs(from, to int) []string {
 	return ids
 }
 
-// addInvalid puts n members that are not valid ids (invalid UTF-8, as in `\xff\xfe1`) into the access set, each
-// scored above every real id, as any client that can ZINCRBY could.
-func addInvalid(t *testing.T, rdb *redis.Client, key string, n int) {
+// addInvalid puts n members that are not valid ids (invalid UTF-8, as in `\xff\xfe1`) into the access set with
+// the given score, as any client that can ZINCRBY could.
+func addInvalid(t *testing.T, rdb *redis.Client, key string, n int, score float64) {
 	t.Helper()
 	ctx := context.Background()
 	for start := 0; start < n; start += 1000 {
 		var zs []redis.Z
 		for i := start; i < min(start+1000, n); i++ {
-			zs = append(zs, redis.Z{Score: 1000, Member: fmt.Sprintf("\xff\xfe%d", i)})
+			zs = append(zs, redis.Z{Score: score, Member: fmt.Sprintf("\xff\xfe%d", i)})
 		}
 		if err := rdb.ZAdd(ctx, key, zs...).Err(); err != nil {
 			t.Fatal(err)
@@ -89,34 +89,46 @@ func addInvalid(t *testing.T, rdb *redis.Client, key string, n int) {
 	}
 }
 
-// TestInvalidAccessMembersNeverTakeHotSlots: with top_n = 50, 60 access-set members that are not valid ids and
-// score above every real id must not push the 50 real ids out of the hot set. They are removed from the set
-// and counted, by source.
+// TestInvalidAccessMembersNeverTakeHotSlots: with top_n = 50, 60 access-set members that are not valid ids must
+// not push the 50 real ids out of the hot set, whether they score above the real ids or among the ones a full
+// sync reads, with or without min_score. They are removed from the set and each is counted once.
 func TestInvalidAccessMembersNeverTakeHotSlots(t *testing.T) {
-	f := newFixture(t, 60)
-	ctx := context.Background()
-	cfg := f.config()
-	cfg.TopN = 50
-	addInvalid(t, f.rdb, cfg.AccessKey, 60)
-	for i := 1; i <= 50; i++ {
-		f.rdb.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: 10, Member: fmt.Sprint(i)})
-	}
-	w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	want := sortedIDs(1, 50)
-	eventually(t, 5*time.Second, "the 50 real ids are the hot set", func() bool {
-		return slices.Equal(hotIDs(w), want)
-	})
-	eventually(t, 5*time.Second, "invalid members removed from the access set", func() bool {
-		return f.rdb.ZCard(ctx, cfg.AccessKey).Val() == 50
-	})
-	labels := map[string]string{"keyspace": "items", "source": "access_set"}
-	if got := counter(t, reg, "keepwarm_warmer_invalid_ids_total", labels); got != 60 {
-		t.Errorf("keepwarm_warmer_invalid_ids_total%v = %v, want 60", labels, got)
-	}
-	for _, k := range w.Status(0)[0].Keys {
-		if !utf8.ValidString(k.ID) {
-			t.Errorf("hot id %q is not a valid id", k.ID)
-		}
+	for _, tc := range []struct {
+		name         string
+		minScore     float64
+		invalidScore float64
+	}{
+		{"above the real ids", 0, 1000},
+		{"above the real ids, with min_score", 5, 1000},
+		{"below the real ids", 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, 60)
+			ctx := context.Background()
+			cfg := f.config()
+			cfg.TopN, cfg.MinScore = 50, tc.minScore
+			addInvalid(t, f.rdb, cfg.AccessKey, 60, tc.invalidScore)
+			for i := 1; i <= 50; i++ {
+				f.rdb.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: 10, Member: fmt.Sprint(i)})
+			}
+			w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+			want := sortedIDs(1, 50)
+			eventually(t, 5*time.Second, "the 50 real ids are the hot set", func() bool {
+				return slices.Equal(hotIDs(w), want)
+			})
+			eventually(t, 5*time.Second, "invalid members removed from the access set", func() bool {
+				return f.rdb.ZCard(ctx, cfg.AccessKey).Val() == 50
+			})
+			labels := map[string]string{"keyspace": "items", "source": "access_set"}
+			if got := counter(t, reg, "keepwarm_warmer_invalid_ids_total", labels); got != 60 {
+				t.Errorf("keepwarm_warmer_invalid_ids_total%v = %v, want 60", labels, got)
+			}
+			for _, k := range w.Status(0)[0].Keys {
+				if !utf8.ValidString(k.ID) {
+					t.Errorf("hot id %q is not a valid id", k.ID)
+				}
+			}
+		})
 	}
 }
 
@@ -127,7 +139,7 @@ func TestInvalidAccessMembersLogOnce(t *testing.T) {
 	ctx := context.Background()
 	cfg := f.config()
 	cfg.TopN = 50
-	addInvalid(t, f.rdb, cfg.AccessKey, 6000)
+	addInvalid(t, f.rdb, cfg.AccessKey, 6000, 1000)
 	for i := 1; i <= 10; i++ {
 		f.rdb.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: 10, Member: fmt.Sprint(i)})
 	}
