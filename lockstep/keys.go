@@ -174,6 +174,11 @@ func (k *Keys) CacheKey(id string) (string, error) {
 	return k.Cache.Expand(id, ""), nil
 }
 
+// ValidateID returns the error For would return for id, without building a key: an error wrapping ErrInvalidID
+// when id is empty, longer than MaxIDBytes, not valid UTF-8, or (with a hash tag made of the id) would leave the
+// tag empty; nil otherwise. It allocates nothing for a valid id, so callers can screen many ids cheaply.
+func (k *Keys) ValidateID(id string) error { return k.checkID(id) }
+
 func (k *Keys) checkID(id string) error {
 	if err := ValidateID(id); err != nil {
 		return err

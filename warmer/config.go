@@ -27,6 +27,7 @@ const (
 	DefaultGatherWindow     = 20 * time.Millisecond // how long a refresher waits to fill a batch
 	DefaultPollInterval     = 2 * time.Second       // how often hot-key signals are read
 	DefaultReconcileEvery   = 5 * time.Second       // how often hot keys' PTTLs are re-read
+	DefaultLFUCheckEvery    = 30 * time.Second      // how often an LFU keyspace re-reads maxmemory-policy
 )
 
 // KeyspaceConfig is one keyspace as the warmer needs it. Durations are wall-clock; zero fields take the
@@ -64,6 +65,9 @@ type KeyspaceConfig struct {
 	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
 	LFU           bool          // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
 	LFUScanCount  int           // keys one poll's SCAN step asks for (the LFU signal's rate limit); default 1000
+	// LFUCheckEvery is how often an LFU keyspace re-reads Redis's maxmemory-policy, so that a switch made at
+	// runtime (CONFIG SET) turns the signal on or off without a restart; default DefaultLFUCheckEvery.
+	LFUCheckEvery time.Duration
 
 	MaxStale      time.Duration // fail-safe: how long a value may be kept past its TTL while the origin fails
 	MaxValueBytes int           // values larger than this are refused (counted as errors); 0 means no limit
@@ -115,6 +119,7 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	def(&c.PollInterval, DefaultPollInterval)
 	def(&c.ReconcileEvery, DefaultReconcileEvery)
 	def(&c.GatherWindow, DefaultGatherWindow)
+	def(&c.LFUCheckEvery, DefaultLFUCheckEvery)
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
@@ -140,6 +145,7 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 		"refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
 		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
 		"pool_wait_timeout": c.PoolWaitTimeout,
+		"lfu_check_every":   c.LFUCheckEvery,
 	} {
 		if d < 0 {
 			bad(name, "%v is negative", d)

@@ -42,6 +42,7 @@ type keyspace struct {
 	redisDown      bool // Redis is failing; logged once per outage
 	lastSync       time.Time
 	lfu            lfuState
+	invalid        invalidIDs // skipped ids not yet reported in the log
 	p95            rebuildWindow
 }
 

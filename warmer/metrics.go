@@ -58,6 +58,7 @@ type metrics struct {
 	persistent     *prometheus.GaugeVec     // keyspace
 	queued         *prometheus.GaugeVec     // keyspace
 	decays         *prometheus.CounterVec   // keyspace
+	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -139,6 +140,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "keepwarm_warmer_access_decays_total",
 			Help: "Decays of the access sorted set performed by this daemon.",
 		}, []string{"keyspace"}),
+		invalidIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_invalid_ids_total",
+			Help: "Ids skipped because they are not valid ids (invalid UTF-8, empty, too long), by source: access_set " +
+				"(members, removed from the set) or lfu (cache keys found by the LFU scan, left alone).",
+		}, []string{"keyspace", "source"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -146,7 +152,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.decays} {
+		m.persistent, m.queued, m.decays, m.invalidIDs} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -159,7 +165,8 @@ func (m *metrics) forget(ks string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice, m.originQueries, m.originRows,
-		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays} {
+		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays,
+		m.invalidIDs} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
 	}
 }

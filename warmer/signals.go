@@ -23,20 +23,18 @@ func (k *keyspace) poll(ctx context.Context) {
 	window := int64(2 * cfg.TopN)
 	var zs []redis.Z
 	var err error
-	switch {
-	case window == 0:
-		// Pinned ids only: the access set is not read.
-	case cfg.MinScore > 0:
-		zs, err = k.w.rdb.ZRevRangeByScoreWithScores(ctx, cfg.AccessKey, &redis.ZRangeBy{
-			Max: "+inf", Min: formatScore(cfg.MinScore), Count: window}).Result()
-	default:
-		zs, err = k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, 0, window-1).Result()
+	if window > 0 { // else pinned ids only: the access set is not read
+		var bad []string
+		zs, bad, err = k.readTop(ctx, cfg, window)
+		// Removed before the full sync below reads the set, so that each is counted once.
+		k.skipInvalid(ctx, cfg, sourceAccessSet, bad)
 	}
 	if err != nil {
 		// Go on without the signal: pinned ids are hot whatever Redis says.
 		k.redisError(ctx, "read access set", err)
 		zs = nil
 	}
+	k.maybeCheckLFU(ctx, cfg, now)
 	lfu := k.scanLFU(ctx, cfg)
 	unix := now.Unix()
 	k.mu.Lock()
@@ -53,6 +51,7 @@ func (k *keyspace) poll(ctx context.Context) {
 	}
 
 	k.mu.Lock()
+	k.logInvalidLocked()
 	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
 	for _, z := range zs {
 		if id, ok := z.Member.(string); ok {
@@ -90,17 +89,63 @@ func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[str
 			k.redisError(ctx, "sync access set", err)
 			return
 		}
+		var bad []string
 		k.mu.Lock()
 		for _, z := range page {
 			if id, ok := z.Member.(string); ok {
+				if cfg.Keys.ValidateID(id) != nil {
+					bad = append(bad, id)
+					continue
+				}
 				k.tr.observe(id, z.Score+float64(lfu[id]), unix)
 			}
 		}
 		k.mu.Unlock()
+		removed := k.skipInvalid(ctx, cfg, sourceAccessSet, bad)
 		if int64(len(page)) < stop-start+1 {
 			return
 		}
+		// Removing the page's invalid members moved the rest of the set up by as many ranks. (When the ZREM
+		// failed nothing moved, and the loop goes on to the next page as usual.)
+		start -= removed
 	}
+}
+
+// readTop reads the access set's best members (those scoring at least min_score, when set) and returns up to
+// window of them that are valid ids, best first, and apart the members that are not valid ids
+// (lockstep.Keys.ValidateID fails: invalid UTF-8, empty, too long). Those never take a hot slot: reading goes
+// on past them, up to max_tracked members in all, so a flood of invalid members cannot hide the real hot ids.
+// Without invalid members it is one ZREVRANGE of window members, as before.
+func (k *keyspace) readTop(ctx context.Context, cfg KeyspaceConfig, window int64) (zs []redis.Z, bad []string, err error) {
+	limit := max(int64(cfg.MaxTracked), window)
+	n := window
+	for read := int64(0); int64(len(zs)) < window && read < limit; n = min(syncPage, limit-read) {
+		var page []redis.Z
+		if cfg.MinScore > 0 {
+			page, err = k.w.rdb.ZRevRangeByScoreWithScores(ctx, cfg.AccessKey, &redis.ZRangeBy{
+				Max: "+inf", Min: formatScore(cfg.MinScore), Offset: read, Count: n}).Result()
+		} else {
+			page, err = k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, read, read+n-1).Result()
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		read += int64(len(page))
+		for _, z := range page {
+			id, ok := z.Member.(string)
+			switch {
+			case !ok:
+			case cfg.Keys.ValidateID(id) != nil:
+				bad = append(bad, id)
+			case int64(len(zs)) < window:
+				zs = append(zs, z)
+			}
+		}
+		if int64(len(page)) < n {
+			break
+		}
+	}
+	return zs, bad, nil
 }
 
 // decayEvery is how often the access set's scores are multiplied by 0.5^(decayEvery/half-life).

@@ -1,9 +1,12 @@
 package warmer
 
 import (
+	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // KeyStatus is the state of one hot key, as /debug/hotkeys and the status page show it.
@@ -22,6 +25,27 @@ type KeyStatus struct {
 	LastError   string        `json:"last_error,omitempty"`
 }
 
+// MarshalJSON encodes s as its fields' JSON, except that an ID or Key that is not valid UTF-8 is written with
+// its invalid bytes escaped as Go does (`\xff`; a backslash as `\\`), with "id_escaped": true, instead of
+// encoding/json's U+FFFD, which would make different bad ids look alike. Valid ids are written as they are.
+func (s KeyStatus) MarshalJSON() ([]byte, error) {
+	type fields KeyStatus // the same fields without this method
+	out := struct {
+		fields
+		IDEscaped bool `json:"id_escaped,omitempty"`
+	}{fields: fields(s)}
+	if !utf8.ValidString(s.ID) || !utf8.ValidString(s.Key) {
+		out.ID, out.Key, out.IDEscaped = escapeInvalid(s.ID), escapeInvalid(s.Key), true
+	}
+	return json.Marshal(out)
+}
+
+// escapeInvalid returns s Go-quoted, without the quotes: an injective, printable form of any byte string.
+func escapeInvalid(s string) string {
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
+}
+
 // KeyspaceStatus summarises one keyspace.
 type KeyspaceStatus struct {
 	Name    string `json:"name"`
@@ -32,8 +56,11 @@ type KeyspaceStatus struct {
 	// Refreshes counts refresh attempts since start by result (ok, fresh, locked, missing, lock_lost, error).
 	Refreshes map[string]int64 `json:"refreshes"`
 	// HotExpired is the SLO counter: hot keys that expired before their refresh. It should stay at 0.
-	HotExpired int64       `json:"hot_expired"`
-	Keys       []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
+	HotExpired int64 `json:"hot_expired"`
+	// LFU is true while the LFU signal is on: the keyspace asks for it and Redis's maxmemory-policy, as last
+	// checked, is an LFU policy.
+	LFU  bool        `json:"lfu"`
+	Keys []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
@@ -58,7 +85,8 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	st := KeyspaceStatus{Name: k.cfg.Name, Key: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
-		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load()}
+		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load(),
+		LFU: k.lfu.enabled}
 	for r, n := range k.results {
 		st.Refreshes[r] = n.Load()
 	}

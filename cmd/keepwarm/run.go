@@ -69,6 +69,7 @@ type daemon struct {
 	watch   *reload.Watcher
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec
+	skipped *skippedIDs   // bad lines of hot-key list files, reported at each load
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
 }
 
@@ -99,6 +100,7 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 		Help: "Config reloads (SIGHUP or file change), by result (ok, error). On error the last good config stays.",
 	}, []string{"result"})
 	d.reg.MustRegister(d.reloads)
+	d.skipped = newSkippedIDs(d.reg, log)
 	var err error
 	if d.srv, err = server.New(server.Config{
 		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz,
@@ -208,6 +210,7 @@ func (d *daemon) run(ctx context.Context) error {
 	g.Go(func() error { return d.srv.Run(gctx) })
 	d.log.Info("keepwarm starting", "version", version, "config", d.path, "listen", d.srv.Addr(),
 		"redis", d.cfg.Redis, "postgres", d.cfg.Postgres)
+	d.skipped.report(d.cfg)
 	if err := d.connect(gctx); err != nil {
 		if ctx.Err() != nil {
 			return g.Wait()
@@ -315,6 +318,7 @@ func (d *daemon) reload(reason string) {
 		d.log.Warn("config reload: cannot watch a hot-key file", "error", err)
 	}
 	d.cfg = cfg
+	d.skipped.report(cfg)
 	d.reloads.WithLabelValues("ok").Inc()
 	d.log.Info("config reloaded", "reason", reason, "keyspaces", len(cfg.Keyspaces))
 }

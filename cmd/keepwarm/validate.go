@@ -41,6 +41,7 @@ func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	summarize(stdout, *path, cfg, *checkDB)
+	printSkipped(stdout, cfg)
 	return nil
 }
 

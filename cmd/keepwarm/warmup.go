@@ -103,6 +103,10 @@ func cmdWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return usagef("warmup: list %q belongs to keyspace %q, not %q", *list, h.Keyspace, ks.Name)
 		}
 		ids, total = warmer.SliceIDs(h.IDs), len(h.IDs)
+		if len(h.Skipped) > 0 {
+			log.Warn("warmup: skipping lines of the list that are not valid ids (keepwarm validate lists them all)",
+				"list", h.Name, "skipped", len(h.Skipped), "first", h.Skipped[0])
+		}
 	case *idsFile != "":
 		ids = fileIDs(*idsFile)
 	case *query:

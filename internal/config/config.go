@@ -191,6 +191,9 @@ type Hotkeys struct {
 	Keyspace string   // the keyspace the ids belong to
 	IDs      []string // the inline ids followed by the file's, duplicates removed
 	File     string   // absolute path of the ids file, or ""
+	// Skipped are the File's lines that are not valid ids, as "file:line: error", in file order. They are left
+	// out of IDs rather than making the config invalid: validate lists them, run warns once and warms the rest.
+	Skipped []string
 }
 
 // Schedule is one [[schedule]]: a cron-driven warmup.

@@ -212,7 +212,6 @@ func TestRefreshAheadForms(t *testing.T) {
 }
 
 func TestBadConfigs(t *testing.T) {
-	ids := "# pinned\n1\n\n" + strings.Repeat("x", 5000) + "\n"
 	tests := []struct {
 		name  string
 		text  string
@@ -263,9 +262,6 @@ func TestBadConfigs(t *testing.T) {
 			`hotkeys "hk": keyspace: "tracks" is not a [[keyspace]] name (known: track)`},
 		{"hotkeys file missing", cfg(map[string]string{"REST": "[[hotkeys]]\nname = \"hk\"\nkeyspace = \"track\"\nfile = \"nope.txt\""}), nil,
 			`hotkeys "hk": file: nope.txt: no such file or directory`},
-		{"hotkeys file with a bad id", cfg(map[string]string{"REST": "[[hotkeys]]\nname = \"hk\"\nkeyspace = \"track\"\nfile = \"lists/ids.txt\""}),
-			map[string]string{"lists/ids.txt": ids},
-			`hotkeys "hk": file: lists/ids.txt:4: lockstep: invalid id: 5000 bytes`},
 		{"hotkeys inline bad id", cfg(map[string]string{"REST": "[[hotkeys]]\nname = \"hk\"\nkeyspace = \"track\"\nids = [\"1\", \"\"]"}), nil,
 			`hotkeys "hk": ids[1]: lockstep: invalid id: empty`},
 		{"schedule list unknown", cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"@hourly\"\nkeyspace = \"track\"\nlist = \"bf\""}), nil,

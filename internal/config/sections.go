@@ -2,8 +2,10 @@ package config
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -515,10 +517,11 @@ func decodeHotkeys(t *table, c *Config, dir string, names map[string]bool) *Hotk
 			return h
 		}
 		h.File = resolve(dir, file)
-		ids, err := readIDs(h.File, file, func(id string) error { return checkID(ks, id) })
+		ids, skipped, err := readIDs(h.File, file, func(id string) error { return checkID(ks, id) })
 		for _, e := range unjoin(err) {
 			t.problem("file", "%v", e)
 		}
+		h.Skipped = skipped
 		for _, id := range ids {
 			add(id)
 		}
@@ -527,38 +530,72 @@ func decodeHotkeys(t *table, c *Config, dir string, names map[string]bool) *Hotk
 }
 
 // readIDs reads a hotkeys file: one id per line, surrounding spaces trimmed, blank lines and lines starting
-// with # skipped. Errors name the file as written in the config and the line.
-func readIDs(path, shown string, check func(string) error) ([]string, error) {
+// with # skipped. A line that is not a valid id (check fails with lockstep.ErrInvalidID, or the line is longer
+// than an id can be) does not make the file invalid: it comes back in skipped as "file:line: error", so that one
+// bad line in a list of 10,000 ids leaves the other 9,999 warm. err is for a file that cannot be read, and for
+// check errors other than an invalid id. Errors name the file as written in the config, and the line.
+func readIDs(path, shown string, check func(string) error) (ids, skipped []string, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
-			return nil, fmt.Errorf("%s: %w", shown, pe.Err)
+			return nil, nil, fmt.Errorf("%s: %w", shown, pe.Err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
-	var ids []string
 	var errs []error
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), lockstep.MaxIDBytes*2)
-	line := 0
-	for sc.Scan() {
-		line++
-		s := strings.TrimSpace(sc.Text())
+	r := bufio.NewReader(f)
+	for line := 1; ; line++ {
+		b, n, err := readLine(r, 2*lockstep.MaxIDBytes)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line, err))
+			break
+		}
+		s := strings.TrimSpace(string(b))
 		if s == "" || strings.HasPrefix(s, "#") {
 			continue
 		}
-		if err := check(s); err != nil {
-			errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line, err))
-			continue
+		if n > len(b) {
+			err = fmt.Errorf("%w: line longer than %d bytes, and an id has at most %d", lockstep.ErrInvalidID, len(b), lockstep.MaxIDBytes)
+		} else {
+			err = check(s)
 		}
-		ids = append(ids, s)
+		switch {
+		case err == nil:
+			ids = append(ids, s)
+		case errors.Is(err, lockstep.ErrInvalidID):
+			skipped = append(skipped, fmt.Sprintf("%s:%d: %v", shown, line, err))
+		default:
+			errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line, err))
+		}
 	}
-	if err := sc.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line+1, err))
+	return ids, skipped, errors.Join(errs...)
+}
+
+// readLine returns r's next line without its line ending, keeping at most limit bytes of it, and the line's
+// full length n (with the ending), however long the line is. err is io.EOF after the last line.
+func readLine(r *bufio.Reader, limit int) (line []byte, n int, err error) {
+	for {
+		chunk, err := r.ReadSlice('\n')
+		n += len(chunk)
+		if room := limit - len(line); room > 0 {
+			line = append(line, chunk[:min(len(chunk), room)]...)
+		}
+		switch {
+		case err == bufio.ErrBufferFull:
+			continue
+		case err == io.EOF && n == 0:
+			return nil, 0, io.EOF
+		case err != nil && err != io.EOF:
+			return nil, n, err
+		}
+		trimmed := bytes.TrimRight(line, "\r\n")
+		return trimmed, n - (len(line) - len(trimmed)), nil
 	}
-	return ids, errors.Join(errs...)
 }
 
 func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -266,10 +267,12 @@ func viewKey(k warmer.KeyStatus, now time.Time) keyView {
 }
 
 // Printable returns s as is when it is valid UTF-8 without control or other non-graphic characters, and
-// Go-quoted otherwise, so that a key with a newline, a NUL or invalid bytes is shown exactly. HTML escaping is
-// html/template's job, not this function's.
+// Go-quoted otherwise, so that a key with a newline, a NUL or invalid bytes is shown exactly (`"k:\xff"`, never
+// U+FFFD). A string that starts with a double quote is quoted too, so the mapping is one-to-one: a shown value
+// is the key itself, or, when it starts with a quote, the key Go-quoted. Two different keys never look alike.
+// HTML escaping is html/template's job, not this function's.
 func Printable(s string) string {
-	if !utf8.ValidString(s) {
+	if !utf8.ValidString(s) || strings.HasPrefix(s, `"`) {
 		return strconv.Quote(s)
 	}
 	for _, r := range s {
