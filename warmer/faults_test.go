@@ -415,12 +415,18 @@ func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
 		}
 		return src
 	}
+	// While hang is true the hog keyspace's queries hold both connections until the server's statement timeout.
+	flag := strings.TrimSuffix(f.table, `"items"`) + `"hang"`
+	if _, err := f.pool.Exec(ctx, "create table "+flag+" as select true as hang"); err != nil {
+		t.Fatal(err)
+	}
 	hogKeys, err := lockstep.NewKeys(f.prefix+"hog:${id}", "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	hog := warmer.KeyspaceConfig{Name: "hog", Keys: hogKeys, TTL: 10 * time.Second, LockTTL: 5 * time.Second,
-		Src:              newSrc("hog", "select id, body from "+f.table+", pg_sleep(30) where id = any($1)"),
+		Src: newSrc("hog", "select id, body from "+f.table+", pg_sleep(case when (select hang from "+flag+
+			") then 30 else 0 end) where id = any($1)"),
 		StatementTimeout: 2 * time.Second, PoolWaitTimeout: 300 * time.Millisecond,
 		BatchSize: 1, MaxOriginQueries: 2, Pinned: []string{"1", "2"}, AccessKey: f.prefix + "hog-access",
 		PollInterval: 200 * time.Millisecond, ReconcileEvery: 300 * time.Millisecond}
@@ -434,16 +440,30 @@ func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
 	okRefreshes := func() float64 {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"keyspace": "items", "result": "ok"})
 	}
-	deadline := time.Now().Add(40 * time.Second)
-	for okRefreshes() < 2 {
+	// Phase 1: the pool stays exhausted until the hot key's refresh has failed for it three times (and its value
+	// was kept past its first expiry); phase 2: the hog lets go and the key must be refreshed. The key must exist
+	// at every look throughout.
+	released := false
+	deadline := time.Now().Add(60 * time.Second)
+	for okRefreshes() < 1 {
 		if f.rdb.Exists(ctx, ks.Cache).Val() == 0 {
 			t.Fatalf("the hot key expired while the pool was exhausted (ok refreshes so far: %v, pool_exhausted: %v)",
 				okRefreshes(), refreshErrors(t, reg, warmer.ReasonPoolExhausted))
 		}
+		if !released && refreshErrors(t, reg, warmer.ReasonPoolExhausted) >= 3 {
+			if _, err := f.pool.Exec(ctx, "update "+flag+" set hang = false"); err != nil {
+				t.Fatal(err)
+			}
+			released = true
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("fewer than 2 ok refreshes of the hot key in 40 s")
+			t.Fatalf("no ok refresh of the hot key in 60 s (released: %v, pool_exhausted: %v)", released,
+				refreshErrors(t, reg, warmer.ReasonPoolExhausted))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if !released {
+		t.Log("the hot key was refreshed before the pool was exhausted three times for it")
 	}
 	stop()
 	if got := counter(t, reg, "keepwarm_warmer_hot_expired_total", map[string]string{"keyspace": "items"}); got != 0 {
