@@ -6,9 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/robfig/cron/v3"
-
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // Defaults applied by Load. Durations are in their natural unit; sizes in bytes.
@@ -200,26 +199,30 @@ type Schedule struct {
 	List     string        // the ids of this [[hotkeys]] list
 	Spread   time.Duration // spread the run's writes over this window; 0 means as fast as Rate allows
 	Rate     float64       // ids per second; 0 means unlimited
+	// DSTGap is what happens to a run whose local time a daylight-saving change skips: DSTGapSkip (default:
+	// log it and skip it) or DSTGapRun (run it at the first valid time after the gap, as cronie does).
+	DSTGap string
 
-	spec cron.Schedule
+	spec *warmer.CronSchedule
 }
 
-// Spec returns the parsed cron schedule, time zone included.
-func (s *Schedule) Spec() cron.Schedule { return s.spec }
+// dst_gap values.
+const (
+	DSTGapSkip = "skip"
+	DSTGapRun  = "run"
+)
 
-// CronSpec returns Cron with the time zone folded in ("CRON_TZ=Europe/Paris 0 0 3 * * *"), for a cron.Cron
-// built with CronParser.
+// Spec returns the parsed cron schedule, time zone included: parsed once, by warmer.ParseCron, when the config
+// is loaded.
+func (s *Schedule) Spec() *warmer.CronSchedule { return s.spec }
+
+// CronSpec returns Cron with the time zone folded in ("CRON_TZ=Europe/Paris 0 0 3 * * *"), as
+// warmer.ParseCron reads it.
 func (s *Schedule) CronSpec() string {
 	if s.Timezone != "" {
 		return "CRON_TZ=" + s.Timezone + " " + s.Cron
 	}
 	return s.Cron
-}
-
-// CronParser returns the parser for schedule specs: five fields, or six with leading seconds, and descriptors
-// such as @hourly and @every 5m (robfig/cron v3).
-func CronParser() cron.Parser {
-	return cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 }
 
 // Keyspace returns the keyspace named name, or nil.

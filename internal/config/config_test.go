@@ -475,6 +475,21 @@ func TestScheduleSpecs(t *testing.T) {
 			}
 		})
 	}
+	// Specs that robfig/cron panics on, or that never fire, are rejected with a message naming the field.
+	for _, bad := range []struct{ cron, extra, want string }{
+		{"TZ=UTC", "", `schedule "s": cron: "TZ=UTC" has a time zone but no schedule fields after it`},
+		{"CRON_TZ=Europe/Berlin", "", `schedule "s": cron: "CRON_TZ=Europe/Berlin" has a time zone but no schedule fields`},
+		{"0 0 30 2 *", "", `schedule "s": cron: "0 0 30 2 *" never fires`},
+		{"0 3 * * *", `dst_gap = "later"`, `schedule "s": dst_gap: "later" is not a choice`},
+	} {
+		_, err := load(t, sched(bad.cron, bad.extra), nil)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("cron %q %s: got %v, want %q", bad.cron, bad.extra, err, bad.want)
+		}
+	}
+	if c := mustLoad(t, sched("CRON_TZ=Europe/Berlin 30 2 * * *", `dst_gap = "run"`), nil); c.Schedules[0].DSTGap != config.DSTGapRun {
+		t.Errorf("dst_gap: got %q, want %q", c.Schedules[0].DSTGap, config.DSTGapRun)
+	}
 	_, err := load(t, sched("CRON_TZ=UTC @daily", `timezone = "UTC"`), nil)
 	if err == nil || !strings.Contains(err.Error(), `schedule "s": timezone: set either timezone or a CRON_TZ= prefix in cron, not both`) {
 		t.Errorf("timezone twice: got %v", err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/lockstep"
 	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 func decodeRedis(t *table, dir string, r *Redis) {
@@ -567,7 +568,13 @@ func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {
 	hasList := t.str("list", &s.List)
 	t.duration("spread", &s.Spread)
 	t.float("rate", &s.Rate)
+	s.DSTGap = DSTGapSkip
+	t.str("dst_gap", &s.DSTGap)
 	t.done()
+	if !oneOf(s.DSTGap, DSTGapSkip, DSTGapRun) {
+		t.problem("dst_gap", "%q is not a choice: want %q (log and skip a run whose local time a daylight-saving change skips) or %q (run it right after the gap)",
+			s.DSTGap, DSTGapSkip, DSTGapRun)
+	}
 
 	tzOK := true
 	if s.Timezone != "" {
@@ -584,9 +591,9 @@ func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {
 	case !hasCron || strings.TrimSpace(s.Cron) == "":
 		t.problem("cron", "missing (required): e.g. \"0 3 * * *\" (minute hour dom month dow, seconds optional first) or \"@every 10m\"")
 	case tzOK:
-		spec, err := CronParser().Parse(s.CronSpec())
+		spec, err := warmer.ParseCron(s.CronSpec())
 		if err != nil {
-			t.problem("cron", "%q: %v", s.Cron, err)
+			t.problem("cron", "%v", err)
 		}
 		s.spec = spec
 	}

@@ -108,7 +108,8 @@ func Keyspace(cfg *config.Config, ks *config.Keyspace, src warmer.Source) warmer
 func Schedules(cfg *config.Config, sources map[string]*postgres.Source) []warmer.ScheduleConfig {
 	out := make([]warmer.ScheduleConfig, 0, len(cfg.Schedules))
 	for _, s := range cfg.Schedules {
-		sc := warmer.ScheduleConfig{Name: s.Name, Spec: s.CronSpec(), Keyspace: s.Keyspace, Spread: s.Spread, Rate: s.Rate}
+		sc := warmer.ScheduleConfig{Name: s.Name, Spec: s.CronSpec(), Cron: s.Spec(), Keyspace: s.Keyspace,
+			Spread: s.Spread, Rate: s.Rate, RunSkipped: s.DSTGap == config.DSTGapRun}
 		switch {
 		case s.IDsQuery:
 			if src := sources[s.Keyspace]; src != nil {
