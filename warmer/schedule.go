@@ -8,12 +8,14 @@ import (
 
 // lead returns how long before expiry a key is refreshed: the configured refresh-ahead, but never less than
 // LeadMultiple × the key's rebuild-time estimate (its p95), so that a slow rebuild still lands before expiry.
+// The product saturates instead of overflowing.
 func lead(refreshAhead time.Duration, multiple float64, rebuildP95 time.Duration) time.Duration {
 	l := refreshAhead
-	if m := time.Duration(multiple * float64(rebuildP95)); m > l {
-		l = m
+	m, ok := scaleDuration(rebuildP95, multiple)
+	if !ok {
+		m = math.MaxInt64 // saturate: a rebuild estimate this large means "refresh now"
 	}
-	return l
+	return max(l, m)
 }
 
 // dueAt returns when a key expiring at expiry should be refreshed: expiry − lead − an XFetch-style early offset.

@@ -18,6 +18,7 @@ func TestLead(t *testing.T) {
 		{"refresh_ahead wins", 5 * time.Second, 3, time.Second, 5 * time.Second},
 		{"slow rebuild wins", 2 * time.Second, 3, time.Second, 3 * time.Second},
 		{"no rebuild yet", 2 * time.Second, 3, 0, 2 * time.Second},
+		{"huge estimate saturates", 2 * time.Second, 3, math.MaxInt64 / 2, math.MaxInt64},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

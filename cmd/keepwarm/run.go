@@ -48,6 +48,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	log := newLogger(cfg.Daemon, stderr)
+	for _, n := range cfg.Notes {
+		log.Warn("config: " + n)
+	}
 	d, err := startDaemon(ctx, *path, cfg, log)
 	if err != nil {
 		return err
@@ -71,12 +74,22 @@ type daemon struct {
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
 }
 
+// newLogger returns the daemon's logger: JSON (default) or text, at the configured level. Durations are written
+// as Go duration strings ("ttl":"10s"), not as integer nanoseconds, in both formats.
 func newLogger(d config.Daemon, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: d.LogLevel}
+	opts := &slog.HandlerOptions{Level: d.LogLevel, ReplaceAttr: durationsAsStrings}
 	if d.LogFormat == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// durationsAsStrings is a slog ReplaceAttr that writes time.Duration values as strings ("1.5s").
+func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // newRegistry returns the daemon's registry with the Go, process and build-info collectors.
