@@ -292,20 +292,29 @@ func watchedFiles(cfg *config.Config) []string {
 }
 
 // reload re-reads the config. An invalid file is logged (every problem) and counted, and the daemon keeps its
-// last good config. Settings that need a restart (connections, listen address) are reported, not applied.
-func (d *daemon) reload(reason string) {
+// last good config; for a file change seen for the first time (final false) the error is only returned, since
+// the writer may not be done: the watcher calls again, final, if the file stays the same. Settings that need a
+// restart (connections, listen address) are reported, not applied.
+func (d *daemon) reload(reason string, final bool) error {
 	cfg, err := config.Load(d.path)
 	if err != nil {
+		if !final {
+			d.log.Info("config on disk is invalid; waiting for it to settle before reporting", "reason", reason)
+			return err
+		}
 		d.reloads.WithLabelValues("error").Inc()
 		var ve *config.ValidationError
 		if errors.As(err, &ve) {
 			for _, p := range ve.Problems {
 				d.log.Error("config reload rejected; keeping the running config", "reason", reason, "problem", p)
 			}
-			return
+			return err
 		}
 		d.log.Error("config reload failed; keeping the running config", "reason", reason, "error", err)
-		return
+		return err
+	}
+	for _, n := range cfg.Notes {
+		d.log.Warn("config: " + n)
 	}
 	if !reflect.DeepEqual(cfg.Redis, d.cfg.Redis) || !reflect.DeepEqual(cfg.Postgres, d.cfg.Postgres) ||
 		cfg.Daemon.Listen != d.cfg.Daemon.Listen {
@@ -321,7 +330,7 @@ func (d *daemon) reload(reason string) {
 	if err != nil {
 		d.reloads.WithLabelValues("error").Inc()
 		d.log.Error("config reload rejected; keeping the running config", "reason", reason, "error", err)
-		return
+		return err
 	}
 	if err := d.watch.Watch(watchedFiles(cfg)); err != nil {
 		d.log.Warn("config reload: cannot watch a hot-key file", "error", err)
@@ -329,4 +338,5 @@ func (d *daemon) reload(reason string) {
 	d.cfg = cfg
 	d.reloads.WithLabelValues("ok").Inc()
 	d.log.Info("config reloaded", "reason", reason, "keyspaces", len(cfg.Keyspaces))
+	return nil
 }
