@@ -72,9 +72,14 @@ func TestValidateSaysWhichRedisSourceWon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(text), `url = "redis://127.0.0.1:16379/0"`, `addresses = ["10.0.0.1:6379"]`, 1)
+	edited = strings.ReplaceAll(edited, `file = "examples/`, `file = "`+root+`/examples/`)
 	p := filepath.Join(t.TempDir(), "config.toml")
-	if err := os.WriteFile(p, []byte(strings.Replace(string(text), `url = "redis://127.0.0.1:16379/0"`,
-		`addresses = ["10.0.0.1:6379"]`, 1)), 0o644); err != nil {
+	if err := os.WriteFile(p, []byte(edited), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("KEEPWARM_REDIS_URL", "redis://127.0.0.1:16379/0")
