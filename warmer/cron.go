@@ -167,6 +167,8 @@ func (c *Cron) parse(scheds []ScheduleConfig) (map[string]*schedEntry, error) {
 			errs = append(errs, fmt.Errorf("schedule %q: keyspace: %q is not configured", s.Name, s.Keyspace))
 		case s.IDs == nil:
 			errs = append(errs, fmt.Errorf("schedule %q: ids: none", s.Name))
+		case s.Spread < 0 || s.Spread > MaxDuration:
+			errs = append(errs, fmt.Errorf("schedule %q: spread: %v is not in [0, %v]", s.Name, s.Spread, MaxDuration))
 		default:
 			s.Spec = spec.String()
 			out[s.Name] = &schedEntry{cfg: s, spec: spec}

@@ -357,6 +357,8 @@ func TestCronRejectsBadSchedules(t *testing.T) {
 		{"never fires", warmer.ScheduleConfig{Name: "x", Spec: "0 0 30 2 *", Keyspace: "items", IDs: ids}, "never fires"},
 		{"unknown keyspace", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "nope", IDs: ids}, "not configured"},
 		{"no ids", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "items"}, "ids: none"},
+		{"spread above the bound", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "items", IDs: ids,
+			Spread: warmer.MaxDuration + 1}, `schedule "x": spread:`},
 	} {
 		err := c.Update([]warmer.ScheduleConfig{tt.s})
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
