@@ -142,6 +142,8 @@ func (k *Keys) CheckCluster() error {
 	for _, n := range k.named() {
 		form, _, ok := hashTagForm(n.t.substituteKey(k.Cache))
 		switch {
+		case !ok && emptyFirstTag(n.t.substituteKey(k.Cache)):
+			return fmt.Errorf("%s template %q: no fixed Redis Cluster hash tag: its first \"{...}\" is empty (\"{}\"), so Redis hashes the whole key; put a name inside it, e.g. \"{product}:\"", n.name, n.t.raw)
 		case !ok:
 			return fmt.Errorf("%s template %q: no fixed Redis Cluster hash tag: start the key with a literal tag such as \"{name}:\" so all of one id's keys share a slot", n.name, n.t.raw)
 		case !refOK || form != ref:

@@ -170,3 +170,17 @@ func hashTagForm(parts []part) (form string, hasID bool, ok bool) {
 	}
 	return "", false, false
 }
+
+// emptyFirstTag reports whether the first "{" of parts, in literal text, is closed at once ("{}product:${id}"):
+// Redis then hashes the whole key, as if there were no tag.
+func emptyFirstTag(parts []part) bool {
+	for _, p := range parts {
+		if p.ph != "" {
+			return false
+		}
+		if i := strings.IndexByte(p.lit, '{'); i >= 0 {
+			return strings.HasPrefix(p.lit[i+1:], "}")
+		}
+	}
+	return false
+}

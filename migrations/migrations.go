@@ -36,6 +36,11 @@ func NewProvider(ctx context.Context, db *sql.DB) (*goose.Provider, error) {
 	if err := createSchema(ctx, db); err != nil {
 		return nil, fmt.Errorf("migrations: create schema %s: %w", Schema, err)
 	}
+	return newProvider(db)
+}
+
+// newProvider returns a goose provider for db without touching the database.
+func newProvider(db *sql.DB) (*goose.Provider, error) {
 	// goose polls for its lock; once a second (for up to 5 minutes) rather than its default 5 s.
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
 	if err != nil {
@@ -103,15 +108,26 @@ func Down(ctx context.Context, db *sql.DB, out io.Writer) error {
 }
 
 // Status writes one line per migration: its version, state (applied or pending), when it was applied and its
-// file.
+// file. It is read-only, so a read-only PostgreSQL role (or a hot standby) can run it: it creates neither the
+// schema nor goose's version table, and shows every migration pending when the table does not exist yet.
 func Status(ctx context.Context, db *sql.DB, out io.Writer) error {
-	p, err := NewProvider(ctx, db)
+	p, err := newProvider(db)
 	if err != nil {
 		return err
 	}
-	statuses, err := p.Status(ctx)
-	if err != nil {
-		return fmt.Errorf("migrations: status: %w", err)
+	var exists bool
+	if err := db.QueryRowContext(ctx, "select to_regclass($1) is not null", VersionTable).Scan(&exists); err != nil {
+		return fmt.Errorf("migrations: status: look for %s: %w", VersionTable, err)
+	}
+	var statuses []*goose.MigrationStatus
+	if exists {
+		if statuses, err = p.Status(ctx); err != nil {
+			return fmt.Errorf("migrations: status: %w", err)
+		}
+	} else {
+		for _, src := range p.ListSources() {
+			statuses = append(statuses, &goose.MigrationStatus{Source: src, State: goose.StatePending})
+		}
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VERSION\tSTATE\tAPPLIED AT\tFILE")

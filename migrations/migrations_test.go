@@ -20,6 +20,12 @@ import (
 
 // freshDB creates a throwaway database (other tests share the database keepwarm) and drops it on cleanup.
 func freshDB(t *testing.T) *sql.DB {
+	db, _ := freshDBURL(t)
+	return db
+}
+
+// freshDBURL is freshDB that also returns the database's URL.
+func freshDBURL(t *testing.T) (*sql.DB, string) {
 	t.Helper()
 	admin := testenv.Postgres(t)
 	b := make([]byte, 6)
@@ -46,7 +52,39 @@ func freshDB(t *testing.T) *sql.DB {
 			t.Errorf("drop database %s: %v", name, err)
 		}
 	})
-	return db
+	return db, u.String()
+}
+
+// TestStatusIsReadOnly runs `migrate status` as a read-only session (default_transaction_read_only, as a
+// read-only role or a hot standby has it): before any migration (no schema yet) and after them. It used to run
+// "create schema if not exists" and fail.
+func TestStatusIsReadOnly(t *testing.T) {
+	db, dbURL := freshDBURL(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.RawQuery != "" {
+		u.RawQuery += "&"
+	}
+	u.RawQuery += "options=-c%20default_transaction_read_only%3Don"
+	ro, err := sql.Open("pgx", u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ro.Close() })
+	if _, err := ro.Exec("create schema should_fail"); err == nil || !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("the read-only session could create a schema (err %v): the test would prove nothing", err)
+	}
+	out := run(t, ro, status)
+	if !strings.Contains(out, "pending") || strings.Contains(out, "applied") {
+		t.Errorf("status before any migration: got\n%s\nwant every migration pending", out)
+	}
+	run(t, db, up)
+	out = run(t, ro, status)
+	if !strings.Contains(out, "applied") || strings.Contains(out, "pending") {
+		t.Errorf("status after up: got\n%s\nwant every migration applied", out)
+	}
 }
 
 func tableExists(t *testing.T, db *sql.DB) bool {

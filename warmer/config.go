@@ -3,6 +3,7 @@ package warmer
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -15,37 +16,70 @@ const (
 	MissingTombstone = "tombstone" // write Tombstone with TombstoneTTL
 )
 
-// Defaults for the zero fields of a KeyspaceConfig.
+// Defaults, units and bounds of a KeyspaceConfig: the one definition of each. internal/config refers to these
+// and leaves to Resolve every default derived from other fields.
 const (
-	DefaultJitter           = 0.1
-	DefaultBatchSize        = 100
+	// DefaultJitter is the config loader's jitter (a KeyspaceConfig's zero Jitter means none).
+	DefaultJitter = 0.1
+	// DefaultRefreshAheadFraction: a zero RefreshAhead is this fraction of the TTL.
+	DefaultRefreshAheadFraction = 0.2
+	// DefaultMinLockTTL: a zero LockTTL is the larger of this and 2 × StatementTimeout.
+	DefaultMinLockTTL = 10 * time.Second
+	// DefaultStaleTTLFactor: a zero StaleTTL, when Keys has a stale template, is this many TTLs.
+	DefaultStaleTTLFactor = 10
+	DefaultBatchSize      = 100
+	MaxBatchSize          = 100000
+	// DefaultOriginConcurrent is the default MaxOriginQueries.
 	DefaultOriginConcurrent = 4
+	// DefaultTopN is the config loader's top_n (a KeyspaceConfig's zero TopN means pinned ids only).
+	DefaultTopN = 1000
+	// DefaultMinScore is the config loader's min_score (a KeyspaceConfig's zero MinScore means no floor).
+	DefaultMinScore = 1.0
+	// DefaultMaxValueBytes is the config loader's max_value_bytes (a zero MaxValueBytes means no limit).
+	DefaultMaxValueBytes = 1 << 20
+	// MaxValueBytesLimit is the largest MaxValueBytes: Redis's own limit on a string value.
+	MaxValueBytesLimit = 512 << 20
+	// DefaultMaxTrackedFactor and DefaultMaxTracked: a zero MaxTracked is max(DefaultMaxTrackedFactor × TopN,
+	// DefaultMaxTracked).
+	DefaultMaxTrackedFactor = 10
 	DefaultMaxTracked       = 10000
-	DefaultDecayHalfLife    = 10 * time.Minute
-	DefaultMaxStale         = 5 * time.Minute
-	DefaultLeadMultiple     = 3.0                   // lead is at least this many times the rebuild p95
-	DefaultGatherWindow     = 20 * time.Millisecond // how long a refresher waits to fill a batch
-	DefaultPollInterval     = 2 * time.Second       // how often hot-key signals are read
-	DefaultReconcileEvery   = 5 * time.Second       // how often hot keys' PTTLs are re-read
-	DefaultLFUCheckEvery    = 30 * time.Second      // how often an LFU keyspace re-reads maxmemory-policy
+	// MaxTopN bounds TopN (and so MaxTracked's default): hot sets are read and sorted in full each poll.
+	MaxTopN              = 1_000_000
+	DefaultDecayHalfLife = 10 * time.Minute
+	DefaultMaxStale      = 5 * time.Minute
+	DefaultLeadMultiple  = 3.0                   // lead is at least this many times the rebuild p95
+	DefaultGatherWindow  = 20 * time.Millisecond // how long a refresher waits to fill a batch
+	DefaultPollInterval  = 2 * time.Second       // how often hot-key signals are read
+	// DefaultReconcileEvery is how often hot keys' PTTLs are re-read.
+	DefaultReconcileEvery = 5 * time.Second
+	// MaxDuration is the upper bound of every duration setting (one year): far beyond any sensible TTL, and low
+	// enough that every value derived from one (DefaultStaleTTLFactor × TTL, 2 × StatementTimeout, a jittered
+	// TTL, TTL + spread) stays far from time.Duration's 292-year overflow.
+	MaxDuration          = 366 * 24 * time.Hour
+	DefaultLFUCheckEvery = 30 * time.Second // how often an LFU keyspace re-reads maxmemory-policy
 )
 
-// KeyspaceConfig is one keyspace as the warmer needs it. Durations are wall-clock; zero fields take the
-// DefaultX values noted on them.
+// KeyspaceConfig is one keyspace as the warmer needs it. Durations are wall-clock, each in (0, MaxDuration];
+// zero fields take the defaults noted on them (Resolve applies them). internal/config fills it from a
+// [[keyspace]] table, field for field.
 type KeyspaceConfig struct {
 	Name string         // bounded label value, e.g. "track"
 	Keys *lockstep.Keys // key layout; required
-	Src  Source         // origin of values; required
-	TTL  time.Duration  // base TTL of a written value; > 0
-	// Jitter spreads written TTLs over [TTL, TTL×(1+Jitter)); in [0,1]. Zero means none: set DefaultJitter
-	// explicitly if wanted (the config loader does).
+	Src  Source         // origin of values; required by New and Update, not by Resolve
+	TTL  time.Duration  // base TTL of a written value; required, in (0, MaxDuration]
+	// Jitter spreads written TTLs over [TTL, TTL×(1+Jitter)); in [0,1]. Zero means none; the config loader's
+	// default is DefaultJitter.
 	Jitter float64
 	// RefreshAhead is how long before expiry a hot key is refreshed; the lead actually used (Lead) is never less
 	// than LeadMultiple × the key's measured rebuild p95, nor than StatementTimeout + PoolWaitTimeout, and never
 	// more than TTL/2 (MaxLeadFraction). Default TTL/5; at most TTL/2.
 	RefreshAhead time.Duration
-	LockTTL      time.Duration // lease on a key's lock while it is rebuilt; > StatementTimeout. Default 5s.
-	StaleTTL     time.Duration // TTL of the stale copy; 0 writes none (also when Keys has no stale template)
+	// LockTTL is the lease on a key's lock while it is rebuilt; above StatementTimeout. Default
+	// max(DefaultMinLockTTL, 2 × StatementTimeout).
+	LockTTL time.Duration
+	// StaleTTL is the TTL of the stale copy, above TTL; written only when Keys has a stale template. Default
+	// DefaultStaleTTLFactor × TTL when it has one, else 0.
+	StaleTTL time.Duration
 	// StatementTimeout bounds one origin query; lease extensions stop after StatementTimeout plus a margin.
 	// Default LockTTL/2.
 	StatementTimeout time.Duration
@@ -55,13 +89,15 @@ type KeyspaceConfig struct {
 	// still lands before the value expires.
 	PoolWaitTimeout time.Duration
 
-	BatchSize        int     // ids per origin query and per pipeline; default DefaultBatchSize
+	BatchSize        int     // ids per origin query and per pipeline, in [1, MaxBatchSize]; default DefaultBatchSize
 	MaxOriginQueries int     // concurrent origin queries; default DefaultOriginConcurrent
 	OriginRate       float64 // origin queries per second (token bucket); 0 means unlimited
 
-	TopN          int           // hot = the TopN best-scored ids, plus the pinned ones; 0 means pinned ids only
-	MinScore      float64       // and only those scoring at least this; 0 means no floor
-	MaxTracked    int           // bound on tracked ids; coldest leave first; default max(10×TopN, DefaultMaxTracked)
+	TopN     int     // hot = the TopN best-scored ids, plus the pinned ones; in [0, MaxTopN]; 0 means pinned ids only
+	MinScore float64 // and only those scoring at least this; 0 means no floor (the config loader's default: DefaultMinScore)
+	// MaxTracked bounds the tracked ids (coldest leave first); at least TopN + len(Pinned). Default
+	// max(DefaultMaxTrackedFactor × TopN, DefaultMaxTracked).
+	MaxTracked    int
 	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
 	LFU           bool          // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
 	LFUScanCount  int           // keys one poll's SCAN step asks for (the LFU signal's rate limit); default 1000
@@ -69,8 +105,9 @@ type KeyspaceConfig struct {
 	// runtime (CONFIG SET) turns the signal on or off without a restart; default DefaultLFUCheckEvery.
 	LFUCheckEvery time.Duration
 
-	MaxStale      time.Duration // fail-safe: how long a value may be kept past its TTL while the origin fails
-	MaxValueBytes int           // values larger than this are refused (counted as errors); 0 means no limit
+	MaxStale time.Duration // fail-safe: how long a value may be kept past its TTL while the origin fails; default DefaultMaxStale
+	// MaxValueBytes refuses larger values (counted as errors); in [0, MaxValueBytesLimit]; 0 means no limit.
+	MaxValueBytes int
 
 	Missing      string        // MissingDelete (default), MissingKeep or MissingTombstone
 	Tombstone    []byte        // value written for a missing record under MissingTombstone
@@ -85,11 +122,44 @@ type KeyspaceConfig struct {
 	GatherWindow   time.Duration // default DefaultGatherWindow
 }
 
-// withDefaults returns c with its zero fields set to their defaults, or an error naming each invalid field.
-func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
+// FieldError is one invalid field of a KeyspaceConfig: `keyspace "track": stale_ttl: ...`. Field is the
+// config file's key.
+type FieldError struct {
+	Keyspace, Field, Msg string
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("keyspace %q: %s: %s", e.Keyspace, e.Field, e.Msg)
+}
+
+// mulDuration returns d×k, or false if it overflows.
+func mulDuration(d time.Duration, k int64) (time.Duration, bool) {
+	if k == 0 || d == 0 {
+		return 0, true
+	}
+	if d > math.MaxInt64/time.Duration(k) || d < math.MinInt64/time.Duration(k) {
+		return 0, false
+	}
+	return d * time.Duration(k), true
+}
+
+// scaleDuration returns d×f (f ≥ 0), or false if it does not fit in a time.Duration.
+func scaleDuration(d time.Duration, f float64) (time.Duration, bool) {
+	v := float64(d) * f
+	if math.IsNaN(v) || v >= math.MaxInt64 || v < math.MinInt64 {
+		return 0, false
+	}
+	return time.Duration(v), true
+}
+
+// Resolve returns c with its zero fields set to their defaults, or an error joining one *FieldError per
+// invalid field. It checks everything New checks except Src, so a config can be validated without its origin
+// (`keepwarm validate` calls it through internal/config, and New and Update call it too: one code path, one
+// message). Every derived value is computed with overflow checks.
+func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("keyspace %q: %s: %s", c.Name, field, fmt.Sprintf(format, args...)))
+		errs = append(errs, &FieldError{Keyspace: c.Name, Field: field, Msg: fmt.Sprintf(format, args...)})
 	}
 	if c.Name == "" {
 		bad("name", "is empty")
@@ -97,23 +167,55 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	if c.Keys == nil {
 		bad("keys", "is nil")
 	}
-	if c.Src == nil {
-		bad("source", "is nil")
+	for name, d := range map[string]time.Duration{
+		"ttl": c.TTL, "refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
+		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
+		"tombstone_ttl": c.TombstoneTTL, "poll_interval": c.PollInterval, "reconcile_every": c.ReconcileEvery,
+		"gather_window": c.GatherWindow, "pool_wait_timeout": c.PoolWaitTimeout, "lfu_check_every": c.LFUCheckEvery,
+	} {
+		switch {
+		case d < 0:
+			bad(name, "%v is negative", d)
+		case d > MaxDuration:
+			bad(name, "%v is above the limit of %v (one year)", d, MaxDuration)
+		}
 	}
-	if c.TTL <= 0 {
+	if len(errs) > 0 {
+		return c, errors.Join(errs...) // the defaults below are derived from these
+	}
+	if c.TTL == 0 {
 		bad("ttl", "%v is not > 0", c.TTL)
 	}
-	if c.Jitter < 0 || c.Jitter > 1 {
+	if c.Jitter < 0 || c.Jitter > 1 || math.IsNaN(c.Jitter) {
 		bad("jitter", "%v is outside [0,1]", c.Jitter)
+	} else if _, ok := scaleDuration(c.TTL, 1+c.Jitter); !ok {
+		bad("jitter", "ttl × (1 + %v) overflows", c.Jitter)
+	}
+	if c.RefreshAhead == 0 {
+		c.RefreshAhead, _ = scaleDuration(c.TTL, DefaultRefreshAheadFraction)
+	}
+	if c.LockTTL == 0 {
+		two, ok := mulDuration(c.StatementTimeout, 2)
+		if !ok {
+			bad("lock_ttl", "the default 2 × statement_timeout (%v) overflows", c.StatementTimeout)
+		}
+		c.LockTTL = max(DefaultMinLockTTL, two)
+	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = c.LockTTL / 2
+	}
+	if c.Keys != nil && !c.Keys.Stale.IsZero() && c.StaleTTL == 0 {
+		st, ok := mulDuration(c.TTL, DefaultStaleTTLFactor)
+		if !ok {
+			bad("stale_ttl", "the default %d × ttl (%v) overflows", DefaultStaleTTLFactor, c.TTL)
+		}
+		c.StaleTTL = st
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
 			*d = v
 		}
 	}
-	def(&c.RefreshAhead, c.TTL/5)
-	def(&c.LockTTL, 5*time.Second)
-	def(&c.StatementTimeout, c.LockTTL/2)
 	def(&c.DecayHalfLife, DefaultDecayHalfLife)
 	def(&c.MaxStale, DefaultMaxStale)
 	def(&c.PollInterval, DefaultPollInterval)
@@ -126,8 +228,10 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	if c.MaxOriginQueries == 0 {
 		c.MaxOriginQueries = DefaultOriginConcurrent
 	}
-	if c.MaxTracked == 0 {
-		c.MaxTracked = max(10*c.TopN, DefaultMaxTracked)
+	if c.TopN < 0 || c.TopN > MaxTopN {
+		bad("top_n", "%d is not in [0, %d] (0: pinned and scheduled keys only)", c.TopN, MaxTopN)
+	} else if c.MaxTracked == 0 {
+		c.MaxTracked = max(DefaultMaxTrackedFactor*c.TopN, DefaultMaxTracked)
 	}
 	if c.LFUScanCount == 0 {
 		c.LFUScanCount = lfuScanCount
@@ -140,16 +244,6 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	}
 	if c.AccessKey == "" {
 		c.AccessKey = lockstep.DefaultAccessKeyPrefix + c.Name
-	}
-	for name, d := range map[string]time.Duration{
-		"refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
-		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
-		"pool_wait_timeout": c.PoolWaitTimeout,
-		"lfu_check_every":   c.LFUCheckEvery,
-	} {
-		if d < 0 {
-			bad(name, "%v is negative", d)
-		}
 	}
 	if c.TTL > 0 {
 		maxLead := c.maxLead()
@@ -164,16 +258,32 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 		}
 	}
 	if c.LockTTL <= c.StatementTimeout {
-		bad("lock_ttl", "%v must be greater than the statement timeout %v", c.LockTTL, c.StatementTimeout)
+		bad("lock_ttl", "%v must be longer than postgres.statement_timeout (%v): a rebuild may take that long and must not outlive its lock",
+			c.LockTTL, c.StatementTimeout)
 	}
-	if c.BatchSize < 0 || c.MaxOriginQueries < 0 || c.TopN < 0 || c.MaxTracked < 0 || c.MaxValueBytes < 0 {
-		bad("batch_size/max_origin_concurrency/top_n/max_tracked/max_value_bytes", "must not be negative")
+	if c.StaleTTL > 0 && c.StaleTTL <= c.TTL {
+		bad("stale_ttl", "%v must be longer than ttl (%v): the stale copy has to outlive the value", c.StaleTTL, c.TTL)
+	}
+	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
+		bad("batch_size", "%d is not in [1, %d]", c.BatchSize, MaxBatchSize)
+	}
+	if c.MaxOriginQueries < 1 {
+		bad("max_origin_concurrency", "must be at least 1, got %d", c.MaxOriginQueries)
+	}
+	if c.MaxValueBytes < 0 || c.MaxValueBytes > MaxValueBytesLimit {
+		bad("max_value_bytes", "%d is not in [0, %d] (0: no limit)", c.MaxValueBytes, MaxValueBytesLimit)
+	}
+	if c.MaxTracked < 0 {
+		bad("max_tracked", "%d is negative", c.MaxTracked)
 	}
 	if c.MaxTracked < c.TopN+len(c.Pinned) {
 		c.MaxTracked = c.TopN + len(c.Pinned)
 	}
-	if c.OriginRate < 0 {
-		bad("origin_rate", "%v is negative", c.OriginRate)
+	if c.OriginRate < 0 || math.IsNaN(c.OriginRate) {
+		bad("origin_rate", "must be 0 (unlimited) or more, got %g", c.OriginRate)
+	}
+	if c.MinScore < 0 || math.IsNaN(c.MinScore) {
+		bad("min_score", "must be 0 or more, got %g", c.MinScore)
 	}
 	switch c.Missing {
 	case MissingDelete, MissingKeep:
@@ -210,11 +320,11 @@ func (c KeyspaceConfig) originBound() time.Duration { return c.StatementTimeout 
 // at TTL × MaxLeadFraction. This is the one definition of the lead; the scheduler, the re-check under the lock,
 // the short-notice test and the fail-safe all use it. Call it on a config returned by New's validation.
 func (c KeyspaceConfig) Lead(rebuildP95 time.Duration) time.Duration {
-	l := max(c.RefreshAhead, c.originBound())
-	if m := time.Duration(c.LeadMultiple * float64(rebuildP95)); m > l {
-		l = m
+	m, ok := scaleDuration(rebuildP95, c.LeadMultiple)
+	if !ok {
+		return c.maxLead() // a product that overflows is past any cap
 	}
-	return min(l, c.maxLead())
+	return min(max(c.RefreshAhead, c.originBound(), m), c.maxLead())
 }
 
 // LeadNote says, when it applies, that the configured refresh_ahead is raised to fit the worst-case refresh the
@@ -226,4 +336,13 @@ func (c KeyspaceConfig) LeadNote() string {
 			c.Name, c.RefreshAhead, b, c.StatementTimeout, c.PoolWaitTimeout)
 	}
 	return ""
+}
+
+// withDefaults is Resolve plus the checks that need the origin.
+func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
+	c, err := c.Resolve()
+	if c.Src == nil {
+		err = errors.Join(err, &FieldError{Keyspace: c.Name, Field: "source", Msg: "is nil"})
+	}
+	return c, err
 }

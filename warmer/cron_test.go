@@ -1,12 +1,19 @@
 package warmer_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/jonboulle/clockwork"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keepwarm/keepwarm/internal/runs"
 	"github.com/keepwarm/keepwarm/internal/testenv"
@@ -14,54 +21,271 @@ import (
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
-// TestCronDST walks a schedule's activations over the 2026 DST changes in America/New_York with the schedule's
-// own clock (Next), and claims each one as the daemon would: every local time runs at most once, the local time
-// that spring-forward skips does not run, and the one that fall-back repeats runs once.
-func TestCronDST(t *testing.T) {
-	rdb := testenv.Redis(t)
-	prefix := testenv.Prefix(t, rdb)
-	loc, err := time.LoadLocation("America/New_York")
+func TestParseCron(t *testing.T) {
+	tests := []struct {
+		spec    string
+		wantErr string // "" means valid
+	}{
+		{"0 3 * * *", ""},
+		{"*/2 * * * * *", ""},
+		{"@every 10m", ""},
+		{"CRON_TZ=Europe/Berlin 30 2 * * *", ""},
+		{"0 0 29 2 *", ""}, // fires every four years
+		{"TZ=UTC", "no schedule fields"},
+		{"CRON_TZ=Europe/Berlin", "no schedule fields"},
+		{"TZ=Nowhere/Town 0 3 * * *", "Nowhere/Town"},
+		{"0 0 30 2 *", "never fires"},
+		{"0 0 31 4 *", "never fires"},
+		{"61 * * * *", "61"},
+		{"", "empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.spec, func(t *testing.T) {
+			s, err := warmer.ParseCron(tt.spec)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("ParseCron(%q): %v", tt.spec, err)
+			case tt.wantErr == "" && s.Next(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero():
+				t.Errorf("ParseCron(%q): no next activation", tt.spec)
+			case tt.wantErr != "" && err == nil:
+				t.Fatalf("ParseCron(%q) = %v, want an error containing %q", tt.spec, s, tt.wantErr)
+			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+				t.Errorf("ParseCron(%q): got %q, want it to contain %q", tt.spec, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// recorder is a RunRecorder that counts runs and tells when one finishes.
+type recorder struct {
+	mu       sync.Mutex
+	started  int
+	finished int
+	done     chan struct{} // one send per finished run, if not nil
+}
+
+func (r *recorder) Start(context.Context, string, string, string) (int64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.started++
+	return int64(r.started), nil
+}
+
+func (r *recorder) Finish(context.Context, int64, warmer.WarmupResult, error) error {
+	r.mu.Lock()
+	r.finished++
+	r.mu.Unlock()
+	if r.done != nil {
+		r.done <- struct{}{}
+	}
+	return nil
+}
+
+func (r *recorder) counts() (started, finished int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.started, r.finished
+}
+
+// logBuffer is a concurrency-safe slog sink.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runs sums keepwarm_schedule_runs_total by result.
+func scheduleRuns(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	tests := []struct {
-		spec  string
-		from  time.Time
-		days  int
-		want  int    // claims won over those days
-		check string // what the case shows
-	}{
-		{"CRON_TZ=America/New_York 30 2 * * *", time.Date(2026, 3, 6, 12, 0, 0, 0, loc), 4, 3,
-			"02:30 does not exist on 2026-03-08: no run that day"},
-		{"CRON_TZ=America/New_York 30 1 * * *", time.Date(2026, 10, 30, 12, 0, 0, 0, loc), 4, 4,
-			"01:30 happens twice on 2026-11-01: one run"},
-		{"CRON_TZ=America/New_York 30 2 * * *", time.Date(2026, 10, 30, 12, 0, 0, 0, loc), 4, 4,
-			"02:30 on 2026-11-01 happens once: one run"},
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "keepwarm_schedule_runs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					out[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
 	}
-	for i, tt := range tests {
-		t.Run(tt.check, func(t *testing.T) {
-			spec, err := warmer.CronParser.Parse(tt.spec)
-			if err != nil {
-				t.Fatal(err)
+	return out
+}
+
+func total(m map[string]float64) float64 {
+	var n float64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// cronDaemon is one replica's Cron under a fake clock, with its own Redis client, warmer and registry.
+type cronDaemon struct {
+	c    *warmer.Cron
+	reg  *prometheus.Registry
+	rec  *recorder
+	logs *logBuffer
+}
+
+// newCronDaemons builds n daemons; rec, if not nil, gives daemon i's RunRecorder (else a *recorder).
+func newCronDaemons(t *testing.T, f *fixture, clk clockwork.Clock, n int, rec func(i int) warmer.RunRecorder,
+	scheds ...warmer.ScheduleConfig) []*cronDaemon {
+	t.Helper()
+	cfg := f.config()
+	cfg.TTL, cfg.RefreshAhead = time.Minute, 10*time.Second // the written keys outlive the test
+	var out []*cronDaemon
+	for i := 0; i < n; i++ {
+		w, err := warmer.New(testenv.Redis(t), warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &cronDaemon{reg: prometheus.NewRegistry(), rec: &recorder{}, logs: &logBuffer{}}
+		log := slog.New(slog.NewTextHandler(d.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		var r warmer.RunRecorder = d.rec
+		if rec != nil {
+			r = rec(i)
+		}
+		if d.c, err = warmer.NewCron(w, r, d.reg, log, warmer.WithCronClock(clk)); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.c.Update(scheds); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// runCrons runs every daemon's Cron until the returned stop is called (or the test ends); stop waits for them.
+func runCrons(t *testing.T, ds []*cronDaemon) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.c.Run(ctx); err != nil {
+				t.Errorf("Cron.Run: %v", err)
 			}
-			name := prefix + string(rune('a'+i))
-			won, fired := 0, 0
-			seen := map[string]int{}
-			end := tt.from.Add(time.Duration(tt.days) * 24 * time.Hour)
-			for at := spec.Next(tt.from); at.Before(end); at = spec.Next(at) {
-				fired++
-				local := at.In(loc).Format("2006-01-02 15:04")
-				seen[local]++
-				ok, err := rdb.SetNX(context.Background(), warmer.ClaimKey(name, at.In(loc)), "test", time.Minute).Result()
-				if err != nil {
-					t.Fatal(err)
+		}()
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// advance moves clk forward in steps, each time after every Cron loop is waiting on its timer, until it
+// reaches until.
+func advance(t *testing.T, clk *clockwork.FakeClock, loops int, step time.Duration, until time.Time) {
+	t.Helper()
+	for clk.Now().Before(until) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := clk.BlockUntilContext(ctx, loops)
+		cancel()
+		if err != nil {
+			t.Fatalf("at %v: the cron loops are not waiting on the clock: %v", clk.Now(), err)
+		}
+		clk.Advance(min(step, until.Sub(clk.Now())))
+	}
+}
+
+// fire moves clk to each instant of at in turn and waits, after each, until the daemons have counted
+// perInstant more firings (of any result): the runs of one instant end before the next instant comes.
+func fire(t *testing.T, clk *clockwork.FakeClock, ds []*cronDaemon, perInstant int, at ...time.Time) {
+	t.Helper()
+	count := func() (n float64) {
+		for _, d := range ds {
+			n += total(scheduleRuns(t, d.reg))
+		}
+		return n
+	}
+	want := count()
+	for _, a := range at {
+		advance(t, clk, len(ds), a.Sub(clk.Now()), a)
+		want += float64(perInstant)
+		eventually(t, 20*time.Second, fmt.Sprintf("%v firings counted by %v", want, a), func() bool { return count() >= want })
+	}
+}
+
+// TestCronDSTFallBackRunsOnce runs "30 2 * * *" in Europe/Berlin on two daemons whose clock is in UTC (as a
+// host in UTC reads it) over the 2025-10-26 fall-back night, when 02:30 happens twice. Each Cron fires at both
+// instants, as robfig/cron's schedule does, and the claim key built from the Berlin wall-clock time lets one
+// run happen per day across both daemons.
+func TestCronDSTFallBackRunsOnce(t *testing.T) {
+	f := newFixture(t, 3)
+	clk := clockwork.NewFakeClockAt(time.Date(2025, 10, 25, 12, 0, 0, 0, time.UTC))
+	sched := warmer.ScheduleConfig{Name: f.prefix + "berlin", Spec: "CRON_TZ=Europe/Berlin 30 2 * * *",
+		Keyspace: "items", IDs: warmer.SliceIDs([]string{"1", "2"})}
+	ds := newCronDaemons(t, f, clk, 2, nil, sched)
+	stop := runCrons(t, ds)
+	// 2025-10-26 02:30 CEST = 00:30 UTC, 02:30 CET = 01:30 UTC; 2025-10-27 02:30 CET = 01:30 UTC.
+	fire(t, clk, ds, 2, time.Date(2025, 10, 26, 0, 30, 0, 0, time.UTC), time.Date(2025, 10, 26, 1, 30, 0, 0, time.UTC),
+		time.Date(2025, 10, 27, 1, 30, 0, 0, time.UTC))
+	advance(t, clk, len(ds), time.Hour, time.Date(2025, 10, 27, 12, 0, 0, 0, time.UTC))
+
+	stop()
+	ok, started := 0.0, 0
+	for _, d := range ds {
+		ok += scheduleRuns(t, d.reg)["ok"]
+		s, _ := d.rec.counts()
+		started += s
+	}
+	if ok != 2 || started != 2 {
+		t.Errorf("over two days with a repeated 02:30: %v ok runs, %d recorded, want 2 (one per local day); results %v and %v",
+			ok, started, scheduleRuns(t, ds[0].reg), scheduleRuns(t, ds[1].reg))
+	}
+}
+
+// TestCronDSTSpringForward runs "30 2 * * *" in Europe/Berlin over 2026-03-29, when 02:00–03:00 does not
+// exist. By default the run is skipped, logged and counted; with RunSkipped it runs at 03:00 (cronie's way),
+// claiming the 02:30 wall-clock time.
+func TestCronDSTSpringForward(t *testing.T) {
+	for _, runSkipped := range []bool{false, true} {
+		name := map[bool]string{false: "default skips and logs", true: "RunSkipped runs after the gap"}[runSkipped]
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, 3)
+			clk := clockwork.NewFakeClockAt(time.Date(2026, 3, 28, 12, 0, 0, 0, time.UTC))
+			sched := warmer.ScheduleConfig{Name: f.prefix + "spring", Spec: "CRON_TZ=Europe/Berlin 30 2 * * *",
+				Keyspace: "items", IDs: warmer.SliceIDs([]string{"1"}), RunSkipped: runSkipped}
+			ds := newCronDaemons(t, f, clk, 1, nil, sched)
+			stop := runCrons(t, ds)
+			// 2026-03-29: no 02:30, the gap ends at 03:00 CEST = 01:00 UTC; 2026-03-30 02:30 CEST = 00:30 UTC.
+			fire(t, clk, ds, 1, time.Date(2026, 3, 29, 1, 0, 0, 0, time.UTC), time.Date(2026, 3, 30, 0, 30, 0, 0, time.UTC))
+			advance(t, clk, 1, time.Hour, time.Date(2026, 3, 30, 12, 0, 0, 0, time.UTC))
+			stop()
+			got := scheduleRuns(t, ds[0].reg)
+			skippedKey := warmer.ClaimKey(sched.Name, time.Date(2026, 3, 29, 2, 30, 0, 0, time.UTC))
+			claimed := f.rdb.Exists(context.Background(), skippedKey).Val() == 1
+			logs := ds[0].logs.String()
+			if runSkipped {
+				if got["ok"] != 2 || got["skipped_dst"] != 0 || !claimed {
+					t.Errorf("results %v, 02:30 claimed %v: want 2 ok runs, the first one claiming 2026-03-29 02:30", got, claimed)
 				}
-				if ok {
-					won++
-				}
+				return
 			}
-			if won != tt.want {
-				t.Errorf("%s from %s: %d runs (robfig fired %d times: %v), want %d", tt.spec, tt.from, won, fired, seen, tt.want)
+			if got["ok"] != 1 || got["skipped_dst"] != 1 || claimed {
+				t.Errorf("results %v, 02:30 claimed %v: want 1 ok and 1 skipped_dst, nothing claimed for 02:30", got, claimed)
+			}
+			if !strings.Contains(logs, "daylight-saving change skipped") || !strings.Contains(logs, "skipped_local_time=\"2026-03-29 02:30:00\"") {
+				t.Errorf("no WARN naming the skipped local time in the log:\n%s", logs)
 			}
 		})
 	}
@@ -83,36 +307,16 @@ func TestCronRunsOncePerTimeAcrossDaemons(t *testing.T) {
 	})
 	sched := warmer.ScheduleConfig{Name: name, Spec: "*/2 * * * * *", Keyspace: "items",
 		IDs: warmer.SliceIDs([]string{"1", "2", "3"})}
-	cfg := f.config()
-	cfg.TTL, cfg.RefreshAhead = time.Minute, 10*time.Second // the written keys outlive the test
-	var crons []*warmer.Cron
-	for i := 0; i < 2; i++ {
-		rdb := testenv.Redis(t)
-		w, err := warmer.New(rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := warmer.NewCron(w, runs.New(pool, "daemon-"+string(rune('a'+i))), nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Update([]warmer.ScheduleConfig{sched}); err != nil {
-			t.Fatal(err)
-		}
-		crons = append(crons, c)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{}, 2)
-	for _, c := range crons {
-		go func() {
-			c.Run(ctx)
-			done <- struct{}{}
-		}()
-	}
-	time.Sleep(5500 * time.Millisecond) // two or three even seconds
-	cancel()
-	<-done
-	<-done
+	start := time.Date(2026, 5, 4, 10, 0, 0, 500e6, time.UTC)
+	clk := clockwork.NewFakeClockAt(start)
+	ds := newCronDaemons(t, f, clk, 2, func(i int) warmer.RunRecorder {
+		return runs.New(pool, "daemon-"+string(rune('a'+i)))
+	}, sched)
+	stop := runCrons(t, ds)
+	at := start.Truncate(time.Second)
+	fire(t, clk, ds, 2, at.Add(2*time.Second), at.Add(4*time.Second), at.Add(6*time.Second)) // three scheduled times
+	advance(t, clk, len(ds), time.Second, start.Add(6*time.Second))
+	stop()
 	var n, hosts int
 	var written int64
 	err := pool.QueryRow(context.Background(), `select count(*), count(distinct host), coalesce(sum(written), 0)
@@ -120,8 +324,8 @@ func TestCronRunsOncePerTimeAcrossDaemons(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n < 2 || n > 3 {
-		t.Fatalf("%d ok runs in 5.5 s of */2 on two daemons, want 2 or 3 (one per scheduled time)", n)
+	if n != 3 {
+		t.Fatalf("%d ok runs of */2 over 6 s on two daemons, want 3 (one per scheduled time)", n)
 	}
 	if written != int64(3*n) {
 		t.Errorf("written %d keys over %d runs, want %d", written, n, 3*n)
@@ -129,9 +333,9 @@ func TestCronRunsOncePerTimeAcrossDaemons(t *testing.T) {
 	if v := f.rdb.Exists(context.Background(), f.key("1"), f.key("2"), f.key("3")).Val(); v != 3 {
 		t.Errorf("%d of 3 keys written", v)
 	}
-	st := crons[0].Status()
-	if len(st) != 1 || st[0].Next.IsZero() {
-		t.Errorf("status = %+v, want one schedule with a next run", st)
+	st := ds[0].c.Status()
+	if want := at.Add(8 * time.Second); len(st) != 1 || !st[0].Next.Equal(want) {
+		t.Errorf("status = %+v, want one schedule whose next run is at %v", st, want)
 	}
 }
 
@@ -146,75 +350,100 @@ func TestCronRejectsBadSchedules(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		s    warmer.ScheduleConfig
+		want string
 	}{
-		{"bad spec", warmer.ScheduleConfig{Name: "x", Spec: "61 * * * *", Keyspace: "items", IDs: ids}},
-		{"unknown keyspace", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "nope", IDs: ids}},
-		{"no ids", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "items"}},
+		{"bad spec", warmer.ScheduleConfig{Name: "x", Spec: "61 * * * *", Keyspace: "items", IDs: ids}, `schedule "x": cron:`},
+		{"zone without fields", warmer.ScheduleConfig{Name: "x", Spec: "TZ=UTC", Keyspace: "items", IDs: ids}, "no schedule fields"},
+		{"never fires", warmer.ScheduleConfig{Name: "x", Spec: "0 0 30 2 *", Keyspace: "items", IDs: ids}, "never fires"},
+		{"unknown keyspace", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "nope", IDs: ids}, "not configured"},
+		{"no ids", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "items"}, "ids: none"},
+		{"spread above the bound", warmer.ScheduleConfig{Name: "x", Spec: "@daily", Keyspace: "items", IDs: ids,
+			Spread: warmer.MaxDuration + 1}, `schedule "x": spread:`},
 	} {
-		if err := c.Update([]warmer.ScheduleConfig{tt.s}); err == nil {
-			t.Errorf("%s: no error", tt.name)
+		err := c.Update([]warmer.ScheduleConfig{tt.s})
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tt.name, err, tt.want)
 		}
 	}
 }
 
-// TestCronReloadNeverDuplicatesARun reloads a schedule with a new spec while its slow run is in progress: the
-// new entry must not start a second run of the same schedule beside it.
+// TestCronReloadNeverDuplicatesARun reloads a schedule with a new spec while its run is in progress (held in
+// the origin query): the new entry fires while it runs and must not start a second run beside it.
 func TestCronReloadNeverDuplicatesARun(t *testing.T) {
 	f := newFixture(t, 3)
-	f.src.src = f.source(t, "select id, body from "+f.table+", pg_sleep(1.2) where id = any($1)")
-	pool := testenv.Postgres(t)
-	db := stdlib.OpenDBFromPool(pool)
-	t.Cleanup(func() { db.Close() })
-	if err := migrations.Up(context.Background(), db, io.Discard); err != nil {
-		t.Fatalf("migrate: %v", err)
+	entered, release := make(chan struct{}, 8), make(chan struct{})
+	f.src.before = func([]string) {
+		entered <- struct{}{}
+		<-release
 	}
+	start := time.Date(2026, 5, 4, 10, 0, 0, 500e6, time.UTC)
+	clk := clockwork.NewFakeClockAt(start)
 	name := f.prefix + "slow"
-	t.Cleanup(func() { pool.Exec(context.Background(), "delete from keepwarm.warmup_runs where name = $1", name) })
-	cfg := f.config()
-	cfg.LockTTL, cfg.StatementTimeout = 5*time.Second, 3*time.Second
-	cfg.TTL = 10 * time.Second // the lead must fit the 3 s statement timeout
-	w := newWarmer(t, f, cfg)
-	c, err := warmer.NewCron(w, runs.New(pool, "reloader"), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sched := warmer.ScheduleConfig{Name: name, Spec: "* * * * * *", Keyspace: "items", IDs: warmer.SliceIDs([]string{"1"})}
-	if err := c.Update([]warmer.ScheduleConfig{sched}); err != nil {
+	ds := newCronDaemons(t, f, clk, 1, nil, sched)
+	d := ds[0]
+	d.rec.done = make(chan struct{}, 8)
+	stop := runCrons(t, ds)
+	advance(t, clk, 1, time.Second, start.Add(time.Second))
+	<-entered                    // the first run is under way, held in its query
+	sched.Spec = "*/1 * * * * *" // same times, new spec: a new entry
+	if err := d.c.Update([]warmer.ScheduleConfig{sched}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		c.Run(ctx)
-		close(done)
-	}()
-	time.Sleep(1500 * time.Millisecond) // the first run is under way
-	sched.Spec = "*/1 * * * * *"        // same times, new spec: a new cron entry
-	if err := c.Update([]warmer.ScheduleConfig{sched}); err != nil {
-		t.Fatal(err)
+	advance(t, clk, 1, time.Second, start.Add(3*time.Second))
+	eventually(t, 10*time.Second, "a firing skipped while the run is in progress", func() bool {
+		return scheduleRuns(t, d.reg)["skipped_running"] >= 1
+	})
+	close(release)
+	<-d.rec.done
+	stop()
+	if started, _ := d.rec.counts(); started != 1 {
+		t.Errorf("%d runs started while the first was in progress, want 1", started)
 	}
-	time.Sleep(3 * time.Second)
-	cancel()
-	<-done
-	rows, err := pool.Query(context.Background(), `select started_at, coalesce(finished_at, now()) from keepwarm.warmup_runs
-		where name = $1 order by started_at`, name)
-	if err != nil {
-		t.Fatal(err)
+}
+
+// TestCronReloadDeletesRemovedSchedulesSeries removes a schedule that has run: its metric series go away, as a
+// removed keyspace's do.
+func TestCronReloadDeletesRemovedSchedulesSeries(t *testing.T) {
+	f := newFixture(t, 3)
+	start := time.Date(2026, 5, 4, 10, 0, 0, 500e6, time.UTC)
+	clk := clockwork.NewFakeClockAt(start)
+	gone := warmer.ScheduleConfig{Name: "gone", Spec: "* * * * * *", Keyspace: "items", IDs: warmer.SliceIDs([]string{"1"})}
+	kept := warmer.ScheduleConfig{Name: "kept", Spec: "@daily", Keyspace: "items", IDs: warmer.SliceIDs([]string{"2"})}
+	// Claims are fleet-wide: give this test's schedules unique names.
+	gone.Name, kept.Name = f.prefix+gone.Name, f.prefix+kept.Name
+	ds := newCronDaemons(t, f, clk, 1, nil, gone, kept)
+	d := ds[0]
+	runCrons(t, ds)
+	fire(t, clk, ds, 1, start.Truncate(time.Second).Add(time.Second))
+	if got := scheduleRuns(t, d.reg); got["ok"] != 1 {
+		t.Fatalf("results %v, want one ok run", got)
 	}
-	var prevEnd time.Time
-	n := 0
-	for rows.Next() {
-		var s, e time.Time
-		if err := rows.Scan(&s, &e); err != nil {
+	series := func(name string) int {
+		mfs, err := d.reg.Gather()
+		if err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 && s.Before(prevEnd) {
-			t.Errorf("run %d started at %v, before the previous run ended at %v: a duplicate run", n, s, prevEnd)
+		n := 0
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "schedule" && l.GetValue() == name {
+						n++
+					}
+				}
+			}
 		}
-		prevEnd = e
-		n++
+		return n
 	}
-	if n < 2 {
-		t.Errorf("%d runs in 4.5 s of a 1.2 s warmup scheduled every second, want >= 2", n)
+	if n := series(gone.Name); n != 3 {
+		t.Fatalf("%d series for the schedule that ran, want 3 (runs, last run, keys written)", n)
+	}
+	if err := d.c.Update([]warmer.ScheduleConfig{kept}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the removed schedule's series deleted", func() bool { return series(gone.Name) == 0 })
+	if st := d.c.Status(); len(st) != 1 || st[0].Name != kept.Name {
+		t.Errorf("status after the reload = %+v, want only %q", st, kept.Name)
 	}
 }

@@ -21,6 +21,7 @@ func TestLead(t *testing.T) {
 		{"no rebuild yet", nil, 0, 5 * time.Second},
 		{"origin bound wins", func(c *KeyspaceConfig) { c.RefreshAhead = time.Second }, 0, 2500 * time.Millisecond},
 		{"capped at half the TTL", nil, time.Minute, 30 * time.Second},
+		{"huge estimate is capped at half the TTL", nil, math.MaxInt64 / 2, 30 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

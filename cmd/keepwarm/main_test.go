@@ -56,13 +56,39 @@ func TestValidateDemoConfig(t *testing.T) {
 	}
 	for _, want := range []string{
 		"ok: ../../config.toml: 4 keyspaces, 2 hotkeys lists, 1 schedule\n",
-		"KEYSPACE     KEY                TTL  JITTER  REFRESH AHEAD  PINNED  SCHEDULES\n",
-		"track        track:${id}        10s  0.1     20% (2s)       9       -\n",
-		"chart-genre  chart:genre:${id}  10s  0.1     25% (2.5s)     0       charts-before-work\n",
+		"KEYSPACE     KEY                TTL  JITTER  REFRESH AHEAD  LOCK TTL  STALE TTL  TOP N  MAX TRACKED  PINNED  SCHEDULES\n",
+		"track        track:${id}        10s  0.1     20% (2s)       10s       10m0s      500    5000         9       -\n",
+		"chart-genre  chart:genre:${id}  10s  0.1     25% (2.5s)     10s       -          25     10000        0       charts-before-work\n",
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("validate: got\n%s\nwant it to contain\n%s", stdout, want)
 		}
+	}
+}
+
+// TestValidateSaysWhichRedisSourceWon: KEEPWARM_REDIS_URL replaces the file's addresses, and validate says so.
+func TestValidateSaysWhichRedisSourceWon(t *testing.T) {
+	text, err := os.ReadFile(demoConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(text), `url = "redis://127.0.0.1:16379/0"`, `addresses = ["10.0.0.1:6379"]`, 1)
+	edited = strings.ReplaceAll(edited, `file = "examples/`, `file = "`+root+`/examples/`)
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(edited), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KEEPWARM_REDIS_URL", "redis://127.0.0.1:16379/0")
+	stdout, stderr, code := keepwarm(t, "validate", "--config", p)
+	if code != 0 {
+		t.Fatalf("validate: exit %d, stderr:\n%s", code, stderr)
+	}
+	if want := "note: redis: url from KEEPWARM_REDIS_URL replaces the file's addresses (10.0.0.1:6379)\n"; !strings.Contains(stdout, want) {
+		t.Errorf("validate: got\n%s\nwant it to contain\n%s", stdout, want)
 	}
 }
 

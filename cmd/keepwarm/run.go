@@ -49,6 +49,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	log := newLogger(cfg.Daemon, stderr)
+	for _, n := range cfg.Notes {
+		log.Warn("config: " + n)
+	}
 	d, err := startDaemon(ctx, *path, cfg, log)
 	if err != nil {
 		return err
@@ -73,12 +76,22 @@ type daemon struct {
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
 }
 
+// newLogger returns the daemon's logger: JSON (default) or text, at the configured level. Durations are written
+// as Go duration strings ("ttl":"10s"), not as integer nanoseconds, in both formats.
 func newLogger(d config.Daemon, w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: d.LogLevel}
+	opts := &slog.HandlerOptions{Level: d.LogLevel, ReplaceAttr: durationsAsStrings}
 	if d.LogFormat == "text" {
 		return slog.New(slog.NewTextHandler(w, opts))
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// durationsAsStrings is a slog ReplaceAttr that writes time.Duration values as strings ("1.5s").
+func durationsAsStrings(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 // newRegistry returns the daemon's registry with the Go, process and build-info collectors.
@@ -283,20 +296,29 @@ func watchedFiles(cfg *config.Config) []string {
 }
 
 // reload re-reads the config. An invalid file is logged (every problem) and counted, and the daemon keeps its
-// last good config. Settings that need a restart (connections, listen address) are reported, not applied.
-func (d *daemon) reload(reason string) {
+// last good config; for a file change seen for the first time (final false) the error is only returned, since
+// the writer may not be done: the watcher calls again, final, if the file stays the same. Settings that need a
+// restart (connections, listen address) are reported, not applied.
+func (d *daemon) reload(reason string, final bool) error {
 	cfg, err := config.Load(d.path)
 	if err != nil {
+		if !final {
+			d.log.Info("config on disk is invalid; waiting for it to settle before reporting", "reason", reason)
+			return err
+		}
 		d.reloads.WithLabelValues("error").Inc()
 		var ve *config.ValidationError
 		if errors.As(err, &ve) {
 			for _, p := range ve.Problems {
 				d.log.Error("config reload rejected; keeping the running config", "reason", reason, "problem", p)
 			}
-			return
+			return err
 		}
 		d.log.Error("config reload failed; keeping the running config", "reason", reason, "error", err)
-		return
+		return err
+	}
+	for _, n := range cfg.Notes {
+		d.log.Warn("config: " + n)
 	}
 	if !reflect.DeepEqual(cfg.Redis, d.cfg.Redis) || !reflect.DeepEqual(cfg.Postgres, d.cfg.Postgres) ||
 		cfg.Daemon.Listen != d.cfg.Daemon.Listen {
@@ -312,7 +334,7 @@ func (d *daemon) reload(reason string) {
 	if err != nil {
 		d.reloads.WithLabelValues("error").Inc()
 		d.log.Error("config reload rejected; keeping the running config", "reason", reason, "error", err)
-		return
+		return err
 	}
 	if err := d.watch.Watch(watchedFiles(cfg)); err != nil {
 		d.log.Warn("config reload: cannot watch a hot-key file", "error", err)
@@ -321,4 +343,5 @@ func (d *daemon) reload(reason string) {
 	d.skipped.report(cfg)
 	d.reloads.WithLabelValues("ok").Inc()
 	d.log.Info("config reloaded", "reason", reason, "keyspaces", len(cfg.Keyspaces))
+	return nil
 }

@@ -131,15 +131,16 @@ func TestRunReloadAddsPinnedIDAndSurvivesBadEdit(t *testing.T) {
 		return rdb.Exists(ctx, key("1")).Val() == 1
 	}, logs)
 
-	// Add a pinned id by write-to-temp-then-rename: it must be warm within 2 s.
+	// Add a pinned id by write-to-temp-then-rename: it must get warm (after the watcher's 1 s quiet period).
 	f.write(t, `"1", "7"`, "")
-	waitFor(t, 2*time.Second, "id 7 written after the reload", func() bool {
+	waitFor(t, 10*time.Second, "id 7 written after the reload", func() bool {
 		return rdb.Exists(ctx, key("7")).Val() == 1
 	}, logs)
 
 	// An invalid edit: the daemon keeps its config, logs the problem, and goes on refreshing.
+	// It is reported once it stayed invalid for a second quiet period.
 	f.write(t, `"1", "7"`, `ttl_typo = "5s"`)
-	waitFor(t, 2*time.Second, "invalid reload logged", func() bool {
+	waitFor(t, 10*time.Second, "invalid reload logged", func() bool {
 		return strings.Contains(logs.String(), "config reload rejected") && strings.Contains(logs.String(), "ttl_typo")
 	}, logs)
 	for i := 0; i < 3; i++ { // three TTLs: the keys stay warm on the last good config
@@ -211,4 +212,59 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, 
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("%s: not within %v; daemon log:\n%s", what, within, logs)
+}
+
+// TestRunReloadsConfigMapSwap runs the daemon on a Kubernetes ConfigMap volume (keepwarm.toml ->
+// ..data/keepwarm.toml, ..data -> ..<version>) and publishes a new version the way the kubelet does: the
+// daemon reloads and warms the newly pinned id. It used to watch only the symlink's name and never reload.
+func TestRunReloadsConfigMapSwap(t *testing.T) {
+	f := newDaemonFixture(t)
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	cm := t.TempDir()
+	current := ""
+	publish := func(version, pinned string) {
+		t.Helper()
+		f.write(t, pinned, "")
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(filepath.Join(cm, ".."+version), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(cm, ".."+version, "keepwarm.toml"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(".."+version, filepath.Join(cm, "..data_tmp")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(cm, "..data_tmp"), filepath.Join(cm, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if current != "" {
+			if err := os.RemoveAll(filepath.Join(cm, ".."+current)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		current = version
+	}
+	publish("2026_11_30_v1", `"1"`)
+	if err := os.Symlink("..data/keepwarm.toml", filepath.Join(cm, "keepwarm.toml")); err != nil {
+		t.Fatal(err)
+	}
+	logs, stop := startRun(t, filepath.Join(cm, "keepwarm.toml"))
+	key := func(id string) string { return f.prefix + "item:" + id }
+	waitFor(t, 10*time.Second, "pinned id 1 written", func() bool { return rdb.Exists(ctx, key("1")).Val() == 1 }, logs)
+
+	publish("2026_11_30_v2", `"1", "7"`)
+	waitFor(t, 15*time.Second, "id 7 written after the ConfigMap swap", func() bool {
+		return rdb.Exists(ctx, key("7")).Val() == 1
+	}, logs)
+	if !strings.Contains(logs.String(), `msg="config reloaded" reason=file`) {
+		t.Errorf("no file reload logged:\n%s", logs)
+	}
+	if code := stop(); code != 0 {
+		t.Errorf("exit code after SIGTERM = %d, want 0\n%s", code, logs)
+	}
 }

@@ -52,12 +52,21 @@ func summarize(w io.Writer, path string, cfg *config.Config, checkedDB bool) {
 		fmt.Fprint(w, "; queries prepared on PostgreSQL")
 	}
 	fmt.Fprintln(w)
+	for _, n := range cfg.Notes {
+		fmt.Fprintln(w, "note: "+n)
+	}
+	// The values shown are the effective ones that run uses: Load filled in the derived defaults with warmer's
+	// Resolve, the function warmer.New runs.
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEYSPACE\tKEY\tTTL\tJITTER\tREFRESH AHEAD\tPINNED\tSCHEDULES")
+	fmt.Fprintln(tw, "KEYSPACE\tKEY\tTTL\tJITTER\tREFRESH AHEAD\tLOCK TTL\tSTALE TTL\tTOP N\tMAX TRACKED\tPINNED\tSCHEDULES")
 	for _, ks := range cfg.Keyspaces {
 		ra := ks.RefreshAhead.String()
 		if ks.RefreshAhead.Fraction > 0 {
 			ra += " (" + ks.RefreshAhead.For(ks.TTL).String() + ")"
+		}
+		stale := "-"
+		if ks.StaleTTL > 0 {
+			stale = ks.StaleTTL.String()
 		}
 		var scheds []string
 		for _, s := range cfg.SchedulesFor(ks.Name) {
@@ -66,8 +75,9 @@ func summarize(w io.Writer, path string, cfg *config.Config, checkedDB bool) {
 		if len(scheds) == 0 {
 			scheds = []string{"-"}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t%s\t%d\t%s\n",
-			ks.Name, ks.Key, ks.TTL, ks.Jitter, ra, len(cfg.Pinned(ks.Name)), strings.Join(scheds, ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n",
+			ks.Name, ks.Key, ks.TTL, ks.Jitter, ra, ks.LockTTL, stale, ks.TopN, ks.MaxTracked, len(cfg.Pinned(ks.Name)),
+			strings.Join(scheds, ","))
 	}
 	_ = tw.Flush()
 }

@@ -61,6 +61,8 @@ func cmdWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usagef("warmup: give exactly one of --ids, --ids-file, --list, --query")
 	case *spread < 0 || *rateFlag < 0:
 		return usagef("warmup: --spread and --rate must not be negative")
+	case *spread > warmer.MaxDuration:
+		return usagef("warmup: --spread %v is above the limit of %v (one year)", *spread, warmer.MaxDuration)
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {

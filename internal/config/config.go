@@ -6,9 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/robfig/cron/v3"
-
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // Defaults applied by Load. Durations are in their natural unit; sizes in bytes.
@@ -26,24 +25,11 @@ const (
 	DefaultLogLevel  = "info"
 	DefaultLogFormat = "json"
 
-	DefaultJitter               = 0.1
-	DefaultRefreshAheadFraction = 0.2
-	DefaultMinLockTTL           = 10 * time.Second // the default lock_ttl is the larger of this and 2 × statement_timeout
-	DefaultStaleTTLFactor       = 10               // the default stale_ttl is 10 × ttl
-	DefaultMissing              = MissingDelete
-	DefaultBatchSize            = 100
-	DefaultMaxOriginConcurrency = 4
-	DefaultTopN                 = 1000
-	DefaultMinScore             = 1.0
-	DefaultMaxValueBytes        = 1 << 20
-	DefaultMaxTrackedFactor     = 10    // the default max_tracked is 10 × top_n ...
-	DefaultMaxTracked           = 10000 // ... or this when top_n is 0
-	DefaultDecayHalfLife        = 10 * time.Minute
-	DefaultMaxStale             = 5 * time.Minute
-)
+	DefaultMissing = MissingDelete
 
-// MaxValueBytesLimit is the largest max_value_bytes accepted: Redis's own limit on a string value.
-const MaxValueBytesLimit = 512 << 20
+	// Keyspace defaults and bounds are warmer's (warmer.DefaultJitter, warmer.DefaultTopN, warmer.MaxDuration,
+	// ...): one definition each, on warmer.KeyspaceConfig.
+)
 
 // Redis modes.
 const (
@@ -64,6 +50,9 @@ type Config struct {
 	Keyspaces []*Keyspace // [[keyspace]], in file order
 	Hotkeys   []*Hotkeys  // [[hotkeys]], in file order
 	Schedules []*Schedule // [[schedule]], in file order
+	// Notes says which of two sources of a setting won, e.g. "redis: url from KEEPWARM_REDIS_URL replaces the
+	// file's addresses (...)". `validate` prints them and `run` logs them.
+	Notes []string
 }
 
 // Redis is the [redis] section: how keepwarm connects to Redis. RedisOptions turns it into go-redis options.
@@ -132,12 +121,14 @@ type Keyspace struct {
 	Stale string // stale copy template; "" means no stale copy
 	Meta  string // metadata hash template; default lockstep.DefaultMetaTemplate
 
+	// The fields below mean what warmer.KeyspaceConfig's fields of the same name mean, with its defaults and
+	// bounds; after Load they hold the effective values (derived defaults filled in by warmer's Resolve).
 	TTL          time.Duration // TTL written with each value, before jitter. Required.
-	Jitter       float64       // written TTLs are TTL×(1+U[0,Jitter)): never below TTL; in [0, 1]; default DefaultJitter
-	RefreshAhead RefreshAhead  // how long before expiry a hot key is rebuilt; default 20% of the TTL
-	LockTTL      time.Duration // rebuild lock lease; > postgres.statement_timeout; default max(DefaultMinLockTTL, 2×statement_timeout)
-	StaleTTL     time.Duration // TTL of the stale copy; default DefaultStaleTTLFactor×TTL when Stale is set, else 0
-	MaxStale     time.Duration // fail-safe: how long past expiry a value may be extended while the origin fails; default DefaultMaxStale
+	Jitter       float64       // written TTLs are TTL×(1+U[0,Jitter)); default warmer.DefaultJitter
+	RefreshAhead RefreshAhead  // how long before expiry a hot key is rebuilt; default warmer.DefaultRefreshAheadFraction of the TTL
+	LockTTL      time.Duration // rebuild lock lease; see warmer.KeyspaceConfig.LockTTL
+	StaleTTL     time.Duration // TTL of the stale copy; see warmer.KeyspaceConfig.StaleTTL
+	MaxStale     time.Duration // see warmer.KeyspaceConfig.MaxStale
 
 	Query    string // SQL taking $1 (text[] of ids), returning rows (id, value). Required.
 	IDsQuery string // SQL listing ids for warmups; optional
@@ -146,14 +137,14 @@ type Keyspace struct {
 	TombstoneValue string        // with MissingTombstone: the bytes written
 	TombstoneTTL   time.Duration // with MissingTombstone: their TTL; default TTL
 
-	BatchSize            int           // ids per origin query; default DefaultBatchSize
-	MaxOriginConcurrency int           // origin queries in flight; default DefaultMaxOriginConcurrency
-	OriginRate           float64       // origin queries per second; 0 (default) means unlimited
-	TopN                 int           // hot keys kept warm by access score; 0 means pinned and scheduled keys only; default DefaultTopN
-	MinScore             float64       // minimum access score to count as hot; default DefaultMinScore
-	MaxValueBytes        int           // larger values are not written; default DefaultMaxValueBytes
-	MaxTracked           int           // bound on ids tracked for scoring; default DefaultMaxTrackedFactor×TopN
-	DecayHalfLife        time.Duration // access scores halve over this; default DefaultDecayHalfLife
+	BatchSize            int           // warmer.KeyspaceConfig.BatchSize
+	MaxOriginConcurrency int           // warmer.KeyspaceConfig.MaxOriginQueries
+	OriginRate           float64       // warmer.KeyspaceConfig.OriginRate
+	TopN                 int           // warmer.KeyspaceConfig.TopN; default warmer.DefaultTopN
+	MinScore             float64       // warmer.KeyspaceConfig.MinScore; default warmer.DefaultMinScore
+	MaxValueBytes        int           // warmer.KeyspaceConfig.MaxValueBytes; default warmer.DefaultMaxValueBytes
+	MaxTracked           int           // warmer.KeyspaceConfig.MaxTracked
+	DecayHalfLife        time.Duration // warmer.KeyspaceConfig.DecayHalfLife
 	LFU                  bool          // also use Redis's OBJECT FREQ (needs an LFU maxmemory-policy); default false
 
 	keys *lockstep.Keys
@@ -207,26 +198,30 @@ type Schedule struct {
 	List     string        // the ids of this [[hotkeys]] list
 	Spread   time.Duration // spread the run's writes over this window; 0 means as fast as Rate allows
 	Rate     float64       // ids per second; 0 means unlimited
+	// DSTGap is what happens to a run whose local time a daylight-saving change skips: DSTGapSkip (default:
+	// log it and skip it) or DSTGapRun (run it at the first valid time after the gap, as cronie does).
+	DSTGap string
 
-	spec cron.Schedule
+	spec *warmer.CronSchedule
 }
 
-// Spec returns the parsed cron schedule, time zone included.
-func (s *Schedule) Spec() cron.Schedule { return s.spec }
+// dst_gap values.
+const (
+	DSTGapSkip = "skip"
+	DSTGapRun  = "run"
+)
 
-// CronSpec returns Cron with the time zone folded in ("CRON_TZ=Europe/Paris 0 0 3 * * *"), for a cron.Cron
-// built with CronParser.
+// Spec returns the parsed cron schedule, time zone included: parsed once, by warmer.ParseCron, when the config
+// is loaded.
+func (s *Schedule) Spec() *warmer.CronSchedule { return s.spec }
+
+// CronSpec returns Cron with the time zone folded in ("CRON_TZ=Europe/Paris 0 0 3 * * *"), as
+// warmer.ParseCron reads it.
 func (s *Schedule) CronSpec() string {
 	if s.Timezone != "" {
 		return "CRON_TZ=" + s.Timezone + " " + s.Cron
 	}
 	return s.Cron
-}
-
-// CronParser returns the parser for schedule specs: five fields, or six with leading seconds, and descriptors
-// such as @hourly and @every 5m (robfig/cron v3).
-func CronParser() cron.Parser {
-	return cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 }
 
 // Keyspace returns the keyspace named name, or nil.

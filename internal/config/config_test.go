@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // write writes a config (and any extra files) into a fresh directory and returns the config's path.
@@ -145,9 +146,9 @@ func TestDefaults(t *testing.T) {
 		{"refresh_ahead", ks.RefreshAhead.For(ks.TTL), 6 * time.Second},
 		{"lock_ttl", ks.LockTTL, 10 * time.Second},
 		{"missing", ks.Missing, config.MissingDelete},
-		{"batch_size", ks.BatchSize, config.DefaultBatchSize},
-		{"top_n", ks.TopN, config.DefaultTopN},
-		{"max_tracked", ks.MaxTracked, 10 * config.DefaultTopN},
+		{"batch_size", ks.BatchSize, warmer.DefaultBatchSize},
+		{"top_n", ks.TopN, warmer.DefaultTopN},
+		{"max_tracked", ks.MaxTracked, warmer.DefaultMaxTrackedFactor * warmer.DefaultTopN},
 		{"decay_half_life", ks.DecayHalfLife, 10 * time.Minute},
 		{"max_stale", ks.MaxStale, 5 * time.Minute},
 		{"max_value_bytes", ks.MaxValueBytes, 1 << 20},
@@ -164,9 +165,9 @@ func TestDefaults(t *testing.T) {
 		"KEYSPACE": "stale = \"old:${key}\"\nmissing = \"tombstone\"\ntombstone_value = \"\"\ntop_n = 0",
 	}), nil)
 	ks = c.Keyspaces[0]
-	if ks.LockTTL != 16*time.Second || ks.StaleTTL != 300*time.Second || ks.TombstoneTTL != ks.TTL || ks.MaxTracked != config.DefaultMaxTracked {
+	if ks.LockTTL != 16*time.Second || ks.StaleTTL != 300*time.Second || ks.TombstoneTTL != ks.TTL || ks.MaxTracked != warmer.DefaultMaxTracked {
 		t.Errorf("derived defaults: got lock_ttl %s, stale_ttl %s, tombstone_ttl %s, max_tracked %d; want 16s, 5m, 30s, %d",
-			ks.LockTTL, ks.StaleTTL, ks.TombstoneTTL, ks.MaxTracked, config.DefaultMaxTracked)
+			ks.LockTTL, ks.StaleTTL, ks.TombstoneTTL, ks.MaxTracked, warmer.DefaultMaxTracked)
 	}
 }
 
@@ -241,7 +242,7 @@ func TestBadConfigs(t *testing.T) {
 		{"lock_ttl not above statement timeout", cfg(map[string]string{"KEYSPACE": `lock_ttl = "2s"`}), nil,
 			`keyspace "track": lock_ttl: 2s must be longer than postgres.statement_timeout (5s)`},
 		{"jitter out of range", cfg(map[string]string{"KEYSPACE": `jitter = 1.5`}), nil,
-			`keyspace "track": jitter: 1.5 is not in [0, 1]`},
+			`keyspace "track": jitter: 1.5 is outside [0,1]`},
 		{"duplicate keyspace name", cfg(map[string]string{"REST": "[[keyspace]]\nname = \"track\"\nkey = \"t2:${id}\"\nttl = \"1s\"\nquery = \"$1\""}), nil,
 			`keyspace "track": name: "track" is used by another [[keyspace]]`},
 		{"duplicate key template", cfg(map[string]string{"REST": "[[keyspace]]\nname = \"t2\"\nkey = \"track:${id}\"\nttl = \"1s\"\nquery = \"$1\""}), nil,
@@ -302,6 +303,18 @@ func TestBadConfigs(t *testing.T) {
 			`daemon: listen: "localhost:http": port "http" is not a number in [0, 65535]`},
 		{"daemon log level", cfg(map[string]string{"DAEMON": `log_level = "verbose"`}), nil,
 			`daemon: log_level: "verbose" is not a level`},
+		// Issue 11 §3: every duration has an upper bound, named by its field; warmer's own checks (here top_n's
+		// bound) are Load's too, with the same message as at start-up.
+		{"ttl above a year", strings.Replace(cfg(map[string]string{"KEYSPACE": `stale = "old:${key}"`}), `ttl = "30s"`, `ttl = "876000h"`, 1), nil,
+			`keyspace "track": ttl: "876000h" is above the limit of 8784h0m0s (one year)`},
+		{"statement_timeout above a year", cfg(map[string]string{"POSTGRES": `statement_timeout = "1500000h"`}), nil,
+			`postgres: statement_timeout: "1500000h" is above the limit`},
+		{"spread above a year", cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"@daily\"\nkeyspace = \"track\"\nids = [\"1\"]\nspread = \"9000h\""}), nil,
+			`schedule "s": spread: "9000h" is above the limit`},
+		{"lock_ttl not above the statement timeout", cfg(map[string]string{"POSTGRES": `statement_timeout = "20s"`, "KEYSPACE": `lock_ttl = "20s"`}), nil,
+			`keyspace "track": lock_ttl: 20s must be longer than postgres.statement_timeout (20s)`},
+		{"top_n above its bound", cfg(map[string]string{"KEYSPACE": `top_n = 2000000`}), nil,
+			`keyspace "track": top_n: 2000000 is not in [0, 1000000]`},
 		{"no keyspace", "[redis]\nurl = \"redis://h:1\"\n[postgres]\ndsn = \"postgres://h/db\"\n", nil,
 			`no [[keyspace]]: define at least one`},
 	}
@@ -401,6 +414,10 @@ func TestEnvOverride(t *testing.T) {
 	if c.Redis.URL != "redis://127.0.0.1:16379/2" || c.Redis.Addresses != nil || c.Redis.DB != 2 {
 		t.Errorf("KEEPWARM_REDIS_URL: got url %q, addresses %q, db %d", c.Redis.URL, c.Redis.Addresses, c.Redis.DB)
 	}
+	// ... and says so (validate prints it, run logs it).
+	if want := "redis: url from KEEPWARM_REDIS_URL replaces the file's addresses (10.0.0.1:6379)"; !slices.Contains(c.Notes, want) {
+		t.Errorf("notes: got %q, want %q", c.Notes, want)
+	}
 
 	// A bad value from the environment names the variable.
 	_, err := load(t, text, nil, "KEEPWARM_REDIS_POOL_SIZE=lots")
@@ -475,6 +492,21 @@ func TestScheduleSpecs(t *testing.T) {
 				t.Errorf("Next(%s): got %s, want %s", utc, got, tt.want)
 			}
 		})
+	}
+	// Specs that robfig/cron panics on, or that never fire, are rejected with a message naming the field.
+	for _, bad := range []struct{ cron, extra, want string }{
+		{"TZ=UTC", "", `schedule "s": cron: "TZ=UTC" has a time zone but no schedule fields after it`},
+		{"CRON_TZ=Europe/Berlin", "", `schedule "s": cron: "CRON_TZ=Europe/Berlin" has a time zone but no schedule fields`},
+		{"0 0 30 2 *", "", `schedule "s": cron: "0 0 30 2 *" never fires`},
+		{"0 3 * * *", `dst_gap = "later"`, `schedule "s": dst_gap: "later" is not a choice`},
+	} {
+		_, err := load(t, sched(bad.cron, bad.extra), nil)
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("cron %q %s: got %v, want %q", bad.cron, bad.extra, err, bad.want)
+		}
+	}
+	if c := mustLoad(t, sched("CRON_TZ=Europe/Berlin 30 2 * * *", `dst_gap = "run"`), nil); c.Schedules[0].DSTGap != config.DSTGapRun {
+		t.Errorf("dst_gap: got %q, want %q", c.Schedules[0].DSTGap, config.DSTGapRun)
 	}
 	_, err := load(t, sched("CRON_TZ=UTC @daily", `timezone = "UTC"`), nil)
 	if err == nil || !strings.Contains(err.Error(), `schedule "s": timezone: set either timezone or a CRON_TZ= prefix in cron, not both`) {

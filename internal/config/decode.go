@@ -7,12 +7,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // decoder turns the raw map that koanf produced into typed values, collecting every problem with the path of
 // its field. Getters mark keys as known; table.done reports the rest as unknown, so a typo is never ignored.
 type decoder struct {
 	problems []string
+	notes    []string          // facts worth telling that are not problems: which source of a setting won
 	fromEnv  map[string]string // koanf path ("redis.password") -> the environment variable that set it
 	// known, when non-nil, records the koanf path and kind of every scalar key asked for in a non-array table:
 	// the keys that an environment variable may set.
@@ -259,7 +262,7 @@ func (t *table) boolean(key string, dst *bool) bool {
 	return false
 }
 
-// duration reads a Go duration string ("30s", "1m30s"); it must be more than 0.
+// duration reads a Go duration string ("30s", "1m30s"); it must be in (0, warmer.MaxDuration].
 func (t *table) duration(key string, dst *time.Duration) bool {
 	v, ok := t.get(key, kindScalar)
 	if !ok {
@@ -274,6 +277,10 @@ func (t *table) duration(key string, dst *time.Duration) bool {
 		}
 		if d <= 0 {
 			t.problem(key, "must be more than 0, got %q", v)
+			return false
+		}
+		if d > warmer.MaxDuration {
+			t.problem(key, "%q is above the limit of %v (one year)", v, warmer.MaxDuration)
 			return false
 		}
 		*dst = d

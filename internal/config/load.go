@@ -16,6 +16,8 @@ import (
 	"github.com/knadh/koanf/providers/rawbytes"
 	"github.com/knadh/koanf/v2"
 	gotoml "github.com/pelletier/go-toml/v2"
+
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // EnvPrefix starts every environment variable that overrides a config key: KEEPWARM_POSTGRES_DSN sets
@@ -116,6 +118,7 @@ func parse(path, abs string, b []byte, environ []string) (*Config, error) {
 		}
 		return nil, &ValidationError{Path: path, Problems: d.problems}
 	}
+	c.Notes = d.notes
 	return c, nil
 }
 
@@ -181,6 +184,9 @@ func decode(d *decoder, abs string, raw map[string]any) *Config {
 		c.Schedules = append(c.Schedules, decodeSchedule(newTable(d, fmt.Sprintf("schedule #%d", i+1), "", m), c, names))
 	}
 	root.done()
+	if d.known == nil {
+		resolveKeyspaces(d, c)
+	}
 	if len(c.Keyspaces) == 0 && d.known == nil {
 		root.problem("", "no [[keyspace]]: define at least one")
 	}
@@ -227,4 +233,66 @@ func duplicateLine(doc []byte, err error) int {
 		}
 	}
 	return 0
+}
+
+// resolveKeyspaces runs warmer's own check on each keyspace (warmer.KeyspaceConfig.Resolve, which New and
+// Update run too), so that Load rejects whatever `run` and `warmup` would, with the same message, and stores
+// the effective derived values (lock_ttl, stale_ttl, max_tracked) that `validate` shows and `run` uses. A field
+// that decoding already reported is not reported again.
+func resolveKeyspaces(d *decoder, c *Config) {
+	for _, ks := range c.Keyspaces {
+		if ks.Name == "" {
+			continue
+		}
+		t := newTable(d, fmt.Sprintf("keyspace %q", ks.Name), "", nil)
+		reported := func(field string) bool {
+			return slices.ContainsFunc(d.problems, func(p string) bool { return strings.HasPrefix(p, t.label+": "+field+":") })
+		}
+		r, err := c.WarmerKeyspace(ks, nil).Resolve()
+		for _, e := range unjoin(err) {
+			var fe *warmer.FieldError
+			switch {
+			case !errors.As(e, &fe):
+				t.problem("", "%v", e)
+			case fe.Field == "keys" || fe.Field == "name" || reported(fe.Field):
+				// a template or name problem, reported by decodeKeyspace
+			default:
+				t.problem(fe.Field, "%s", fe.Msg)
+			}
+		}
+		if err == nil {
+			ks.LockTTL, ks.StaleTTL, ks.MaxTracked = r.LockTTL, r.StaleTTL, r.MaxTracked
+		}
+	}
+}
+
+// WarmerKeyspace translates ks into the warmer's keyspace config, field for field, with its pinned ids and src
+// (nil when only validating). Zero fields keep warmer's defaults.
+func (c *Config) WarmerKeyspace(ks *Keyspace, src warmer.Source) warmer.KeyspaceConfig {
+	return warmer.KeyspaceConfig{
+		Name:             ks.Name,
+		Keys:             ks.Keys(),
+		Src:              src,
+		TTL:              ks.TTL,
+		Jitter:           ks.Jitter,
+		RefreshAhead:     ks.RefreshAhead.For(ks.TTL),
+		LockTTL:          ks.LockTTL,
+		StaleTTL:         ks.StaleTTL,
+		StatementTimeout: c.Postgres.StatementTimeout,
+		PoolWaitTimeout:  c.Postgres.PoolWaitTimeout,
+		BatchSize:        ks.BatchSize,
+		MaxOriginQueries: ks.MaxOriginConcurrency,
+		OriginRate:       ks.OriginRate,
+		TopN:             ks.TopN,
+		MinScore:         ks.MinScore,
+		MaxTracked:       ks.MaxTracked,
+		DecayHalfLife:    ks.DecayHalfLife,
+		LFU:              ks.LFU,
+		MaxStale:         ks.MaxStale,
+		MaxValueBytes:    ks.MaxValueBytes,
+		Missing:          string(ks.Missing),
+		Tombstone:        []byte(ks.TombstoneValue),
+		TombstoneTTL:     ks.TombstoneTTL,
+		Pinned:           c.Pinned(ks.Name),
+	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/lockstep"
 	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 func decodeRedis(t *table, dir string, r *Redis) {
@@ -56,8 +57,12 @@ func decodeRedis(t *table, dir string, r *Redis) {
 		_, addrsEnv := t.d.fromEnv["redis.addresses"]
 		switch {
 		case urlEnv && !addrsEnv:
+			t.d.notes = append(t.d.notes, fmt.Sprintf("redis: url from %s replaces the file's addresses (%s)",
+				t.d.fromEnv["redis.url"], strings.Join(r.Addresses, ", ")))
 			r.Addresses, hasAddrs = nil, false
 		case addrsEnv && !urlEnv:
+			t.d.notes = append(t.d.notes, fmt.Sprintf("redis: addresses from %s replace the file's url",
+				t.d.fromEnv["redis.addresses"]))
 			r.URL, hasURL = "", false
 		default:
 			t.problem("", "set addresses or url, not both")
@@ -271,28 +276,30 @@ func name(t *table, what string, dst *string, seen map[string]bool) {
 }
 
 func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map[string]string) *Keyspace {
+	// Defaults are warmer's (one definition each); those derived from other fields (lock_ttl, stale_ttl,
+	// max_tracked) stay zero here and are filled in by warmer.KeyspaceConfig.Resolve in resolveKeyspaces.
 	ks := &Keyspace{
-		Jitter:               DefaultJitter,
-		RefreshAhead:         RefreshAhead{Fraction: DefaultRefreshAheadFraction},
-		MaxStale:             DefaultMaxStale,
+		Jitter:               warmer.DefaultJitter,
+		RefreshAhead:         RefreshAhead{Fraction: warmer.DefaultRefreshAheadFraction},
+		MaxStale:             warmer.DefaultMaxStale,
 		Missing:              DefaultMissing,
-		BatchSize:            DefaultBatchSize,
-		MaxOriginConcurrency: DefaultMaxOriginConcurrency,
-		TopN:                 DefaultTopN,
-		MinScore:             DefaultMinScore,
-		MaxValueBytes:        DefaultMaxValueBytes,
-		DecayHalfLife:        DefaultDecayHalfLife,
+		BatchSize:            warmer.DefaultBatchSize,
+		MaxOriginConcurrency: warmer.DefaultOriginConcurrent,
+		TopN:                 warmer.DefaultTopN,
+		MinScore:             warmer.DefaultMinScore,
+		MaxValueBytes:        warmer.DefaultMaxValueBytes,
+		DecayHalfLife:        warmer.DefaultDecayHalfLife,
 	}
 	name(t, "keyspace", &ks.Name, names)
 	hasKey := t.str("key", &ks.Key)
 	t.str("lock", &ks.Lock)
 	hasStale := t.str("stale", &ks.Stale)
 	t.str("meta", &ks.Meta)
-	hasTTL := t.duration("ttl", &ks.TTL)
+	t.duration("ttl", &ks.TTL)
 	hasStaleTTL := t.duration("stale_ttl", &ks.StaleTTL)
 	t.float("jitter", &ks.Jitter)
 	refreshAhead(t, "refresh_ahead", &ks.RefreshAhead)
-	hasLockTTL := t.duration("lock_ttl", &ks.LockTTL)
+	t.duration("lock_ttl", &ks.LockTTL)
 	t.duration("max_stale", &ks.MaxStale)
 	hasQuery := t.str("query", &ks.Query)
 	t.str("ids_query", &ks.IDsQuery)
@@ -353,28 +360,11 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 	if !t.has("ttl") {
 		t.problem("ttl", "missing (required): how long a written value lives, e.g. \"30s\"")
 	}
-	if ks.Jitter < 0 || ks.Jitter > 1 {
-		t.problem("jitter", "%g is not in [0, 1]", ks.Jitter)
-	}
-	if r := ks.RefreshAhead; r.Duration > 0 && hasTTL && r.Duration >= ks.TTL {
-		t.problem("refresh_ahead", "%s must be shorter than ttl (%s)", r.Duration, ks.TTL)
-	}
-	if hasLockTTL {
-		if ks.LockTTL <= c.Postgres.StatementTimeout {
-			t.problem("lock_ttl", "%s must be longer than postgres.statement_timeout (%s): a rebuild may take that long and must not outlive its lock",
-				ks.LockTTL, c.Postgres.StatementTimeout)
-		}
-	} else {
-		ks.LockTTL = max(DefaultMinLockTTL, 2*c.Postgres.StatementTimeout)
-	}
-	switch {
-	case hasStaleTTL && !hasStale:
+	if hasStaleTTL && !hasStale {
 		t.problem("stale_ttl", "is set but stale (the stale copy's key template) is not")
-	case hasStale && !hasStaleTTL:
-		ks.StaleTTL = DefaultStaleTTLFactor * ks.TTL
-	case hasStale && hasTTL && ks.StaleTTL <= ks.TTL:
-		t.problem("stale_ttl", "%s must be longer than ttl (%s): the stale copy has to outlive the value", ks.StaleTTL, ks.TTL)
 	}
+	// jitter, refresh_ahead, lock_ttl and stale_ttl are checked, and their defaults derived, by warmer's
+	// Resolve (resolveKeyspaces): the same check and message as at start-up.
 
 	// Queries.
 	switch {
@@ -405,31 +395,8 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 		t.problem("missing", "%q is not a policy: want %q, %q or %q", missing, MissingDelete, MissingKeep, MissingTombstone)
 	}
 
-	// Limits.
-	if ks.BatchSize < 1 || ks.BatchSize > 100000 {
-		t.problem("batch_size", "%d is not in [1, 100000]", ks.BatchSize)
-	}
-	if ks.MaxOriginConcurrency < 1 {
-		t.problem("max_origin_concurrency", "must be at least 1, got %d", ks.MaxOriginConcurrency)
-	}
-	if ks.OriginRate < 0 {
-		t.problem("origin_rate", "must be 0 (unlimited) or more, got %g", ks.OriginRate)
-	}
-	if ks.TopN < 0 {
-		t.problem("top_n", "must be 0 (pinned and scheduled keys only) or more, got %d", ks.TopN)
-	}
-	if ks.MinScore < 0 {
-		t.problem("min_score", "must be 0 or more, got %g", ks.MinScore)
-	}
-	if ks.MaxValueBytes < 1 || ks.MaxValueBytes > MaxValueBytesLimit {
-		t.problem("max_value_bytes", "%d is not in [1, %d]", ks.MaxValueBytes, MaxValueBytesLimit)
-	}
-	switch {
-	case !hasMaxTracked && ks.TopN > 0:
-		ks.MaxTracked = DefaultMaxTrackedFactor * ks.TopN
-	case !hasMaxTracked:
-		ks.MaxTracked = DefaultMaxTracked
-	case ks.MaxTracked < max(1, ks.TopN):
+	// Limits: checked by warmer's Resolve, except this one about the file's own settings.
+	if hasMaxTracked && ks.MaxTracked < max(1, ks.TopN) {
 		t.problem("max_tracked", "%d must be at least top_n (%d) and 1", ks.MaxTracked, ks.TopN)
 	}
 	return ks
@@ -609,7 +576,13 @@ func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {
 	hasList := t.str("list", &s.List)
 	t.duration("spread", &s.Spread)
 	t.float("rate", &s.Rate)
+	s.DSTGap = DSTGapSkip
+	t.str("dst_gap", &s.DSTGap)
 	t.done()
+	if !oneOf(s.DSTGap, DSTGapSkip, DSTGapRun) {
+		t.problem("dst_gap", "%q is not a choice: want %q (log and skip a run whose local time a daylight-saving change skips) or %q (run it right after the gap)",
+			s.DSTGap, DSTGapSkip, DSTGapRun)
+	}
 
 	tzOK := true
 	if s.Timezone != "" {
@@ -626,9 +599,9 @@ func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {
 	case !hasCron || strings.TrimSpace(s.Cron) == "":
 		t.problem("cron", "missing (required): e.g. \"0 3 * * *\" (minute hour dom month dow, seconds optional first) or \"@every 10m\"")
 	case tzOK:
-		spec, err := CronParser().Parse(s.CronSpec())
+		spec, err := warmer.ParseCron(s.CronSpec())
 		if err != nil {
-			t.problem("cron", "%q: %v", s.Cron, err)
+			t.problem("cron", "%v", err)
 		}
 		s.spec = spec
 	}

@@ -74,34 +74,9 @@ func Keyspaces(cfg *config.Config, sources map[string]*postgres.Source) []warmer
 	return out
 }
 
-// Keyspace translates one keyspace.
+// Keyspace translates one keyspace (config.Config.WarmerKeyspace, which Load also checks with warmer's Resolve).
 func Keyspace(cfg *config.Config, ks *config.Keyspace, src warmer.Source) warmer.KeyspaceConfig {
-	return warmer.KeyspaceConfig{
-		Name:             ks.Name,
-		Keys:             ks.Keys(),
-		Src:              src,
-		TTL:              ks.TTL,
-		Jitter:           ks.Jitter,
-		RefreshAhead:     ks.RefreshAhead.For(ks.TTL),
-		LockTTL:          ks.LockTTL,
-		StaleTTL:         ks.StaleTTL,
-		StatementTimeout: cfg.Postgres.StatementTimeout,
-		PoolWaitTimeout:  cfg.Postgres.PoolWaitTimeout,
-		BatchSize:        ks.BatchSize,
-		MaxOriginQueries: ks.MaxOriginConcurrency,
-		OriginRate:       ks.OriginRate,
-		TopN:             ks.TopN,
-		MinScore:         ks.MinScore,
-		MaxTracked:       ks.MaxTracked,
-		DecayHalfLife:    ks.DecayHalfLife,
-		LFU:              ks.LFU,
-		MaxStale:         ks.MaxStale,
-		MaxValueBytes:    ks.MaxValueBytes,
-		Missing:          string(ks.Missing),
-		Tombstone:        []byte(ks.TombstoneValue),
-		TombstoneTTL:     ks.TombstoneTTL,
-		Pinned:           cfg.Pinned(ks.Name),
-	}
+	return cfg.WarmerKeyspace(ks, src)
 }
 
 // Schedules translates the config's [[schedule]] entries into the warmer's, with their ids: inline, a
@@ -109,7 +84,8 @@ func Keyspace(cfg *config.Config, ks *config.Keyspace, src warmer.Source) warmer
 func Schedules(cfg *config.Config, sources map[string]*postgres.Source) []warmer.ScheduleConfig {
 	out := make([]warmer.ScheduleConfig, 0, len(cfg.Schedules))
 	for _, s := range cfg.Schedules {
-		sc := warmer.ScheduleConfig{Name: s.Name, Spec: s.CronSpec(), Keyspace: s.Keyspace, Spread: s.Spread, Rate: s.Rate}
+		sc := warmer.ScheduleConfig{Name: s.Name, Spec: s.CronSpec(), Cron: s.Spec(), Keyspace: s.Keyspace,
+			Spread: s.Spread, Rate: s.Rate, RunSkipped: s.DSTGap == config.DSTGapRun}
 		switch {
 		case s.IDsQuery:
 			if src := sources[s.Keyspace]; src != nil {

@@ -1,0 +1,122 @@
+package warmer_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// TestResolveDefaults checks the one definition of each derived default.
+func TestResolveDefaults(t *testing.T) {
+	stale, err := lockstep.NewKeys("t:${id}", "", "stale:t:${id}", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := lockstep.NewKeys("p:${id}", "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		in   warmer.KeyspaceConfig
+		want func(c warmer.KeyspaceConfig) string // "" when right
+	}{
+		{"lock ttl at least 10s", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute, StatementTimeout: 2 * time.Second},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.LockTTL == 10*time.Second, "lock_ttl %v, want 10s", c.LockTTL)
+			}},
+		{"lock ttl twice the statement timeout", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute, StatementTimeout: 8 * time.Second},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.LockTTL == 16*time.Second, "lock_ttl %v, want 16s", c.LockTTL)
+			}},
+		{"stale ttl 10 x ttl with a stale template", warmer.KeyspaceConfig{Name: "a", Keys: stale, TTL: 30 * time.Second},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.StaleTTL == 300*time.Second, "stale_ttl %v, want 300s", c.StaleTTL)
+			}},
+		{"no stale ttl without a template", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: 30 * time.Second},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.StaleTTL == 0, "stale_ttl %v, want 0", c.StaleTTL)
+			}},
+		{"max tracked", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute, TopN: 5000},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.MaxTracked == 50000, "max_tracked %d, want 50000", c.MaxTracked)
+			}},
+		{"max tracked floor", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute, TopN: 50},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.MaxTracked == warmer.DefaultMaxTracked, "max_tracked %d, want %d", c.MaxTracked, warmer.DefaultMaxTracked)
+			}},
+		{"refresh ahead 20%", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: 10 * time.Second},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.RefreshAhead == 2*time.Second, "refresh_ahead %v, want 2s", c.RefreshAhead)
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.in.Resolve()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if msg := tt.want(got); msg != "" {
+				t.Error(msg)
+			}
+		})
+	}
+}
+
+func check(ok bool, format string, args ...any) string {
+	if ok {
+		return ""
+	}
+	return fmt.Sprintf(format, args...)
+}
+
+// TestResolveBounds: every duration has an upper bound, and derived values never overflow into a negative
+// TTL (10 × 876000h did).
+func TestResolveBounds(t *testing.T) {
+	stale, err := lockstep.NewKeys("t:${id}", "", "stale:t:${id}", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := func() warmer.KeyspaceConfig {
+		return warmer.KeyspaceConfig{Name: "a", Keys: stale, TTL: time.Minute}
+	}
+	tests := []struct {
+		name string
+		edit func(c *warmer.KeyspaceConfig)
+		want string
+	}{
+		{"ttl", func(c *warmer.KeyspaceConfig) { c.TTL = 876000 * time.Hour }, `keyspace "a": ttl: 876000h0m0s is above the limit of 8784h0m0s`},
+		{"statement timeout", func(c *warmer.KeyspaceConfig) { c.StatementTimeout = 1500000 * time.Hour }, `keyspace "a": statement_timeout: 1500000h0m0s is above the limit`},
+		{"lock ttl", func(c *warmer.KeyspaceConfig) { c.LockTTL = 9000 * time.Hour }, `keyspace "a": lock_ttl: 9000h0m0s is above the limit`},
+		{"max stale", func(c *warmer.KeyspaceConfig) { c.MaxStale = 9000 * time.Hour }, `keyspace "a": max_stale: 9000h0m0s is above the limit`},
+		{"stale ttl", func(c *warmer.KeyspaceConfig) { c.StaleTTL = 9000 * time.Hour }, `keyspace "a": stale_ttl: 9000h0m0s is above the limit`},
+		{"stale ttl below ttl", func(c *warmer.KeyspaceConfig) { c.StaleTTL = time.Second }, `keyspace "a": stale_ttl: 1s must be longer than ttl`},
+		{"jitter", func(c *warmer.KeyspaceConfig) { c.Jitter = 2 }, `keyspace "a": jitter: 2 is outside [0,1]`},
+		{"top_n", func(c *warmer.KeyspaceConfig) { c.TopN = warmer.MaxTopN + 1 }, `keyspace "a": top_n: 1000001 is not in [0, 1000000]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := base()
+			tt.edit(&c)
+			got, err := c.Resolve()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Resolve: got %v (stale_ttl %v, lock_ttl %v), want an error containing %q", err, got.StaleTTL, got.LockTTL, tt.want)
+			}
+		})
+	}
+	// The largest allowed values derive without overflow.
+	c := base()
+	c.TTL, c.StatementTimeout = warmer.MaxDuration/2, warmer.MaxDuration/2
+	c.Jitter = 1
+	got, err := c.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.StaleTTL <= got.TTL || got.LockTTL <= got.StatementTimeout {
+		t.Errorf("derived stale_ttl %v, lock_ttl %v: want them above ttl and statement_timeout", got.StaleTTL, got.LockTTL)
+	}
+}
