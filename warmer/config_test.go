@@ -110,7 +110,7 @@ func TestResolveBounds(t *testing.T) {
 	}
 	// The largest allowed values derive without overflow.
 	c := base()
-	c.TTL, c.StatementTimeout = warmer.MaxDuration/2, warmer.MaxDuration/2
+	c.TTL, c.StatementTimeout = warmer.MaxDuration, warmer.MaxDuration/2 // the statement timeout fits half the TTL
 	c.Jitter = 1
 	got, err := c.Resolve()
 	if err != nil {

@@ -355,24 +355,6 @@ func (s *timeoutOnce) Fetch(ctx context.Context, ids []string) (map[string][]byt
 	return s.Source.Fetch(ctx, ids)
 }
 
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // One client-side timeout is counted (origin_timeout) but does not declare the origin failing; the next query
 // succeeds and the key is written.
 func TestSingleClientTimeoutIsNoOutage(t *testing.T) {

@@ -262,6 +262,9 @@ func resolveKeyspaces(d *decoder, c *Config) {
 		}
 		if err == nil {
 			ks.LockTTL, ks.StaleTTL, ks.MaxTracked = r.LockTTL, r.StaleTTL, r.MaxTracked
+			if n := r.LeadNote(); n != "" {
+				d.notes = append(d.notes, n)
+			}
 		}
 	}
 }
