@@ -148,11 +148,13 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 		}
 	}
 	p.k.mu.Unlock()
+	var refused []*item
 	for _, it := range items {
 		if it.result == ResultError {
-			p.k.log.Warn("lock refused by Redis", "key", it.ks.Cache, "reason", it.reason, "error", it.err)
+			refused = append(refused, it)
 		}
 	}
+	p.k.warnRefused("lock refused by Redis; retrying with back-off", refused)
 	p.k.w.m.locks.WithLabelValues(p.cfg.Name, "acquired").Add(float64(len(owned)))
 	p.k.w.m.locks.WithLabelValues(p.cfg.Name, "held").Add(float64(len(items) - len(owned) - len(replies)))
 	return owned, nil
@@ -270,10 +272,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		}
 	}
 	p.k.mu.Unlock()
-	for _, it := range replies {
-		p.k.log.Warn("publish refused by Redis; lock released, retrying with back-off", "key", it.ks.Cache,
-			"reason", it.reason, "error", it.err)
-	}
+	p.k.warnRefused("publish refused by Redis; lock released, retrying with back-off", replies)
 	return nil
 }
 
@@ -381,4 +380,21 @@ func releaseLocks(ctx context.Context, rdb redis.UniversalClient, locks []string
 		}
 		wait = min(2*wait, releaseRetryMax)
 	}
+}
+
+// warnRefusedKeys is how many keys of one batch warnRefused logs one by one; past that it logs one summary line
+// with the first key, so that a Redis refusing everything (OOM) costs a line per batch, not per key.
+const warnRefusedKeys = 3
+
+// warnRefused logs, at WARN, the keys of one batch that Redis answered with an error reply: each with its key,
+// reason and reply, or a summary when there are many.
+func (k *keyspace) warnRefused(msg string, items []*item) {
+	if len(items) <= warnRefusedKeys {
+		for _, it := range items {
+			k.log.Warn(msg, "key", it.ks.Cache, "reason", it.reason, "error", it.err)
+		}
+		return
+	}
+	it := items[0]
+	k.log.Warn(msg, "keys", len(items), "first_key", it.ks.Cache, "reason", it.reason, "error", it.err)
 }
