@@ -32,7 +32,9 @@ type KeyspaceStatus struct {
 	// Refreshes counts refresh attempts since start by result (ok, fresh, locked, missing, lock_lost, error).
 	Refreshes map[string]int64 `json:"refreshes"`
 	// HotExpired is the SLO counter: hot keys that expired before their refresh. It should stay at 0.
-	HotExpired int64       `json:"hot_expired"`
+	HotExpired int64 `json:"hot_expired"`
+	// CheckError is set while the keyspace's source check fails (see Checker): nothing is refreshed until it passes.
+	CheckError string      `json:"check_error,omitempty"`
 	Keys       []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
 }
 
@@ -48,7 +50,11 @@ func (w *Warmer) Status(limit int) []KeyspaceStatus {
 	out := make([]KeyspaceStatus, 0, len(spaces))
 	now := w.now()
 	for _, k := range spaces {
-		out = append(out, k.status(now, limit))
+		st := k.status(now, limit)
+		if f, ok := w.checkFailure(k); ok {
+			st.CheckError = f.Error
+		}
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b KeyspaceStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out

@@ -155,7 +155,8 @@ func (d *daemon) readyWarmer() *warmer.Warmer {
 	}
 }
 
-// readyz reports whether the config is loaded and Redis and PostgreSQL answer.
+// readyz reports whether the config is loaded, Redis and PostgreSQL answer, and every keyspace's query check
+// passed; otherwise its error names each failing keyspace and its check error.
 func (d *daemon) readyz(ctx context.Context) error {
 	select {
 	case <-d.ready:
@@ -167,6 +168,14 @@ func (d *daemon) readyz(ctx context.Context) error {
 	}
 	if err := d.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
+	}
+	if failing := d.w.Failing(); len(failing) > 0 {
+		errs := make([]error, len(failing))
+		for i, f := range failing {
+			errs[i] = fmt.Errorf("keyspace %q: check failing since %s (%d attempts, next at %s): %s", f.Keyspace,
+				f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error)
+		}
+		return errors.Join(errs...)
 	}
 	return nil
 }
@@ -219,14 +228,9 @@ func (d *daemon) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for name, src := range srcs {
-		cctx, cancel := context.WithTimeout(gctx, connectTimeout)
-		err := src.Check(cctx)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("keyspace %q: %w", name, err)
-		}
-	}
+	// Each keyspace's query is checked by the warmer before its first refresh (postgres.Source is a
+	// warmer.Checker): a keyspace whose check fails (a table renamed by a migration) is retried with back-off and
+	// named by /readyz and the status page, while the others run. Exiting here would crash-loop under systemd.
 	d.w, err = warmer.New(d.rdb, warmer.Config{
 		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg, Notifications: true,
 		DB: d.cfg.Redis.DB,
