@@ -6,13 +6,16 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/keepwarm/keepwarm/internal/backoff"
 )
 
 // Checker is implemented by a Source that can verify its queries against the origin without running them (the
 // table and columns exist, the shapes are right), as sources/postgres does. When a keyspace's Source is a
 // Checker, the Warmer checks it before the keyspace's first refresh and, while the check fails (a table renamed
-// during a migration, the origin down), retries it with back-off (see Backoff) and refreshes nothing in that
-// keyspace; the other keyspaces run meanwhile. Failing reports the keyspaces still failing. Check must honour ctx.
+// during a migration, the origin down), retries it with jittered exponential back-off (CheckBackoffBase doubling
+// up to CheckBackoffMax) and refreshes nothing in that keyspace; the other keyspaces run meanwhile. Failing
+// reports the keyspaces still failing. Check must honour ctx.
 type Checker interface {
 	Check(ctx context.Context) error
 }
@@ -26,18 +29,6 @@ const (
 	// CheckBackoffMax is the longest pause between two checks of a failing keyspace.
 	CheckBackoffMax = time.Minute
 )
-
-// Backoff is the pause before retry number attempt (0 for the first retry): exponential from base, doubling per
-// attempt, capped at maxDelay, with "equal jitter" so that many daemons (or keyspaces) failing together do not
-// retry in lockstep: a uniform draw in [d/2, d) for d = min(maxDelay, base·2^attempt), with u uniform in [0, 1).
-// See "Exponential Backoff And Jitter", Marc Brooker, AWS Architecture Blog, 2015.
-func Backoff(attempt int, base, maxDelay time.Duration, u float64) time.Duration {
-	d := maxDelay
-	if attempt < 62 && base > 0 && base <= maxDelay>>min(attempt, 62) {
-		d = base << attempt
-	}
-	return d/2 + time.Duration(u*float64(d/2))
-}
 
 // CheckFailure is a keyspace whose source check fails, as Failing reports it.
 type CheckFailure struct {
@@ -93,8 +84,8 @@ func (w *Warmer) startKeyspace(ctx, workCtx context.Context, wg *sync.WaitGroup,
 	}()
 }
 
-// checkUntilOK checks k's source until the check passes (true) or ctx ends (false), pausing Backoff between
-// attempts. Each attempt checks the source of k's current config, so a reload that fixes the query is picked up.
+// checkUntilOK checks k's source until the check passes (true) or ctx ends (false), pausing backoff.Delay
+// between attempts. Each attempt checks the source of k's current config, so a reload that fixes the query is picked up.
 // Each failure is logged (the first at Error, then every tenth) and reported by Failing until the check passes.
 func (w *Warmer) checkUntilOK(ctx context.Context, k *keyspace) bool {
 	defer func() {
@@ -128,7 +119,7 @@ func (w *Warmer) checkUntilOK(ctx context.Context, k *keyspace) bool {
 		if since.IsZero() {
 			since = now
 		}
-		pause := Backoff(attempt, CheckBackoffBase, CheckBackoffMax, rnd.Float64())
+		pause := backoff.Delay(attempt, CheckBackoffBase, CheckBackoffMax, rnd.Float64())
 		w.checks.mu.Lock()
 		if w.checks.failing == nil {
 			w.checks.failing = map[*keyspace]CheckFailure{}

@@ -1,13 +1,13 @@
-package warmer_test
+package backoff_test
 
 import (
 	"testing"
 	"time"
 
-	"github.com/keepwarm/keepwarm/warmer"
+	"github.com/keepwarm/keepwarm/internal/backoff"
 )
 
-func TestBackoff(t *testing.T) {
+func TestDelay(t *testing.T) {
 	const base, maxDelay = time.Second, time.Minute
 	tests := []struct {
 		name      string
@@ -23,18 +23,19 @@ func TestBackoff(t *testing.T) {
 		{name: "capped, highest draw", attempt: 10, u: 0.999999, wantRange: [2]time.Duration{59 * time.Second, time.Minute}},
 		{name: "huge attempt does not overflow", attempt: 1 << 20, u: 0, want: 30 * time.Second},
 		{name: "attempt 63 does not overflow", attempt: 63, u: 0, want: 30 * time.Second},
+		{name: "negative attempt is the first", attempt: -3, u: 0, want: 500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := warmer.Backoff(tt.attempt, base, maxDelay, tt.u)
+			got := backoff.Delay(tt.attempt, base, maxDelay, tt.u)
 			if tt.want != 0 {
 				if got != tt.want {
-					t.Errorf("Backoff(%d, %v, %v, %v) = %v, want %v", tt.attempt, base, maxDelay, tt.u, got, tt.want)
+					t.Errorf("Delay(%d, %v, %v, %v) = %v, want %v", tt.attempt, base, maxDelay, tt.u, got, tt.want)
 				}
 				return
 			}
 			if got < tt.wantRange[0] || got >= tt.wantRange[1] {
-				t.Errorf("Backoff(%d, %v, %v, %v) = %v, want in [%v, %v)", tt.attempt, base, maxDelay, tt.u, got,
+				t.Errorf("Delay(%d, %v, %v, %v) = %v, want in [%v, %v)", tt.attempt, base, maxDelay, tt.u, got,
 					tt.wantRange[0], tt.wantRange[1])
 			}
 		})
