@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"reflect"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/keepwarm/keepwarm/internal/backoff"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/reload"
 	"github.com/keepwarm/keepwarm/internal/runs"
@@ -180,11 +182,12 @@ func (d *daemon) readyz(ctx context.Context) error {
 	return nil
 }
 
-// connect reaches Redis and PostgreSQL, retrying with back-off until they answer or ctx ends: a daemon started
-// before its dependencies waits for them instead of crash-looping.
+// connect reaches Redis and PostgreSQL, retrying with jittered back-off (1s doubling up to 30s) until they
+// answer or ctx ends: a daemon started before its dependencies waits for them instead of crash-looping, and a
+// fleet restarted together does not retry in step.
 func (d *daemon) connect(ctx context.Context) error {
-	backoff := time.Second
 	for attempt := 1; ; attempt++ {
+		pause := backoff.Delay(attempt-1, time.Second, 30*time.Second, rand.Float64())
 		var err error
 		if d.rdb == nil {
 			if d.rdb, err = wire.Redis(ctx, d.cfg, connectTimeout); err != nil {
@@ -200,14 +203,14 @@ func (d *daemon) connect(ctx context.Context) error {
 			return nil
 		}
 		if attempt == 1 || attempt%10 == 0 {
-			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt, "retry_in", backoff)
+			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt,
+				"retry_in", pause.String())
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(pause):
 		}
-		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 
