@@ -48,7 +48,10 @@ func (c *Client) call(ctx context.Context, f func(ctx context.Context) error) er
 		}
 	}
 	if err != nil && ctx.Err() == nil && (errors.Is(bctx.Err(), context.DeadlineExceeded) || isTimeout(err)) {
-		return fmt.Errorf("%w (bound %v): %w", ErrRedisTimeout, c.cfg.redisTimeout, errors.Join(context.DeadlineExceeded, err))
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w (bound %v): %w", ErrRedisTimeout, c.cfg.redisTimeout, err)
+		}
+		return fmt.Errorf("%w (bound %v): %w: %w", ErrRedisTimeout, c.cfg.redisTimeout, context.DeadlineExceeded, err)
 	}
 	return err
 }
