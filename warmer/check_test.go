@@ -39,6 +39,7 @@ func TestKeyspaceCheckRetriedWithBackoff(t *testing.T) {
 	eventually(t, 10*time.Second, "the healthy keyspace's pinned key written", func() bool {
 		return f.rdb.Exists(ctx, f.key("1")).Val() == 1
 	})
+	eventually(t, 10*time.Second, "the broken keyspace reported failing", func() bool { return len(w.Failing()) > 0 })
 	failing := w.Failing()
 	if len(failing) != 1 || failing[0].Keyspace != "things" || !strings.Contains(failing[0].Error, "does not exist") ||
 		failing[0].Attempts < 1 || failing[0].NextCheck.Before(failing[0].Since) {
