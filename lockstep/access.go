@@ -72,11 +72,14 @@ func (c *Client) flushAccess(ctx context.Context) error {
 	}
 	a.counts = make(map[string]float64, len(counts))
 	a.mu.Unlock()
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for id, n := range counts {
-			p.ZIncrBy(ctx, c.accessKey, n, id)
-		}
-		return nil
+	err := c.call(ctx, func(ctx context.Context) error {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for id, n := range counts {
+				p.ZIncrBy(ctx, c.accessKey, n, id)
+			}
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("flush %d access counts to %q: %w", len(counts), c.accessKey, err)

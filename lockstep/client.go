@@ -35,6 +35,7 @@ type Client struct {
 	rec       Recorder
 	log       *slog.Logger
 	accessKey string
+	ctxAware  bool // rdb ends a blocked read at the context's deadline (see honoursDeadlines)
 
 	flights    singleflight.Group
 	refreshing sync.Map // cache key → struct{}: background refreshes in flight
@@ -98,6 +99,7 @@ func New(rdb redis.UniversalClient, keyspace string, keys *Keys, load Loader, tt
 		rec:       cfg.recorder,
 		log:       cfg.logger.With("keyspace", keyspace),
 		accessKey: AccessKey(keyspace),
+		ctxAware:  honoursDeadlines(rdb),
 		stop:      make(chan struct{}),
 	}
 	if cfg.sampleRate > 0 {
@@ -134,11 +136,20 @@ type filled struct {
 // returned instead. Others (followers) poll the cache key with Backoff and, when the wait ends, serve the stale
 // copy if there is one. A follower never calls the Loader.
 //
+// Every Redis round trip is bounded by the Redis timeout (WithRedisTimeout, default DefaultRedisTimeout = 1s),
+// even when ctx has no deadline. When a read of the cache key fails (a timeout or a transport error: a stalled
+// connection, a reset) and the keys have a stale template, Get makes one more bounded round trip that reads the
+// cache key and the stale copy, and serves the stale copy when the value is still missing. So when Redis stops
+// answering, a hit path Get fails within about 2 × the Redis timeout, and a miss within a few more of them plus the
+// follower wait; a lock whose SET NX timed out is released in the background once Redis answers (a frozen Redis
+// runs queued commands when it wakes), so it does not block rebuilds for the lock TTL.
+//
 // Errors: ErrInvalidID for a bad id; the Loader's error, wrapped (errors.Is(err, ErrNotFound) holds for a
 // missing record, and nothing is cached then); ErrRebuildTimeout when a follower found nothing to serve;
-// ctx.Err() when ctx ends first; ErrClosed after Close; or a Redis error (Get does not fall back to the Loader
-// when Redis fails, so an outage of Redis is not passed on to the origin). If the publish fails (lock lost, Redis
-// error) the loaded value is still returned. The returned slice belongs to the caller.
+// ctx.Err() when ctx ends first; ErrClosed after Close; or a Redis error, wrapping ErrRedisTimeout (and
+// context.DeadlineExceeded) when Redis did not answer in time (Get does not fall back to the Loader when Redis
+// fails, so an outage of Redis is not passed on to the origin). If the publish fails (lock lost, Redis error) the
+// loaded value is still returned. The returned slice belongs to the caller.
 func (c *Client) Get(ctx context.Context, id string) ([]byte, error) {
 	var ks KeySet // all keys; on the plain hit path only the cache key is built
 	var err error
@@ -158,14 +169,39 @@ func (c *Client) Get(ctx context.Context, id string) ([]byte, error) {
 	if c.cfg.xfetchBeta > 0 {
 		v, err = c.readXFetch(ctx, ks)
 	} else {
-		v, err = c.rdb.Get(ctx, ks.Cache).Bytes()
+		key := ks.Cache // the closure may outlive this call (see call): it must not read ks, which changes below
+		err = c.call(ctx, func(ctx context.Context) error {
+			b, err := c.rdb.Get(ctx, key).Bytes()
+			v = b
+			return err
+		})
 	}
 	switch {
 	case err == nil:
 		c.rec.Hit(c.keyspace)
 		return v, nil
 	case !errors.Is(err, redis.Nil):
-		return nil, fmt.Errorf("lockstep: get %q: %w", ks.Cache, err)
+		err = fmt.Errorf("lockstep: get %q: %w", ks.Cache, err)
+		if ctx.Err() != nil || replyError(err) || c.keys.Stale.IsZero() {
+			return nil, err
+		}
+		if ks.Stale == "" {
+			full, kerr := c.keys.For(id)
+			if kerr != nil {
+				return nil, kerr
+			}
+			ks = full
+		}
+		f, ferr := c.staleFallback(ctx, ks, err)
+		if ferr != nil {
+			return nil, ferr
+		}
+		if f.stale {
+			c.rec.StaleServe(c.keyspace)
+		} else {
+			c.rec.Hit(c.keyspace)
+		}
+		return f.val, nil
 	}
 	c.rec.Miss(c.keyspace)
 	if ks.Lock == "" {
@@ -204,12 +240,17 @@ func (c *Client) readXFetch(ctx context.Context, ks KeySet) ([]byte, error) {
 	var get *redis.StringCmd
 	var pttl *redis.DurationCmd
 	var delta *redis.StringCmd
-	_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		get = p.Get(ctx, ks.Cache)
-		pttl = p.PTTL(ctx, ks.Cache)
-		delta = p.HGet(ctx, ks.Meta, MetaDeltaField)
-		return nil
-	})
+	if err := c.call(ctx, func(ctx context.Context) error {
+		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			get = p.Get(ctx, ks.Cache)
+			pttl = p.PTTL(ctx, ks.Cache)
+			delta = p.HGet(ctx, ks.Meta, MetaDeltaField)
+			return nil
+		})
+		return get.Err()
+	}); err != nil {
+		return nil, err
+	}
 	v, err := get.Bytes()
 	if err != nil {
 		return nil, err
@@ -232,11 +273,24 @@ func (c *Client) fill(ctx context.Context, ks KeySet) (filled, error) {
 	token := NewToken()
 	setCmd := acquireCmd(ctx, ks.Lock, token, c.cfg.lockTTL)
 	var getCmd *redis.StringCmd
-	_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		_ = p.Process(ctx, setCmd)
-		getCmd = p.Get(ctx, ks.Cache)
+	if err := c.call(ctx, func(ctx context.Context) error {
+		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			_ = p.Process(ctx, setCmd)
+			getCmd = p.Get(ctx, ks.Cache)
+			return nil
+		})
+		if _, err := acquired(setCmd); err != nil {
+			return err
+		}
 		return nil
-	})
+	}); err != nil {
+		err = fmt.Errorf("lockstep: acquire %q: %w", ks.Lock, err)
+		if replyError(err) {
+			return filled{}, err
+		}
+		c.releaseLater(ks, token) // the SET NX may have run, or may run when Redis wakes
+		return c.staleFallback(ctx, ks, err)
+	}
 	lead, err := acquired(setCmd)
 	if err != nil {
 		return filled{}, fmt.Errorf("lockstep: acquire %q: %w", ks.Lock, err)
@@ -275,8 +329,12 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 		if errors.Is(err, ErrNotFound) {
 			result = ResultNotFound
 			if refresh {
-				if perr := Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true}); perr != nil && !errors.Is(perr, ErrLockLost) {
+				perr := c.call(ctx, func(ctx context.Context) error {
+					return Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true})
+				})
+				if perr != nil && !errors.Is(perr, ErrLockLost) {
 					c.log.Warn("lockstep: delete a record gone from the origin", "id", ks.ID, "error", perr)
+					c.release(ctx, ks, token)
 				}
 			} else {
 				c.release(ctx, ks, token)
@@ -291,14 +349,15 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 		c.rec.Rebuild(c.keyspace, time.Since(start), result)
 		return nil, err
 	}
-	err = Publish(ctx, c.rdb, Write{
+	w := Write{
 		Keys:     ks,
 		Token:    token,
 		Value:    v,
 		TTL:      Jitter(c.ttl, c.cfg.jitter, c.cfg.rand()),
 		StaleTTL: c.cfg.staleTTL,
 		Rebuild:  delta,
-	})
+	}
+	err = c.call(ctx, func(ctx context.Context) error { return Publish(ctx, c.rdb, w) })
 	switch {
 	case err == nil:
 		c.rec.Rebuild(c.keyspace, time.Since(start), ResultOK)
@@ -313,10 +372,55 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 	return v, nil
 }
 
+// release releases the lock of ks held with token. When the reply is lost (a timeout, a transport error) it
+// leaves the job to releaseLater; after an error reply the lock expires by itself.
 func (c *Client) release(ctx context.Context, ks KeySet, token string) {
-	if _, err := Release(ctx, c.rdb, ks.Lock, token); err != nil {
+	err := c.call(ctx, func(ctx context.Context) error {
+		_, err := Release(ctx, c.rdb, ks.Lock, token)
+		return err
+	})
+	switch {
+	case err == nil:
+	case replyError(err):
 		c.log.Warn("lockstep: release lock failed; it expires by itself", "id", ks.ID, "error", err)
+	default:
+		c.log.Debug("lockstep: release lock failed; retrying in the background", "id", ks.ID, "error", err)
+		c.releaseLater(ks, token)
 	}
+}
+
+// staleFallback is Get's answer when a round trip failed with cause (a timeout or a transport error, not an error
+// reply): one more bounded round trip reads the cache key and, when the keys have a stale template, the stale
+// copy. go-redis drops a connection that timed out, so this read goes over another one. It returns the value, else
+// the stale copy (marked stale; the caller records the serve), else cause.
+func (c *Client) staleFallback(ctx context.Context, ks KeySet, cause error) (filled, error) {
+	if ks.Stale == "" {
+		return filled{}, cause
+	}
+	var get, stale *redis.StringCmd
+	err := c.call(ctx, func(ctx context.Context) error {
+		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			get = p.Get(ctx, ks.Cache)
+			stale = p.Get(ctx, ks.Stale)
+			return nil
+		})
+		if err := get.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return filled{}, cause
+	}
+	if v, err := get.Bytes(); err == nil {
+		return filled{val: v}, nil
+	}
+	v, err := stale.Bytes()
+	if err != nil {
+		return filled{}, cause
+	}
+	c.log.Debug("lockstep: redis read failed; serving the stale copy", "id", ks.ID, "error", cause)
+	return filled{val: v, stale: true}, nil
 }
 
 // wait polls the cache key with the Backoff while another process rebuilds. The last poll also reads the stale
@@ -347,23 +451,33 @@ func (c *Client) wait(ctx context.Context, ks KeySet) (filled, error) {
 		case <-timer.C:
 		}
 		var get, stale *redis.StringCmd
-		if last && ks.Stale != "" {
-			_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-				get = p.Get(ctx, ks.Cache)
-				stale = p.Get(ctx, ks.Stale)
-				return nil
-			})
-		} else {
-			get = c.rdb.Get(ctx, ks.Cache)
+		err := c.call(ctx, func(ctx context.Context) error {
+			if last && ks.Stale != "" {
+				_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+					get = p.Get(ctx, ks.Cache)
+					stale = p.Get(ctx, ks.Stale)
+					return nil
+				})
+			} else {
+				get = c.rdb.Get(ctx, ks.Cache)
+			}
+			return get.Err()
+		})
+		var v []byte
+		if err == nil {
+			v, err = get.Bytes()
 		}
-		v, err := get.Bytes()
 		switch {
 		case err == nil:
 			done(WaitHit)
 			return filled{val: v}, nil
 		case !errors.Is(err, redis.Nil):
 			done(WaitCanceled)
-			return filled{}, fmt.Errorf("lockstep: wait for %q: %w", ks.Cache, err)
+			err = fmt.Errorf("lockstep: wait for %q: %w", ks.Cache, err)
+			if replyError(err) || ctx.Err() != nil {
+				return filled{}, err
+			}
+			return c.staleFallback(ctx, ks, err)
 		}
 		if !last {
 			sleep = min(time.Duration(float64(sleep)*b.Multiplier), b.Max)
@@ -399,10 +513,17 @@ func (c *Client) refreshAsync(ctx context.Context, ks KeySet) {
 		defer c.wg.Done()
 		defer c.refreshing.Delete(ks.Cache)
 		token := NewToken()
-		ok, err := Acquire(ctx, c.rdb, ks.Lock, token, c.cfg.lockTTL)
+		var ok bool
+		err := c.call(ctx, func(ctx context.Context) (err error) {
+			ok, err = Acquire(ctx, c.rdb, ks.Lock, token, c.cfg.lockTTL)
+			return err
+		})
 		switch {
 		case err != nil:
 			c.log.Warn("lockstep: background refresh: acquire lock", "id", ks.ID, "error", err)
+			if !replyError(err) {
+				c.releaseLater(ks, token) // the SET NX may have run, or may run when Redis wakes
+			}
 			return
 		case !ok:
 			c.rec.LockContention(c.keyspace)
@@ -416,8 +537,9 @@ func (c *Client) refreshAsync(ctx context.Context, ks KeySet) {
 // Invalidate is the write path's delete (see the package function Invalidate): it deletes the cache key, meta
 // hash and lock of id in one DEL, so the next Get rebuilds it and a rebuild in flight (by this process, another
 // app or keepwarm's daemon) cannot publish the value it read before the change. Call it after the origin's
-// transaction commits. The stale copy stays (still served to followers that time out). Errors: ErrInvalidID,
-// ErrClosed, or the Redis error.
+// transaction commits. The stale copy stays (still served to followers that time out). The call is bounded like
+// every Redis call of the Client (WithRedisTimeout). Errors: ErrInvalidID, ErrClosed, ErrRedisTimeout, or the
+// Redis error.
 func (c *Client) Invalidate(ctx context.Context, id string) error {
 	ks, err := c.keys.For(id)
 	if err != nil {
@@ -426,7 +548,7 @@ func (c *Client) Invalidate(ctx context.Context, id string) error {
 	if c.closedFlag.Load() {
 		return ErrClosed
 	}
-	return Invalidate(ctx, c.rdb, ks)
+	return c.call(ctx, func(ctx context.Context) error { return Invalidate(ctx, c.rdb, ks) })
 }
 
 // Close stops the Client: later Gets return ErrClosed, followers still waiting get ErrClosed, and Close waits

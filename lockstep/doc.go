@@ -55,6 +55,12 @@
 //   - Leader crashes: its lock expires after the lock TTL; followers serve stale or time out meanwhile.
 //   - Origin down during a refresh (the daemon): ExtendValueMany keeps the old value for another TTL.
 //   - Redis down: Get returns the Redis error; it does not pass the load on to the origin.
+//   - Redis frozen or a connection stalled: every round trip is bounded (WithRedisTimeout, default 1s, even for a
+//     context without deadline, even when go-redis ignores context deadlines), and fails with ErrRedisTimeout. A
+//     read that timed out is retried once, over a new connection, together with the stale copy, which is served
+//     when the value is missing. A SET NX (or a release) whose reply was lost may still run when Redis wakes, so
+//     the Client releases that lock in the background, token-checked, once Redis answers: no orphaned lock blocks
+//     rebuilds for the lock TTL.
 //   - Script cache flushed: see above; calls keep working.
 //
 // # Early refresh (XFetch)

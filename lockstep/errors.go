@@ -28,6 +28,9 @@ var (
 	// ErrInvalidArgument is wrapped by every error about a bad argument or option; the message names the argument,
 	// e.g. "lockstep: invalid argument: jitter: 1.5 is outside [0, 1]".
 	ErrInvalidArgument = errors.New("lockstep: invalid argument")
+	// ErrRedisTimeout is wrapped by the error of a Client call whose Redis round trip did not finish within the
+	// Redis timeout (WithRedisTimeout); errors.Is(err, context.DeadlineExceeded) holds too.
+	ErrRedisTimeout = errors.New("lockstep: redis timeout")
 	// ErrClosed is returned by Client.Get and Client.Invalidate after Client.Close.
 	ErrClosed = errors.New("lockstep: client closed")
 )

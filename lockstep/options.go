@@ -12,6 +12,9 @@ const (
 	// DefaultLockTTL is the default lease of a rebuild lock (WithLockTTL). A loader gets this long; a publish after
 	// it returns ErrLockLost.
 	DefaultLockTTL = 5 * time.Second
+	// DefaultRedisTimeout bounds every Redis round trip of a Client (WithRedisTimeout), whatever the caller's
+	// context allows: a Get whose context has no deadline still fails in bounded time when Redis stops answering.
+	DefaultRedisTimeout = time.Second
 	// DefaultAccessFlushInterval is how often sampled access counts are flushed to Redis (WithAccessFlushInterval).
 	DefaultAccessFlushInterval = time.Second
 	// DefaultAccessMaxPending is the most distinct ids buffered between flushes; more trigger an early flush and
@@ -41,6 +44,7 @@ var DefaultBackoff = Backoff{Initial: 50 * time.Millisecond, Multiplier: 1.5, Ma
 type config struct {
 	jitter        float64
 	lockTTL       time.Duration
+	redisTimeout  time.Duration
 	staleTTL      time.Duration
 	backoff       Backoff
 	xfetchBeta    float64 // 0: off
@@ -56,6 +60,7 @@ func defaultConfig() config {
 	return config{
 		jitter:        DefaultJitter,
 		lockTTL:       DefaultLockTTL,
+		redisTimeout:  DefaultRedisTimeout,
 		backoff:       DefaultBackoff,
 		flushInterval: DefaultAccessFlushInterval,
 		maxPending:    DefaultAccessMaxPending,
@@ -91,6 +96,24 @@ func WithLockTTL(ttl time.Duration) Option {
 			return argError("lock ttl", "%v is not > 0", ttl)
 		}
 		c.lockTTL = ttl
+		return nil
+	}
+}
+
+// WithRedisTimeout bounds each Redis round trip of the Client (a GET, a pipeline, a script call) to d, > 0
+// (default DefaultRedisTimeout = 1s); a caller's earlier context deadline still wins. A call that hits the bound
+// fails with an error wrapping ErrRedisTimeout and context.DeadlineExceeded. The bound holds even when the
+// go-redis client ignores context deadlines (ContextTimeoutEnabled false, its default): the Client then runs each
+// call in a goroutine of its own (about 10 more allocations per Get), stops waiting at the bound, and leaves the
+// call to finish under go-redis's own ReadTimeout. With ContextTimeoutEnabled true (recommended) the call runs
+// inline and go-redis itself ends it at the bound. Choose d above Redis's
+// slowest healthy round trip (p99.9 plus a margin): a Get's worst case is a few multiples of it (see Client.Get).
+func WithRedisTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return argError("redis timeout", "%v is not > 0", d)
+		}
+		c.redisTimeout = d
 		return nil
 	}
 }

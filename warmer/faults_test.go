@@ -454,3 +454,38 @@ func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
 	t.Logf("pool_exhausted errors: %v, fail-safe extensions: %v", refreshErrors(t, reg, warmer.ReasonPoolExhausted),
 		counter(t, reg, "keepwarm_warmer_failsafe_extensions_total", map[string]string{"keyspace": "items"}))
 }
+
+// pausedTwice answers its first two Fetches only well after their deadline, with the deadline's error: what a
+// daemon sees when it is paused (SIGSTOP) across a query's deadline and its timer fires late on resume.
+type pausedTwice struct {
+	warmer.Source
+	n atomic.Int32
+}
+
+func (s *pausedTwice) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
+	if s.n.Add(1) <= 2 {
+		<-ctx.Done()
+		time.Sleep(1500 * time.Millisecond) // the resume comes long after the deadline
+		return nil, nil, fmt.Errorf("fetch: %w", context.DeadlineExceeded)
+	}
+	return s.Source.Fetch(ctx, ids)
+}
+
+// Deadlines that fire late because the process was paused are not origin failures, however many in a row.
+func TestPausedDaemonIsNoOutage(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	var logs logBuffer
+	cfg := f.config("1")
+	cfg.Src = &pausedTwice{Source: f.src}
+	_, _, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	eventually(t, 20*time.Second, "key written after two paused queries", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
+	stop()
+	if strings.Contains(logs.String(), "origin failing") {
+		t.Errorf("a paused daemon logged an origin outage:\n%s", logs.String())
+	}
+	if n := strings.Count(logs.String(), "this process was paused"); n != 2 {
+		t.Errorf("paused queries noticed %d times, want 2:\n%s", n, logs.String())
+	}
+}

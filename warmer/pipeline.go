@@ -18,6 +18,10 @@ import (
 // Redis answers, for at most releaseRetryFor, or for releaseTimeout once ctx has ended (shutdown, an interrupted
 // warmup). Each attempt is bounded by releaseTimeout.
 const (
+	// pausedSlack: an origin query whose client-side deadline fired this much later than due was not slow; the
+	// daemon itself was paused.
+	pausedSlack = time.Second
+
 	releaseTimeout   = 2 * time.Second
 	releaseRetryBase = 100 * time.Millisecond
 	releaseRetryMax  = 2 * time.Second
@@ -187,7 +191,10 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 			it.fail(reason, err)
 		}
 		if p.failSafe != nil {
-			p.k.originFailed(cfg, reason, err)
+			// A client-side deadline that fired well after it was due means this process was paused (SIGSTOP,
+			// a stalled VM) while PostgreSQL had answered: not the origin's failure.
+			paused := reason == ReasonOriginTimeout && p.rebuild > cfg.StatementTimeout+cfg.LockTTL/3+pausedSlack
+			p.k.originFailed(cfg, reason, paused, err)
 			p.failSafe(ctx, items)
 		}
 		return nil

@@ -248,7 +248,15 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 // values. A client-side timeout alone (reason origin_timeout) does not begin an outage until a second batch in a
 // row fails: a daemon that was paused (SIGSTOP, a stalled VM) past a query's deadline sees its own timer fire on
 // resume although PostgreSQL answered long ago. Errors that come from the origin itself begin it at once.
-func (k *keyspace) originFailed(cfg KeyspaceConfig, reason string, cause error) {
+//
+// paused marks a query whose deadline fired well after it was due: the process itself was paused, so it does
+// not count towards an outage at all.
+func (k *keyspace) originFailed(cfg KeyspaceConfig, reason string, paused bool, cause error) {
+	if paused {
+		k.log.Info("origin query deadline fired late: this process was paused; not counted as an origin failure",
+			"error", cause)
+		return
+	}
 	k.mu.Lock()
 	k.originFailures++
 	first := !k.outage && (reason != ReasonOriginTimeout || k.originFailures >= 2)

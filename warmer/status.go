@@ -59,8 +59,10 @@ type KeyspaceStatus struct {
 	HotExpired int64 `json:"hot_expired"`
 	// LFU is true while the LFU signal is on: the keyspace asks for it and Redis's maxmemory-policy, as last
 	// checked, is an LFU policy.
-	LFU  bool        `json:"lfu"`
-	Keys []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
+	LFU bool `json:"lfu"`
+	// CheckError is set while the keyspace's source check fails (see Checker): nothing is refreshed until it passes.
+	CheckError string      `json:"check_error,omitempty"`
+	Keys       []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
@@ -75,7 +77,11 @@ func (w *Warmer) Status(limit int) []KeyspaceStatus {
 	out := make([]KeyspaceStatus, 0, len(spaces))
 	now := w.now()
 	for _, k := range spaces {
-		out = append(out, k.status(now, limit))
+		st := k.status(now, limit)
+		if f, ok := w.checkFailure(k); ok {
+			st.CheckError = f.Error
+		}
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b KeyspaceStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out

@@ -55,6 +55,7 @@ type Warmer struct {
 
 	progress atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
 	running  atomic.Bool
+	checks   checks // keyspaces whose source check has not passed yet (see Checker)
 }
 
 // New validates cfg and returns a Warmer. The error names every invalid field of every keyspace.
@@ -147,7 +148,9 @@ func (w *Warmer) Progress() time.Time { return time.Unix(0, w.progress.Load()) }
 
 func (w *Warmer) tick() { w.progress.Store(time.Now().UnixNano()) }
 
-// Run starts the keyspaces' scheduler loops and blocks until ctx ends. It then stops scheduling, lets in-flight
+// Run starts the keyspaces' scheduler loops and blocks until ctx ends. A keyspace whose Source is a Checker starts
+// once its check passes, retried with back-off meanwhile (see Checker and Failing), so one broken keyspace does not
+// stop the others. It then stops scheduling, lets in-flight
 // refreshes finish within Config.Grace (cancelling them after it), releases every lock they hold, and returns
 // nil. It returns an error only if it was already running.
 func (w *Warmer) Run(ctx context.Context) error {
@@ -162,7 +165,7 @@ func (w *Warmer) Run(ctx context.Context) error {
 	var loops sync.WaitGroup
 	w.mu.Lock()
 	for _, k := range w.spaces {
-		k.start(ctx, workCtx, &loops)
+		w.startKeyspace(ctx, workCtx, &loops, k)
 	}
 	w.mu.Unlock()
 	if w.cfg.Notifications {
@@ -209,7 +212,7 @@ func (w *Warmer) Run(ctx context.Context) error {
 			return nil
 		case u := <-w.notes:
 			w.mu.Lock()
-			w.applyLocked(u.spaces, func(k *keyspace) { k.start(ctx, workCtx, &loops) })
+			w.applyLocked(u.spaces, func(k *keyspace) { w.startKeyspace(ctx, workCtx, &loops, k) })
 			w.mu.Unlock()
 			close(u.done)
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"reflect"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/keepwarm/keepwarm/internal/backoff"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/reload"
 	"github.com/keepwarm/keepwarm/internal/runs"
@@ -171,7 +173,8 @@ func (d *daemon) readyWarmer() *warmer.Warmer {
 	}
 }
 
-// readyz reports whether the config is loaded and Redis and PostgreSQL answer.
+// readyz reports whether the config is loaded, Redis and PostgreSQL answer, and every keyspace's query check
+// passed; otherwise its error names each failing keyspace and its check error.
 func (d *daemon) readyz(ctx context.Context) error {
 	select {
 	case <-d.ready:
@@ -184,14 +187,23 @@ func (d *daemon) readyz(ctx context.Context) error {
 	if err := d.pool.Ping(ctx); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
+	if failing := d.w.Failing(); len(failing) > 0 {
+		errs := make([]error, len(failing))
+		for i, f := range failing {
+			errs[i] = fmt.Errorf("keyspace %q: check failing since %s (%d attempts, next at %s): %s", f.Keyspace,
+				f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error)
+		}
+		return errors.Join(errs...)
+	}
 	return nil
 }
 
-// connect reaches Redis and PostgreSQL, retrying with back-off until they answer or ctx ends: a daemon started
-// before its dependencies waits for them instead of crash-looping.
+// connect reaches Redis and PostgreSQL, retrying with jittered back-off (1s doubling up to 30s) until they
+// answer or ctx ends: a daemon started before its dependencies waits for them instead of crash-looping, and a
+// fleet restarted together does not retry in step.
 func (d *daemon) connect(ctx context.Context) error {
-	backoff := time.Second
 	for attempt := 1; ; attempt++ {
+		pause := backoff.Delay(attempt-1, time.Second, 30*time.Second, rand.Float64())
 		var err error
 		if d.rdb == nil {
 			if d.rdb, err = wire.Redis(ctx, d.cfg, connectTimeout); err != nil {
@@ -207,14 +219,14 @@ func (d *daemon) connect(ctx context.Context) error {
 			return nil
 		}
 		if attempt == 1 || attempt%10 == 0 {
-			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt, "retry_in", backoff)
+			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt,
+				"retry_in", pause.String())
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(pause):
 		}
-		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 
@@ -236,14 +248,9 @@ func (d *daemon) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for name, src := range srcs {
-		cctx, cancel := context.WithTimeout(gctx, connectTimeout)
-		err := src.Check(cctx)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("keyspace %q: %w", name, err)
-		}
-	}
+	// Each keyspace's query is checked by the warmer before its first refresh (postgres.Source is a
+	// warmer.Checker): a keyspace whose check fails (a table renamed by a migration) is retried with back-off and
+	// named by /readyz and the status page, while the others run. Exiting here would crash-loop under systemd.
 	d.w, err = warmer.New(d.rdb, warmer.Config{
 		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg, Notifications: true,
 		DB: d.cfg.Redis.DB,

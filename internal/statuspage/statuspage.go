@@ -138,6 +138,7 @@ type keyspaceView struct {
 	Errors            int64 // refreshes with result error
 	KeyErrors         int   // listed hot keys whose last refresh failed
 	HotExpired        int64
+	CheckError        string // the keyspace's query check fails: nothing is refreshed (see warmer.Checker)
 	Keys              []keyView
 	Listed, Counted   int // keys listed in the table; keys counted in the histogram
 	Hist              histogram
@@ -176,7 +177,8 @@ func (h *Handler) build(ctx context.Context) page {
 	p.Starting = spaces == nil
 	for _, ks := range spaces {
 		v := keyspaceView{Name: ks.Name, KeyTemplate: ks.Key, Tracked: ks.Tracked, Hot: ks.Hot, Due: ks.Due,
-			Errors: ks.Refreshes[warmer.ResultError], HotExpired: ks.HotExpired, Counted: len(ks.Keys)}
+			Errors: ks.Refreshes[warmer.ResultError], HotExpired: ks.HotExpired, Counted: len(ks.Keys),
+			CheckError: ks.CheckError}
 		p.HotExpired += ks.HotExpired
 		v.Results = results(ks.Refreshes)
 		v.Hist = newHistogram(ks.Keys, DefaultBins)

@@ -14,7 +14,9 @@ import (
 // NewPool returns a connection pool for dsn (a postgres:// URL or keyword/value string; TLS comes from its
 // sslmode, sslrootcert, sslcert and sslkey). maxConns > 0 caps the pool (pgxpool's default is the larger of 4
 // and the number of CPUs); connectTimeout > 0 bounds each connection attempt. It sets application_name to
-// "keepwarm" unless the dsn sets one. It does not connect: use Ping. Parse errors never contain the password.
+// "keepwarm" unless the dsn sets one. While PostgreSQL is down, the pool dials each address at most once per
+// jittered back-off pause (ReconnectBackoffBase doubling up to ReconnectBackoffMax); other connection attempts
+// fail at once with an error wrapping ErrReconnectBackoff. It does not connect: use Ping. Parse errors never contain the password.
 func NewPool(ctx context.Context, dsn string, maxConns int32, connectTimeout time.Duration) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -26,6 +28,8 @@ func NewPool(ctx context.Context, dsn string, maxConns int32, connectTimeout tim
 	if connectTimeout > 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
 	}
+	// While the server is down, dial each address at most once per jittered back-off pause (see dialBackoff).
+	cfg.ConnConfig.DialFunc = newDialBackoff(cfg.ConnConfig.DialFunc).DialContext
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "keepwarm"
 	}
