@@ -1,7 +1,6 @@
 package warmer_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -87,24 +86,6 @@ func (r *recorder) counts() (started, finished int) {
 	return r.started, r.finished
 }
 
-// logBuffer is a concurrency-safe slog sink.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // runs sums keepwarm_schedule_runs_total by result.
 func scheduleRuns(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
@@ -141,7 +122,7 @@ type cronDaemon struct {
 	c    *warmer.Cron
 	reg  *prometheus.Registry
 	rec  *recorder
-	logs *logBuffer
+	logs *testenv.LogBuffer
 }
 
 // newCronDaemons builds n daemons; rec, if not nil, gives daemon i's RunRecorder (else a *recorder).
@@ -156,7 +137,7 @@ func newCronDaemons(t *testing.T, f *fixture, clk clockwork.Clock, n int, rec fu
 		if err != nil {
 			t.Fatal(err)
 		}
-		d := &cronDaemon{reg: prometheus.NewRegistry(), rec: &recorder{}, logs: &logBuffer{}}
+		d := &cronDaemon{reg: prometheus.NewRegistry(), rec: &recorder{}, logs: &testenv.LogBuffer{}}
 		log := slog.New(slog.NewTextHandler(d.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		var r warmer.RunRecorder = d.rec
 		if rec != nil {

@@ -341,15 +341,22 @@ func TestTooLargeKeepsOldValue(t *testing.T) {
 	}
 }
 
-// timeoutOnce fails the first Fetch with a client-side deadline, as a daemon resumed after SIGSTOP sees its own
-// query timer fire although PostgreSQL answered long ago, then behaves.
-type timeoutOnce struct {
+// lateSource fails its first fails Fetches with the deadline's error, each late by late after ctx's deadline
+// (0: at once), then behaves. late > 0 is what a daemon paused (SIGSTOP) across a query's deadline sees: its
+// timer fires long after it was due, although PostgreSQL answered long ago.
+type lateSource struct {
 	warmer.Source
-	failed atomic.Bool
+	fails int32
+	late  time.Duration
+	n     atomic.Int32
 }
 
-func (s *timeoutOnce) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
-	if s.failed.CompareAndSwap(false, true) {
+func (s *lateSource) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
+	if s.n.Add(1) <= s.fails {
+		if s.late > 0 {
+			<-ctx.Done()
+			time.Sleep(s.late) // the resume comes long after the deadline
+		}
 		return nil, nil, fmt.Errorf("fetch: %w", context.DeadlineExceeded)
 	}
 	return s.Source.Fetch(ctx, ids)
@@ -360,9 +367,9 @@ func (s *timeoutOnce) Fetch(ctx context.Context, ids []string) (map[string][]byt
 func TestSingleClientTimeoutIsNoOutage(t *testing.T) {
 	f := newFixture(t, 3)
 	ctx := context.Background()
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	cfg := f.config("1")
-	cfg.Src = &timeoutOnce{Source: f.src}
+	cfg.Src = &lateSource{Source: f.src, fails: 1}
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	eventually(t, 10*time.Second, "key written after one timeout", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
@@ -455,29 +462,13 @@ func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
 		counter(t, reg, "keepwarm_warmer_failsafe_extensions_total", map[string]string{"keyspace": "items"}))
 }
 
-// pausedTwice answers its first two Fetches only well after their deadline, with the deadline's error: what a
-// daemon sees when it is paused (SIGSTOP) across a query's deadline and its timer fires late on resume.
-type pausedTwice struct {
-	warmer.Source
-	n atomic.Int32
-}
-
-func (s *pausedTwice) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
-	if s.n.Add(1) <= 2 {
-		<-ctx.Done()
-		time.Sleep(1500 * time.Millisecond) // the resume comes long after the deadline
-		return nil, nil, fmt.Errorf("fetch: %w", context.DeadlineExceeded)
-	}
-	return s.Source.Fetch(ctx, ids)
-}
-
 // Deadlines that fire late because the process was paused are not origin failures, however many in a row.
 func TestPausedDaemonIsNoOutage(t *testing.T) {
 	f := newFixture(t, 3)
 	ctx := context.Background()
-	var logs logBuffer
+	var logs testenv.LogBuffer
 	cfg := f.config("1")
-	cfg.Src = &pausedTwice{Source: f.src}
+	cfg.Src = &lateSource{Source: f.src, fails: 2, late: 1500 * time.Millisecond}
 	_, _, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	eventually(t, 20*time.Second, "key written after two paused queries", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })

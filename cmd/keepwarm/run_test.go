@@ -17,23 +17,8 @@ import (
 	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
-// syncBuffer is a bytes.Buffer safe for the daemon's log writes and the test's reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer collects a daemon's log output.
+type syncBuffer = testenv.LogBuffer
 
 // daemonConfig writes a config for one keyspace over a fresh table in the test database, with the given
 // pinned ids, to dir/keepwarm.toml.

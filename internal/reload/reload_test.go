@@ -1,18 +1,17 @@
 package reload_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/reload"
+	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
 // call is one reload call, with the config content on disk when it was made.
@@ -30,22 +29,8 @@ type harness struct {
 	calls chan call
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) count(sub string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), sub)
-}
+// syncBuffer collects a daemon's log output.
+type syncBuffer = testenv.LogBuffer
 
 func start(t *testing.T, path string, valid func(string) bool) *harness {
 	t.Helper()
@@ -79,7 +64,7 @@ func (h *harness) next(what string) call {
 	case c := <-h.calls:
 		return c
 	case <-time.After(20 * time.Second):
-		h.t.Fatalf("%s: no reload within 20 s; watcher log:\n%s", what, h.logs.b.String())
+		h.t.Fatalf("%s: no reload within 20 s; watcher log:\n%s", what, h.logs.String())
 		return call{}
 	}
 }
@@ -88,7 +73,7 @@ func (h *harness) next(what string) call {
 func (h *harness) waitLog(sub string, n int) {
 	h.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
-	for h.logs.count(sub) < n {
+	for h.logs.Count(sub) < n {
 		if time.Now().After(deadline) {
 			h.t.Fatalf("watcher did not log %q %d times within 20 s", sub, n)
 		}
