@@ -185,8 +185,7 @@ func (k *keyspace) redisError(ctx context.Context, what string, err error) {
 		return
 	}
 	k.mu.Lock()
-	first := !k.redisDown
-	k.redisDown = true
+	first := k.redis.fail(k.w.now())
 	k.mu.Unlock()
 	if first {
 		k.log.Error("redis failing; will keep retrying", "op", what, "error", err)
@@ -195,11 +194,10 @@ func (k *keyspace) redisError(ctx context.Context, what string, err error) {
 
 func (k *keyspace) redisOK() {
 	k.mu.Lock()
-	was := k.redisDown
-	k.redisDown = false
+	ends, n := k.redis.ok(k.w.now())
 	k.mu.Unlock()
-	if was {
-		k.log.Info("redis recovered")
+	if ends {
+		k.log.Info("redis recovered", "failures", n)
 	}
 }
 

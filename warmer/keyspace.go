@@ -37,9 +37,9 @@ type keyspace struct {
 	adopt          []*hotState // hot keys whose expiry must be learnt with PTTL
 	running        int         // origin queries in flight
 	rnd            *rand.Rand
-	outage         bool // the origin is failing; logged once per outage
-	originFailures int  // origin queries failed in a row (see originFailed)
-	redisDown      bool // Redis is failing; logged once per outage
+	origin         outage // the origin's failures, logged once per outage
+	originFailures int    // origin queries failed in a row (see originFailed)
+	redis          outage // Redis's failures, logged once per outage
 	lastSync       time.Time
 	lfu            lfuState
 	invalid        invalidIDs // skipped ids not yet reported in the log

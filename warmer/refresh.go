@@ -259,24 +259,28 @@ func (k *keyspace) originFailed(cfg KeyspaceConfig, reason string, paused bool, 
 	}
 	k.mu.Lock()
 	k.originFailures++
-	first := !k.outage && (reason != ReasonOriginTimeout || k.originFailures >= 2)
-	if first {
-		k.outage = true
+	first := false
+	if reason != ReasonOriginTimeout || k.originFailures >= 2 {
+		first = k.origin.fail(k.w.now())
 	}
 	k.mu.Unlock()
 	if first {
-		k.log.Error("origin failing; serving current values past their TTL (fail-safe)", "max_stale", cfg.MaxStale,
-			"error", cause)
+		msg := "origin failing; serving current values past their TTL (fail-safe)"
+		if reason == ReasonPoolExhausted {
+			msg = "origin busy: no connection free within pool_wait_timeout; serving current values past their TTL (fail-safe)"
+		}
+		k.log.Error(msg, "reason", reason, "max_stale", cfg.MaxStale, "error", cause)
 	}
 }
 
+// originOK notes a successful origin query; the outage, if any, ends once outageSettle has passed without a
+// failure.
 func (k *keyspace) originOK() {
 	k.mu.Lock()
-	was := k.outage
-	k.outage = false
 	k.originFailures = 0
+	ends, n := k.origin.ok(k.w.now())
 	k.mu.Unlock()
-	if was {
-		k.log.Info("origin recovered; refreshes resumed")
+	if ends {
+		k.log.Info("origin recovered; refreshes resumed", "failures", n)
 	}
 }
