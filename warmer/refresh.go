@@ -11,6 +11,9 @@ import (
 // retryBase is the first back-off after a failed or skipped refresh; it doubles per consecutive failure.
 const retryBase = 500 * time.Millisecond
 
+// lockedRecheckMin is the shortest wait before a key found locked by someone else is looked at again.
+const lockedRecheckMin = 50 * time.Millisecond
+
 // tryAgainDelay is the back-off after a TRYAGAIN reply (a Redis Cluster slot in migration, which lasts
 // milliseconds to seconds): short, so that the key is published as soon as the slot has moved.
 const tryAgainDelay = 100 * time.Millisecond
@@ -80,9 +83,10 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 		switch it.result {
 		case ResultLocked, ResultLockGone:
 			// An app or another replica is rebuilding it, or an app just invalidated it: look again soon, by
-			// which time the new value is there (or the key is due at once).
+			// which time the new value is there (or the key is due at once). Soon is a small part of the lead,
+			// so that when the other rebuild fails (its origin query did) there is still time to refresh.
 			h.needPTTL = true
-			k.q.schedule(h, now.Add(min(cfg.LockTTL/2, time.Second)))
+			k.q.schedule(h, now.Add(max(lockedRecheckMin, min(cfg.LockTTL/2, time.Second, k.leadLocked(h)/8))))
 		case ResultLockLost:
 			if it.err != nil {
 				h.lastErr = it.err.Error()
