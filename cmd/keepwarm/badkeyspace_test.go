@@ -95,11 +95,14 @@ ids = ["2"]
 	if n := rdb.Exists(ctx, prefix+"thing:2").Val(); n != 0 {
 		t.Fatalf("the broken keyspace's key exists before its table does")
 	}
-	code, body := get(t, addr, "/readyz")
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, `keyspace "things"`) ||
-		!strings.Contains(body, "does not exist") {
-		t.Errorf("GET /readyz = %d %q; want 503 naming keyspace \"things\" and its error", code, body)
-	}
+	// The check of each keyspace runs on its own: wait for the event (the broken one reported), not a time.
+	var code int
+	var body string
+	waitFor(t, 10*time.Second, "GET /readyz: 503 naming keyspace \"things\" and its error", func() bool {
+		code, body = get(t, addr, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, `keyspace "things"`) &&
+			strings.Contains(body, "does not exist")
+	}, logs)
 	if strings.Contains(body, `keyspace "items"`) {
 		t.Errorf("GET /readyz names the healthy keyspace: %q", body)
 	}
