@@ -312,8 +312,13 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("Dockerfile ARGs %q: want GO_VERSION=%s, go.mod's go directive", args, goVersion[1])
 	}
 	from := get("FROM")
-	if len(from) != 2 || from[0] != "golang:${GO_VERSION}-bookworm AS build" || from[1] != "gcr.io/distroless/static-debian12:nonroot" {
-		t.Errorf("FROM %q: want a golang build stage and distroless static nonroot", from)
+	if len(from) != 2 || from[0] != "${BUILD_IMAGE} AS build" || from[1] != "${RUNTIME_IMAGE} AS runtime" {
+		t.Errorf("FROM %q: want the base images as build arguments, stages build and runtime", from)
+	}
+	for _, want := range []string{"BUILD_IMAGE=golang:${GO_VERSION}-bookworm", "RUNTIME_IMAGE=gcr.io/distroless/static-debian12:nonroot"} {
+		if !slices.Contains(get("ARG"), want) {
+			t.Errorf("Dockerfile ARGs %q: want %s, the default base", get("ARG"), want)
+		}
 	}
 	if !slices.Contains(get("RUN"), `VERSION="${VERSION}" scripts/build-static /out/keepwarm`) {
 		t.Errorf("RUN %q: the build must be scripts/build-static, the flags' one source", get("RUN"))
