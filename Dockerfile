@@ -34,9 +34,10 @@ COPY config.toml /etc/keepwarm/config.toml
 COPY examples/hotkeys /etc/keepwarm/examples/hotkeys
 USER nonroot:nonroot
 EXPOSE 9471
-# distroless has no curl: the binary checks its own /readyz.
+# distroless has no curl: the binary checks its own /livez, on $KEEPWARM_DAEMON_LISTEN (default 127.0.0.1:9471).
+# Liveness, not /readyz: readiness fails while Redis or PostgreSQL is down, which is when the fail-safe works.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["/usr/local/bin/keepwarm", "healthcheck", "--url", "http://127.0.0.1:9471/readyz"]
+  CMD ["/usr/local/bin/keepwarm", "healthcheck", "--path", "/livez"]
 # Exec form: keepwarm is PID 1 and gets SIGTERM itself (it drains in-flight refreshes and releases its locks).
 ENTRYPOINT ["/usr/local/bin/keepwarm", "run"]
 CMD ["--config", "/etc/keepwarm/config.toml"]

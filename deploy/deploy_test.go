@@ -117,7 +117,7 @@ func TestComposeServices(t *testing.T) {
 
 	t.Run("health checks", func(t *testing.T) {
 		want := map[string]string{
-			"keepwarm": "CMD /usr/local/bin/keepwarm healthcheck --url http://127.0.0.1:9471/readyz",
+			"keepwarm": "CMD /usr/local/bin/keepwarm healthcheck --path /livez",
 			"redis":    "CMD redis-cli ping",
 			"postgres": "CMD pg_isready -h 127.0.0.1 -U keepwarm -d chinook",
 		}
@@ -340,8 +340,9 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("%s %q, want the exec form %q", cmd, args, want)
 		}
 	}
-	if hc := get("HEALTHCHECK"); len(hc) != 1 || !strings.HasSuffix(hc[0], `CMD ["/usr/local/bin/keepwarm", "healthcheck", "--url", "http://127.0.0.1:9471/readyz"]`) {
-		t.Errorf("HEALTHCHECK %q: want keepwarm healthcheck on /readyz", hc)
+	// Liveness: /readyz fails while a dependency is down, and an unhealthy container gets restarted.
+	if hc := get("HEALTHCHECK"); len(hc) != 1 || !strings.HasSuffix(hc[0], `CMD ["/usr/local/bin/keepwarm", "healthcheck", "--path", "/livez"]`) {
+		t.Errorf("HEALTHCHECK %q: want keepwarm healthcheck on /livez", hc)
 	}
 }
 

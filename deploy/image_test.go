@@ -235,7 +235,9 @@ func TestContainerImage(t *testing.T) {
 		defer cancel()
 		_, _ = podman(t, ctx, "rm", "-f", "-t", "0", name)
 	})
-	mustPodman(t, ctx, append(podmanRun, "-d", "--name", name, "-v", mount, image)...)
+	// KEEPWARM_DAEMON_LISTEN as a container would set it: the HEALTHCHECK finds the port there.
+	mustPodman(t, ctx, append(podmanRun, "-d", "--name", name, "-v", mount,
+		"-e", "KEEPWARM_DAEMON_LISTEN=127.0.0.1:"+strconv.Itoa(port), image)...)
 	logs := func() string { // the daemon logs to standard error
 		out, err := exec.Command("podman", "logs", name).CombinedOutput()
 		if err != nil {
@@ -288,6 +290,13 @@ func TestContainerImage(t *testing.T) {
 		}
 		if nx := sched[0].Next.In(berlin); nx.Hour() != 3 || nx.Minute() != 0 || sched[0].Next.UTC().Hour() == 3 {
 			t.Errorf("next run %v (%v in Berlin), want 03:00 Berlin time, not UTC", sched[0].Next, nx)
+		}
+	})
+
+	t.Run("HEALTHCHECK", func(t *testing.T) {
+		// podman runs the image's HEALTHCHECK command in the container (no systemd timer needed for a manual run).
+		if out, err := podman(t, ctx, "--runtime", "runc", "healthcheck", "run", name); err != nil {
+			t.Errorf("podman healthcheck run: %v\n%s", err, out)
 		}
 	})
 

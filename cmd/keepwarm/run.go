@@ -69,6 +69,7 @@ type daemon struct {
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
+	readyAt time.Time     // when ready was closed; written before the close
 }
 
 func newLogger(d config.Daemon, w io.Writer) *slog.Logger {
@@ -100,7 +101,7 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 	d.reg.MustRegister(d.reloads)
 	var err error
 	if d.srv, err = server.New(server.Config{
-		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz,
+		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz, Live: d.livez,
 		Hotkeys: func(limit int) any {
 			w := d.readyWarmer()
 			if w == nil {
@@ -155,18 +156,66 @@ func (d *daemon) readyWarmer() *warmer.Warmer {
 	}
 }
 
-// readyz reports whether the config is loaded and Redis and PostgreSQL answer.
+// readyTimeout bounds each dependency's ping in /readyz: a frozen Redis makes /readyz answer "redis: no answer
+// within 500ms" rather than hang for the client's read timeout.
+const readyTimeout = 500 * time.Millisecond
+
+// livezStall is how long the scheduler may go without completing a loop pass before /livez fails. A pass
+// happens at least every 2 s, and takes at most a Redis read timeout or two even while Redis is frozen.
+const livezStall = 30 * time.Second
+
+// readyz reports whether the config is loaded and Redis and PostgreSQL answer, each within readyTimeout. The
+// error names every dependency that failed.
 func (d *daemon) readyz(ctx context.Context) error {
 	select {
 	case <-d.ready:
 	default:
 		return errors.New("starting: waiting for redis and postgres")
 	}
-	if err := d.rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis: %w", err)
+	// Both pings run at once, each bounded by readyTimeout. go-redis applies its own read timeout (3 s), not
+	// the context's deadline, so a ping is waited for in a goroutine; one outlives the handler by at most that.
+	ping := func(name string, f func(context.Context) error) func() error {
+		ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+		done := make(chan error, 1)
+		go func() {
+			defer cancel()
+			done <- f(ctx)
+		}()
+		return func() error {
+			var err error
+			select {
+			case err = <-done:
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+			switch {
+			case err == nil:
+				return nil
+			case errors.Is(err, context.DeadlineExceeded):
+				return fmt.Errorf("%s: no answer within %v: %w", name, readyTimeout, err)
+			default:
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
 	}
-	if err := d.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
+	redisErr := ping("redis", func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() })
+	pgErr := ping("postgres", d.pool.Ping)
+	return errors.Join(redisErr(), pgErr())
+}
+
+// livez reports whether the process and its scheduler loop are alive, without I/O. While the daemon waits for
+// its dependencies it is alive; once running, the scheduler must have completed a pass within livezStall.
+func (d *daemon) livez() error {
+	w := d.readyWarmer()
+	if w == nil {
+		return nil
+	}
+	last := w.Progress()
+	if last.Before(d.readyAt) { // no pass yet: the scheduler's time counts from start-up
+		last = d.readyAt
+	}
+	if age := time.Since(last); age > livezStall {
+		return fmt.Errorf("scheduler stalled: last loop pass %v ago", age.Round(time.Second))
 	}
 	return nil
 }
@@ -244,6 +293,7 @@ func (d *daemon) run(ctx context.Context) error {
 		return fmt.Errorf("watch config: %w", err)
 	}
 	keyspaces := len(d.cfg.Keyspaces) // read before the watcher starts: a reload replaces d.cfg
+	d.readyAt = time.Now()
 	close(d.ready)
 	g.Go(func() error { return d.w.Run(gctx) })
 	g.Go(func() error { return d.cron.Run(gctx) })
