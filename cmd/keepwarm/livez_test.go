@@ -69,3 +69,28 @@ func TestLivezIsNotReadyz(t *testing.T) {
 		t.Errorf("exit code after SIGTERM = %d, want 0\n%s", code, logs)
 	}
 }
+
+// TestRunWarnsWhenListeningBeyondLoopback: daemon.listen on all interfaces is logged as a warning; loopback is not.
+func TestRunWarnsWhenListeningBeyondLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		listen string
+		warn   bool
+	}{
+		{"127.0.0.1:0", false},
+		{"0.0.0.0:0", true},
+	} {
+		t.Run(tc.listen, func(t *testing.T) {
+			f := newDaemonFixture(t)
+			f.write(t, `"1"`, "")
+			t.Setenv("KEEPWARM_DAEMON_LISTEN", tc.listen)
+			logs, stop := startRun(t, f.path)
+			listenAddr(t, logs) // the warning, if any, comes before "keepwarm running"
+			if got := strings.Contains(logs.String(), "daemon.listen is not loopback"); got != tc.warn {
+				t.Errorf("listen %s: warning logged = %v, want %v\n%s", tc.listen, got, tc.warn, logs)
+			}
+			if code := stop(); code != 0 {
+				t.Errorf("exit code = %d\n%s", code, logs)
+			}
+		})
+	}
+}

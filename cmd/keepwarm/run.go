@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"reflect"
 	"time"
@@ -48,6 +49,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	log := newLogger(cfg.Daemon, stderr)
+	routeRedisLogs(log)
 	d, err := startDaemon(ctx, *path, cfg, log)
 	if err != nil {
 		return err
@@ -142,7 +144,21 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 	}); err != nil {
 		return nil, fmt.Errorf("daemon: listen %s: %w", cfg.Daemon.Listen, err)
 	}
+	if !isLoopback(d.srv.Addr()) {
+		log.Warn("daemon.listen is not loopback: /metrics, /debug/* and the status page are reachable from the network; "+
+			"restrict it with a firewall or a proxy (docs/operations.md)", "listen", d.srv.Addr())
+	}
 	return d, nil
+}
+
+// isLoopback reports whether addr (host:port) binds to loopback only. A wildcard or a host name is not.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // readyWarmer returns the warmer once the daemon is ready, nil before. HTTP handlers use it: close(d.ready) orders
@@ -177,16 +193,18 @@ func (d *daemon) readyz(ctx context.Context) error {
 	ping := func(name string, f func(context.Context) error) func() error {
 		ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 		done := make(chan error, 1)
-		go func() {
-			defer cancel()
-			done <- f(ctx)
-		}()
+		go func() { done <- f(ctx) }()
 		return func() error {
+			defer cancel()
 			var err error
 			select {
-			case err = <-done:
-			case <-ctx.Done():
-				err = ctx.Err()
+			case err = <-done: // an answer that came in time wins over a deadline passed since
+			default:
+				select {
+				case err = <-done:
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
 			}
 			switch {
 			case err == nil:
