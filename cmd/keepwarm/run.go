@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -72,6 +73,8 @@ type daemon struct {
 	reloads *prometheus.CounterVec
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
 	readyAt time.Time     // when ready was closed; written before the close
+	// connectErr is the last failed attempt to reach Redis or PostgreSQL at start-up, for /readyz.
+	connectErr atomic.Pointer[error]
 }
 
 func newLogger(d config.Daemon, w io.Writer) *slog.Logger {
@@ -186,6 +189,12 @@ func (d *daemon) readyz(ctx context.Context) error {
 	select {
 	case <-d.ready:
 	default:
+		if p := d.connectErr.Load(); p != nil {
+			if perm := wire.Permission(*p); perm != "" {
+				return fmt.Errorf("starting: waiting for redis and postgres: %s: %w", perm, *p)
+			}
+			return fmt.Errorf("starting: waiting for redis and postgres: %w", *p)
+		}
 		return errors.New("starting: waiting for redis and postgres")
 	}
 	// Both pings run at once, each bounded by readyTimeout. go-redis applies its own read timeout (3 s), not
@@ -209,6 +218,8 @@ func (d *daemon) readyz(ctx context.Context) error {
 			switch {
 			case err == nil:
 				return nil
+			case wire.Permission(err) != "":
+				return fmt.Errorf("%s: %s: %w", name, wire.Permission(err), err)
 			case errors.Is(err, context.DeadlineExceeded):
 				return fmt.Errorf("%s: no answer within %v: %w", name, readyTimeout, err)
 			default:
@@ -257,7 +268,14 @@ func (d *daemon) connect(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if attempt == 1 || attempt%10 == 0 {
+		d.connectErr.Store(&err)
+		if perm := wire.Permission(err); perm != "" {
+			// Not an outage: retrying will not help until someone fixes the ACL, grant or password.
+			if attempt == 1 || attempt%10 == 0 {
+				d.log.Error("permission denied by a dependency; retrying", "error", err, "permission", perm,
+					"attempt", attempt, "retry_in", backoff)
+			}
+		} else if attempt == 1 || attempt%10 == 0 {
 			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt, "retry_in", backoff)
 		}
 		select {
