@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
@@ -84,8 +86,40 @@ ids = ["1"]
 	return p
 }
 
+// readOnlyRole makes a PostgreSQL role with the grants docs/operations.md gives for `keepwarm run` without
+// schedules (CONNECT, USAGE on the source's schema, SELECT on its table), read-only by default, and returns its
+// DSN. The role is dropped on cleanup.
+func readOnlyRole(t *testing.T, f *daemonFixture) string {
+	t.Helper()
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	role := "kwro_" + strings.ToLower(strings.NewReplacer(":", "", "_", "").Replace(f.prefix[len(f.prefix)-9:]))
+	schema, _, _ := strings.Cut(f.table, ".")
+	db := pool.Config().ConnConfig.Database
+	for _, q := range []string{
+		"create role " + role + " login",
+		"alter role " + role + " set default_transaction_read_only = on",
+		"grant connect on database " + pgx.Identifier{db}.Sanitize() + " to " + role,
+		"grant usage on schema " + schema + " to " + role,
+		"grant select on " + f.table + " to " + role,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, q := range []string{"drop owned by " + role, "drop role " + role} {
+			if _, err := pool.Exec(context.Background(), q); err != nil {
+				t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+	cfg := pool.Config().ConnConfig
+	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", role, cfg.Host, cfg.Port, db)
+}
+
 // TestRunUnderLeastPrivilegeRedisACL runs the daemon as a Redis ACL user with only the documented commands, keys
-// and channels: it gets ready, writes a pinned and a hot key, and Redis logs no denial (ACL LOG); it stops with
+// and channels, and as a read-only PostgreSQL role with only SELECT on the source table: it gets ready, writes a pinned and a hot key, and Redis logs no denial (ACL LOG); it stops with
 // exit 0 and no lock left.
 func TestRunUnderLeastPrivilegeRedisACL(t *testing.T) {
 	priv := testenv.PrivateRedis(t)
@@ -98,8 +132,13 @@ func TestRunUnderLeastPrivilegeRedisACL(t *testing.T) {
 		t.Fatalf("ACL SETUSER: %v", err)
 	}
 	t.Setenv("KEEPWARM_REDIS_URL", "redis://keepwarm:s3cret-acl@"+priv.Options().Addr+"/0")
+	dsn := readOnlyRole(t, f)
+	t.Setenv("KEEPWARM_POSTGRES_DSN", dsn)
 	logs, stop := startRun(t, leastPrivConfig(t, f))
 	addr := listenAddr(t, logs)
+	if !strings.Contains(logs.String(), `postgres.dsn="`+dsn+`"`) {
+		t.Fatalf("the daemon does not run as the read-only role %s:\n%s", dsn, logs)
+	}
 	waitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := readyzBody(t, addr); return code == 200 }, logs)
 	// An app reads id 2 often (lockstep's access recording): the daemon's tracker makes it hot and warms it.
 	if err := priv.ZIncrBy(ctx, "keepwarm:access:items", 10, "2").Err(); err != nil {
