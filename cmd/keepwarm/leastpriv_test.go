@@ -197,3 +197,35 @@ func TestRunNamesRedisNOPERM(t *testing.T) {
 		t.Errorf("exit code = %d\n%s", code, logs)
 	}
 }
+
+// TestValidateCheckTestsRedisToo: validate --check connects to Redis with the configured credentials, so a wrong
+// password fails it (naming authentication), while --check-db alone looks at PostgreSQL only.
+func TestValidateCheckTestsRedisToo(t *testing.T) {
+	priv := testenv.PrivateRedis(t)
+	ctx := context.Background()
+	f := newDaemonFixture(t)
+	if err := priv.Do(ctx, append([]any{"ACL", "SETUSER", "keepwarm"}, redisACLRule(f.prefix)...)...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	path := leastPrivConfig(t, f)
+	for _, tc := range []struct {
+		name, password, flag string
+		wantCode             int
+		wantOut              string
+	}{
+		{"right password", "s3cret-acl", "--check", 0, "redis: answered PING with the configured credentials"},
+		{"wrong password", "wrong-pass", "--check", 1, "redis authentication failed"},
+		{"wrong password, --check-db only", "wrong-pass", "--check-db", 0, "queries prepared on PostgreSQL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("KEEPWARM_REDIS_URL", "redis://keepwarm:"+tc.password+"@"+priv.Options().Addr+"/0")
+			stdout, stderr, code := keepwarm(t, "validate", "--config", path, tc.flag)
+			if code != tc.wantCode || !strings.Contains(stdout+stderr, tc.wantOut) {
+				t.Errorf("validate %s: exit %d, want %d with %q\n%s%s", tc.flag, code, tc.wantCode, tc.wantOut, stdout, stderr)
+			}
+			if strings.Contains(stdout+stderr, tc.password) {
+				t.Errorf("the password appears in the output:\n%s%s", stdout, stderr)
+			}
+		})
+	}
+}
