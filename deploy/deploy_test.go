@@ -463,7 +463,7 @@ func TestSystemdUnit(t *testing.T) {
 		"Type":            "notify",
 		"NotifyAccess":    "main",
 		"ExecStart":       "/usr/local/bin/keepwarm run --config /etc/keepwarm/config.toml",
-		"ExecReload":      "/bin/kill -HUP $MAINPID",
+		"ExecReload":      "/bin/sh -c 'kill -HUP ${MAINPID}'",
 		"EnvironmentFile": "/etc/keepwarm/keepwarm.env",
 		"WatchdogSec":     "30s",
 		"Restart":         "on-failure",
