@@ -50,8 +50,8 @@ LOAD_ARGS ?= --duration 2m --workers 50 --zipf 1.1
 load: services
 	$(GO) run ./cmd/keepwarm-bench load --config config.toml $(LOAD_ARGS)
 
-# What `make test` needs besides the services: chromium (status page browser test) and systemd-analyze (unit
-# verification). Installs them as root; otherwise says what to install and fails.
+# What `make test` needs besides the services: chromium (status page browser test), systemd-analyze (unit
+# verification), podman and runc (the container image is built and run). Installs them as root; otherwise says what to install and fails.
 .PHONY: test-deps
 test-deps:
 	scripts/test-deps
@@ -62,7 +62,8 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 build-static:
 	VERSION='$(VERSION)' scripts/build-static keepwarm
 
-# `systemd-analyze verify` of the unit and the other deploy checks (compose, Dockerfile, Prometheus, Grafana).
+# `systemd-analyze verify` of the unit and the other deploy checks (the image built and run with podman, compose,
+# Kubernetes manifests, Prometheus, Grafana). `make test` runs them too (go test ./...).
 .PHONY: verify-deploy
 verify-deploy: test-deps
 	$(GO) test -count=1 -v ./deploy

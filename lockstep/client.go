@@ -318,11 +318,11 @@ func (c *Client) fill(ctx context.Context, ks KeySet) (filled, error) {
 // background refresh) a record gone from the origin is deleted from the cache; on a miss the lock is just
 // released. It returns the loaded value even when the publish failed.
 func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh bool) ([]byte, error) {
-	start := time.Now()
+	start := c.cfg.clock()
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.lockTTL)
 	v, err := c.load(lctx, ks.ID)
 	cancel()
-	delta := time.Since(start)
+	delta := c.cfg.clock().Sub(start)
 	if err != nil {
 		err = fmt.Errorf("lockstep: load %s %q: %w", c.keyspace, ks.ID, err)
 		result := ResultError
@@ -346,7 +346,7 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 				c.log.Warn("lockstep: background refresh failed", "id", ks.ID, "error", err)
 			}
 		}
-		c.rec.Rebuild(c.keyspace, time.Since(start), result)
+		c.rec.Rebuild(c.keyspace, c.cfg.clock().Sub(start), result)
 		return nil, err
 	}
 	w := Write{
@@ -360,12 +360,12 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 	err = c.call(ctx, func(ctx context.Context) error { return Publish(ctx, c.rdb, w) })
 	switch {
 	case err == nil:
-		c.rec.Rebuild(c.keyspace, time.Since(start), ResultOK)
+		c.rec.Rebuild(c.keyspace, c.cfg.clock().Sub(start), ResultOK)
 	case errors.Is(err, ErrLockLost):
-		c.rec.Rebuild(c.keyspace, time.Since(start), ResultLockLost)
+		c.rec.Rebuild(c.keyspace, c.cfg.clock().Sub(start), ResultLockLost)
 		c.log.Debug("lockstep: lock expired before publish; value not cached", "id", ks.ID, "rebuild", delta)
 	default:
-		c.rec.Rebuild(c.keyspace, time.Since(start), ResultError)
+		c.rec.Rebuild(c.keyspace, c.cfg.clock().Sub(start), ResultError)
 		c.log.Warn("lockstep: publish failed; value not cached", "id", ks.ID, "error", err)
 		c.release(ctx, ks, token)
 	}
@@ -427,13 +427,13 @@ func (c *Client) staleFallback(ctx context.Context, ks KeySet, cause error) (fil
 // copy in the same round trip.
 func (c *Client) wait(ctx context.Context, ks KeySet) (filled, error) {
 	b := c.cfg.backoff
-	start := time.Now()
+	start := c.cfg.clock()
 	deadline := start.Add(b.Total)
 	sleep := b.Initial
 	timer := time.NewTimer(0)
 	<-timer.C
 	defer timer.Stop()
-	done := func(result string) { c.rec.Wait(c.keyspace, time.Since(start), result) }
+	done := func(result string) { c.rec.Wait(c.keyspace, c.cfg.clock().Sub(start), result) }
 	for {
 		remaining := time.Until(deadline)
 		last := sleep >= remaining

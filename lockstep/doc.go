@@ -78,6 +78,7 @@
 //
 // # Metrics
 //
-// The Client reports through a Recorder (default NopRecorder); NewPrometheusRecorder exports
-// keepwarm_lockstep_* metrics labelled by keyspace and result, never by key or id.
+// The Client reports through a Recorder (default NopRecorder). Package lockstep/lockstepprom has a Prometheus one
+// that exports keepwarm_lockstep_* metrics labelled by keyspace and result, never by key or id; it lives apart
+// so that importing lockstep does not pull in client_golang.
 package lockstep

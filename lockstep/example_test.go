@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/lockstep/lockstepprom"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
@@ -35,7 +36,7 @@ func ExampleNew() {
 		return []byte(v), nil
 	}
 	reg := prometheus.NewRegistry()
-	rec, err := lockstep.NewPrometheusRecorder(reg)
+	rec, err := lockstepprom.New(reg)
 	if err != nil {
 		log.Fatal(err)
 	}

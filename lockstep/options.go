@@ -54,6 +54,7 @@ type config struct {
 	recorder      Recorder
 	logger        *slog.Logger
 	rand          func() float64
+	now           func() time.Time // nil: time.Now (WithClock)
 }
 
 func defaultConfig() config {

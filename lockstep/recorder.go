@@ -20,7 +20,7 @@ const (
 
 // Recorder receives the Client's events, for metrics. keyspace is the Client's keyspace name; implementations
 // must never turn an id or a key into a label. Methods are called on the request path, concurrently: keep them
-// fast and safe for concurrent use. NewPrometheusRecorder returns one; the default records nothing.
+// fast and safe for concurrent use. lockstepprom.New returns a Prometheus one; the default records nothing.
 type Recorder interface {
 	// Hit counts a Get answered from the cache key on its first read.
 	Hit(keyspace string)

@@ -55,3 +55,23 @@ func TestVersion(t *testing.T) {
 		t.Errorf("version printed %q, want prefix %q", got, want)
 	}
 }
+
+func TestHealthcheckURL(t *testing.T) {
+	for _, tc := range []struct {
+		listen, path, want string
+	}{
+		{"", "/livez", "http://127.0.0.1:9471/livez"},
+		{"0.0.0.0:9471", "/livez", "http://127.0.0.1:9471/livez"},
+		{":9500", "/readyz", "http://127.0.0.1:9500/readyz"},
+		{"[::]:9471", "/livez", "http://127.0.0.1:9471/livez"},
+		{"10.0.0.7:9471", "/livez", "http://10.0.0.7:9471/livez"},
+		{"[::1]:9471", "/livez", "http://[::1]:9471/livez"},
+	} {
+		t.Run(tc.listen, func(t *testing.T) {
+			t.Setenv("KEEPWARM_DAEMON_LISTEN", tc.listen)
+			if got := healthURL(tc.path); got != tc.want {
+				t.Errorf("healthURL(%q) with KEEPWARM_DAEMON_LISTEN=%q = %q, want %q", tc.path, tc.listen, got, tc.want)
+			}
+		})
+	}
+}

@@ -9,8 +9,10 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"reflect"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,6 +56,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	for _, n := range cfg.Notes {
 		log.Warn("config: " + n)
 	}
+	routeRedisLogs(log)
 	d, err := startDaemon(ctx, *path, cfg, log)
 	if err != nil {
 		return err
@@ -76,6 +79,9 @@ type daemon struct {
 	reloads *prometheus.CounterVec
 	skipped *skippedIDs   // bad lines of hot-key list files, reported at each load
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
+	readyAt time.Time     // when ready was closed; written before the close
+	// connectErr is the last failed attempt to reach Redis or PostgreSQL at start-up, for /readyz.
+	connectErr atomic.Pointer[error]
 }
 
 // newLogger returns the daemon's logger: JSON (default) or text, at the configured level. Durations are written
@@ -118,7 +124,7 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 	d.skipped = newSkippedIDs(d.reg, log)
 	var err error
 	if d.srv, err = server.New(server.Config{
-		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz,
+		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz, Live: d.livez,
 		Hotkeys: func(limit int) any {
 			w := d.readyWarmer()
 			if w == nil {
@@ -159,7 +165,21 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 	}); err != nil {
 		return nil, fmt.Errorf("daemon: listen %s: %w", cfg.Daemon.Listen, err)
 	}
+	if !isLoopback(d.srv.Addr()) {
+		log.Warn("daemon.listen is not loopback: /metrics, /debug/* and the status page are reachable from the network; "+
+			"restrict it with a firewall or a proxy (docs/operations.md)", "listen", d.srv.Addr())
+	}
 	return d, nil
+}
+
+// isLoopback reports whether addr (host:port) binds to loopback only. A wildcard or a host name is not.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // readyWarmer returns the warmer once the daemon is ready, nil before. HTTP handlers use it: close(d.ready) orders
@@ -173,27 +193,82 @@ func (d *daemon) readyWarmer() *warmer.Warmer {
 	}
 }
 
-// readyz reports whether the config is loaded, Redis and PostgreSQL answer, and every keyspace's query check
-// passed; otherwise its error names each failing keyspace and its check error.
+// readyTimeout bounds each dependency's ping in /readyz: a frozen Redis makes /readyz answer "redis: no answer
+// within 500ms" rather than hang for the client's read timeout.
+const readyTimeout = 500 * time.Millisecond
+
+// livezStall is how long the scheduler may go without completing a loop pass before /livez fails. A pass
+// happens at least every 2 s, and takes at most a Redis read timeout or two even while Redis is frozen.
+const livezStall = 30 * time.Second
+
+// readyz reports whether the config is loaded, Redis and PostgreSQL answer, each within readyTimeout, and every
+// keyspace's query check passed. The error names every dependency that failed and each failing keyspace with its
+// check error.
 func (d *daemon) readyz(ctx context.Context) error {
 	select {
 	case <-d.ready:
 	default:
+		if p := d.connectErr.Load(); p != nil {
+			if perm := wire.Permission(*p); perm != "" {
+				return fmt.Errorf("starting: waiting for redis and postgres: %s: %w", perm, *p)
+			}
+			return fmt.Errorf("starting: waiting for redis and postgres: %w", *p)
+		}
 		return errors.New("starting: waiting for redis and postgres")
 	}
-	if err := d.rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	if err := d.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	if failing := d.w.Failing(); len(failing) > 0 {
-		errs := make([]error, len(failing))
-		for i, f := range failing {
-			errs[i] = fmt.Errorf("keyspace %q: check failing since %s (%d attempts, next at %s): %s", f.Keyspace,
-				f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error)
+	// Both pings run at once, each bounded by readyTimeout. go-redis applies its own read timeout (3 s), not
+	// the context's deadline, so a ping is waited for in a goroutine; one outlives the handler by at most that.
+	ping := func(name string, f func(context.Context) error) func() error {
+		ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+		done := make(chan error, 1)
+		go func() { done <- f(ctx) }()
+		return func() error {
+			defer cancel()
+			var err error
+			select {
+			case err = <-done: // an answer that came in time wins over a deadline passed since
+			default:
+				select {
+				case err = <-done:
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
+			}
+			switch {
+			case err == nil:
+				return nil
+			case wire.Permission(err) != "":
+				return fmt.Errorf("%s: %s: %w", name, wire.Permission(err), err)
+			case errors.Is(err, context.DeadlineExceeded):
+				return fmt.Errorf("%s: no answer within %v: %w", name, readyTimeout, err)
+			default:
+				return fmt.Errorf("%s: %w", name, err)
+			}
 		}
-		return errors.Join(errs...)
+	}
+	redisErr := ping("redis", func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() })
+	pgErr := ping("postgres", d.pool.Ping)
+	errs := []error{redisErr(), pgErr()}
+	for _, f := range d.w.Failing() {
+		errs = append(errs, fmt.Errorf("keyspace %q: check failing since %s (%d attempts, next at %s): %s", f.Keyspace,
+			f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error))
+	}
+	return errors.Join(errs...)
+}
+
+// livez reports whether the process and its scheduler loop are alive, without I/O. While the daemon waits for
+// its dependencies it is alive; once running, the scheduler must have completed a pass within livezStall.
+func (d *daemon) livez() error {
+	w := d.readyWarmer()
+	if w == nil {
+		return nil
+	}
+	last := w.Progress()
+	if last.Before(d.readyAt) { // no pass yet: the scheduler's time counts from start-up
+		last = d.readyAt
+	}
+	if age := time.Since(last); age > livezStall {
+		return fmt.Errorf("scheduler stalled: last loop pass %v ago", age.Round(time.Second))
 	}
 	return nil
 }
@@ -218,9 +293,15 @@ func (d *daemon) connect(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if attempt == 1 || attempt%10 == 0 {
-			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt,
-				"retry_in", pause.String())
+		d.connectErr.Store(&err)
+		if perm := wire.Permission(err); perm != "" {
+			// Not an outage: retrying will not help until someone fixes the ACL, grant or password.
+			if attempt == 1 || attempt%10 == 0 {
+				d.log.Error("permission denied by a dependency; retrying", "error", err, "permission", perm,
+					"attempt", attempt, "retry_in", pause.String())
+			}
+		} else if attempt == 1 || attempt%10 == 0 {
+			d.log.Error("cannot reach a dependency; retrying", "error", err, "attempt", attempt, "retry_in", pause.String())
 		}
 		select {
 		case <-ctx.Done():
@@ -268,6 +349,7 @@ func (d *daemon) run(ctx context.Context) error {
 		return fmt.Errorf("watch config: %w", err)
 	}
 	keyspaces := len(d.cfg.Keyspaces) // read before the watcher starts: a reload replaces d.cfg
+	d.readyAt = time.Now()
 	close(d.ready)
 	g.Go(func() error { return d.w.Run(gctx) })
 	g.Go(func() error { return d.cron.Run(gctx) })

@@ -10,19 +10,23 @@ import (
 	"text/tabwriter"
 
 	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 )
 
 // cmdValidate is `keepwarm validate`: load the config (with the environment's overrides), print "ok" and one
 // line per keyspace, or every problem and exit 1. With --check-db it also prepares every keyspace's queries on
-// PostgreSQL, which catches SQL errors without running anything. It never prints a secret.
+// PostgreSQL, which catches SQL errors without running anything; --check does that and also connects to Redis
+// with the configured credentials (PING), so a wrong Redis password or a missing ACL permission fails too. It
+// never prints a secret.
 func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "config.toml", "config file (TOML)")
 	checkDB := fs.Bool("check-db", false, "also connect to PostgreSQL and prepare (not run) every keyspace's queries")
+	check := fs.Bool("check", false, "--check-db, and also connect to Redis with the configured credentials")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: keepwarm validate [--config config.toml] [--check-db]")
+		fmt.Fprintln(fs.Output(), "usage: keepwarm validate [--config config.toml] [--check-db | --check]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
@@ -35,13 +39,25 @@ func cmdValidate(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	if *checkDB {
-		if err := checkQueries(ctx, cfg); err != nil {
-			return err
+	var errs []error
+	if *check {
+		if err := checkRedis(ctx, cfg); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	summarize(stdout, *path, cfg, *checkDB)
+	if *checkDB || *check {
+		if err := checkQueries(ctx, cfg); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	summarize(stdout, *path, cfg, *checkDB || *check)
 	printSkipped(stdout, cfg)
+	if *check {
+		fmt.Fprintln(stdout, "redis: answered PING with the configured credentials")
+	}
 	return nil
 }
 
@@ -80,6 +96,19 @@ func summarize(w io.Writer, path string, cfg *config.Config, checkedDB bool) {
 			strings.Join(scheds, ","))
 	}
 	_ = tw.Flush()
+}
+
+// checkRedis connects to Redis as the daemon does and PINGs it within the connect timeout. A permission or
+// authentication error is named as such.
+func checkRedis(ctx context.Context, cfg *config.Config) error {
+	rdb, err := wire.Redis(ctx, cfg, connectTimeout)
+	if err != nil {
+		if perm := wire.Permission(err); perm != "" {
+			return fmt.Errorf("%s: %w", perm, err)
+		}
+		return err
+	}
+	return rdb.Close()
 }
 
 // checkQueries prepares every keyspace's queries on PostgreSQL and reports all the failures together.

@@ -1,4 +1,10 @@
-// Package server is the daemon's HTTP endpoint: /metrics, /healthz, /readyz and /debug/hotkeys.
+// Package server is the daemon's HTTP endpoint: /metrics, /livez (and its old name /healthz), /readyz and
+// /debug/hotkeys.
+//
+// Liveness is not readiness. /livez says whether the process and its scheduler loop are alive: it does no I/O
+// and answers at once, so a container runtime or Kubernetes restarts keepwarm only when it is wedged. /readyz says
+// whether the dependencies answer; it fails while Redis or PostgreSQL is down, which is exactly when the
+// fail-safe (stale values, extended TTLs) is working, so it must never be a liveness check.
 //
 // It binds to loopback by default (config [daemon] listen = "127.0.0.1:9471"); every endpoint is read-only.
 package server
@@ -11,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,13 +27,19 @@ import (
 // DefaultAddr is the default listen address: loopback only.
 const DefaultAddr = "127.0.0.1:9471"
 
+// ReadyTimeout bounds one /readyz check in all: its body then names what did not answer in time.
+const ReadyTimeout = 2 * time.Second
+
 // Config configures a Server.
 type Config struct {
 	Addr     string                      // listen address; default DefaultAddr
 	Gatherer prometheus.Gatherer         // served on /metrics; required
-	Ready    func(context.Context) error // nil error means ready; called per /readyz with a 2 s deadline
-	Hotkeys  func(limit int) any         // JSON for /debug/hotkeys?limit=N; nil disables the endpoint
-	Logger   *slog.Logger                // default slog.Default()
+	Ready    func(context.Context) error // nil error means ready; called per /readyz with a ReadyTimeout deadline
+	// Live reports whether the process and its scheduler loop are alive: nil means alive. Called per /livez; it
+	// must not do I/O or block. nil Live means always alive.
+	Live    func() error
+	Hotkeys func(limit int) any // JSON for /debug/hotkeys?limit=N; nil disables the endpoint
+	Logger  *slog.Logger        // default slog.Default()
 	// Extra registers more handlers (the status page) on the same mux.
 	Extra func(mux *http.ServeMux)
 }
@@ -52,18 +65,27 @@ func New(cfg Config) (*Server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	livez := func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if cfg.Live != nil {
+			if err := cfg.Live(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte("not alive: " + oneLine(err) + "\n"))
+				return
+			}
+		}
 		_, _ = w.Write([]byte("ok\n"))
-	})
+	}
+	mux.HandleFunc("GET /livez", livez)
+	mux.HandleFunc("GET /healthz", livez) // the old name, kept for existing checks
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if cfg.Ready != nil {
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+			ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
 			defer cancel()
 			if err := cfg.Ready(ctx); err != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
-				_, _ = w.Write([]byte("not ready: " + err.Error() + "\n"))
+				_, _ = w.Write([]byte("not ready: " + oneLine(err) + "\n"))
 				return
 			}
 		}
@@ -94,6 +116,11 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{cfg: cfg, ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}, nil
+}
+
+// oneLine is err's text on one line: errors.Join's lines joined with "; ".
+func oneLine(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "; ")
 }
 
 // Addr returns the bound address.

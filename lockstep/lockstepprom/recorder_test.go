@@ -1,24 +1,26 @@
-package lockstep_test
+package lockstepprom_test
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/lockstep/lockstepprom"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-func TestPrometheusRecorder(t *testing.T) {
+func TestRecorder(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	rec, err := lockstep.NewPrometheusRecorder(reg)
+	rec, err := lockstepprom.New(reg)
 	if err != nil {
-		t.Fatalf("NewPrometheusRecorder: %v", err)
+		t.Fatalf("lockstepprom.New: %v", err)
 	}
 	rec.Hit("product")
 	rec.Miss("product")
@@ -62,25 +64,37 @@ func TestPrometheusRecorder(t *testing.T) {
 		t.Errorf("metric %s missing", name)
 	}
 
-	if _, err := lockstep.NewPrometheusRecorder(reg); err == nil {
+	if _, err := lockstepprom.New(reg); err == nil {
 		t.Error("registering twice on one registry succeeded, want an error")
 	}
-	if _, err := lockstep.NewPrometheusRecorder(nil); !errors.Is(err, lockstep.ErrInvalidArgument) {
-		t.Errorf("NewPrometheusRecorder(nil) = %v, want ErrInvalidArgument", err)
+	if _, err := lockstepprom.New(nil); !errors.Is(err, lockstep.ErrInvalidArgument) {
+		t.Errorf("lockstepprom.New(nil) = %v, want lockstep.ErrInvalidArgument", err)
 	}
 }
 
-func TestPrometheusRecorderWithClient(t *testing.T) {
+func TestRecorderWithClient(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb := testenv.Redis(t)
 	reg := prometheus.NewRegistry()
-	rec, err := lockstep.NewPrometheusRecorder(reg)
+	rec, err := lockstepprom.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newClient(t, rdb, "product", mustKeys(t, testenv.Prefix(t, rdb), false),
-		func(_ context.Context, id string) ([]byte, error) { return []byte(id), nil }, time.Minute, lockstep.WithRecorder(rec))
+	keys, err := lockstep.NewKeys(testenv.Prefix(t, rdb)+"product:${id}", "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := lockstep.New(rdb, "product", keys, func(_ context.Context, id string) ([]byte, error) { return []byte(id), nil },
+		time.Minute, lockstep.WithRecorder(rec), lockstep.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
 	for range 3 {
 		if _, err := c.Get(ctx, "1"); err != nil {
 			t.Fatal(err)

@@ -1,13 +1,20 @@
-package lockstep
+// Package lockstepprom is lockstep's Prometheus Recorder, in its own package so that apps importing lockstep do
+// not pull in client_golang (and procfs, protobuf) unless they want these metrics.
+//
+//	rec, err := lockstepprom.New(reg) // reg: the app's prometheus.Registerer
+//	c, err := lockstep.New(rdb, "product", keys, load, ttl, lockstep.WithRecorder(rec))
+package lockstepprom
 
 import (
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keepwarm/keepwarm/lockstep"
 )
 
-// PrometheusRecorder is a Recorder that exports Prometheus metrics, labelled by keyspace (and result where there
+// Recorder is a lockstep.Recorder that exports Prometheus metrics, labelled by keyspace (and result where there
 // is one), never by key or id:
 //
 //	keepwarm_lockstep_hits_total{keyspace}
@@ -18,28 +25,28 @@ import (
 //	keepwarm_lockstep_rebuild_duration_seconds{keyspace,result}  histogram; its _count counts rebuilds
 //	keepwarm_lockstep_wait_duration_seconds{keyspace,result}     histogram
 //
-// One PrometheusRecorder may serve every Client of a process. It is also a prometheus.Collector.
-type PrometheusRecorder struct {
+// One Recorder may serve every lockstep.Client of a process. It is also a prometheus.Collector.
+type Recorder struct {
 	hits, misses, stale, contention, early *prometheus.CounterVec
 	rebuild, wait                          *prometheus.HistogramVec
 }
 
-var _ Recorder = (*PrometheusRecorder)(nil)
-var _ prometheus.Collector = (*PrometheusRecorder)(nil)
+var _ lockstep.Recorder = (*Recorder)(nil)
+var _ prometheus.Collector = (*Recorder)(nil)
 
-// NewPrometheusRecorder makes a PrometheusRecorder and registers its metrics with reg (no global registry). It
-// returns ErrInvalidArgument when reg is nil, or the registration error (e.g. the metrics are already
+// New makes a Recorder and registers its metrics with reg (no global registry). It returns an error wrapping
+// lockstep.ErrInvalidArgument when reg is nil, or the registration error (e.g. the metrics are already
 // registered there).
-func NewPrometheusRecorder(reg prometheus.Registerer) (*PrometheusRecorder, error) {
+func New(reg prometheus.Registerer) (*Recorder, error) {
 	if reg == nil {
-		return nil, argError("registerer", "nil")
+		return nil, fmt.Errorf("%w: registerer: nil", lockstep.ErrInvalidArgument)
 	}
 	counter := func(name, help string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "keepwarm", Subsystem: "lockstep", Name: name, Help: help,
 		}, []string{"keyspace"})
 	}
-	r := &PrometheusRecorder{
+	r := &Recorder{
 		hits:       counter("hits_total", "Reads answered from the cache key on the first read."),
 		misses:     counter("misses_total", "Reads that found no value on the first read."),
 		stale:      counter("stale_serves_total", "Reads answered with the stale copy after waiting for a rebuild."),
@@ -57,50 +64,50 @@ func NewPrometheusRecorder(reg prometheus.Registerer) (*PrometheusRecorder, erro
 		}, []string{"keyspace", "result"}),
 	}
 	if err := reg.Register(r); err != nil {
-		return nil, fmt.Errorf("lockstep: register prometheus metrics: %w", err)
+		return nil, fmt.Errorf("lockstepprom: register metrics: %w", err)
 	}
 	return r, nil
 }
 
-func (r *PrometheusRecorder) collectors() []prometheus.Collector {
+func (r *Recorder) collectors() []prometheus.Collector {
 	return []prometheus.Collector{r.hits, r.misses, r.stale, r.contention, r.early, r.rebuild, r.wait}
 }
 
 // Describe implements prometheus.Collector.
-func (r *PrometheusRecorder) Describe(ch chan<- *prometheus.Desc) {
+func (r *Recorder) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range r.collectors() {
 		c.Describe(ch)
 	}
 }
 
 // Collect implements prometheus.Collector.
-func (r *PrometheusRecorder) Collect(ch chan<- prometheus.Metric) {
+func (r *Recorder) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range r.collectors() {
 		c.Collect(ch)
 	}
 }
 
-// Hit implements Recorder.
-func (r *PrometheusRecorder) Hit(ks string) { r.hits.WithLabelValues(ks).Inc() }
+// Hit implements lockstep.Recorder.
+func (r *Recorder) Hit(ks string) { r.hits.WithLabelValues(ks).Inc() }
 
-// Miss implements Recorder.
-func (r *PrometheusRecorder) Miss(ks string) { r.misses.WithLabelValues(ks).Inc() }
+// Miss implements lockstep.Recorder.
+func (r *Recorder) Miss(ks string) { r.misses.WithLabelValues(ks).Inc() }
 
-// StaleServe implements Recorder.
-func (r *PrometheusRecorder) StaleServe(ks string) { r.stale.WithLabelValues(ks).Inc() }
+// StaleServe implements lockstep.Recorder.
+func (r *Recorder) StaleServe(ks string) { r.stale.WithLabelValues(ks).Inc() }
 
-// LockContention implements Recorder.
-func (r *PrometheusRecorder) LockContention(ks string) { r.contention.WithLabelValues(ks).Inc() }
+// LockContention implements lockstep.Recorder.
+func (r *Recorder) LockContention(ks string) { r.contention.WithLabelValues(ks).Inc() }
 
-// EarlyRefresh implements Recorder.
-func (r *PrometheusRecorder) EarlyRefresh(ks string) { r.early.WithLabelValues(ks).Inc() }
+// EarlyRefresh implements lockstep.Recorder.
+func (r *Recorder) EarlyRefresh(ks string) { r.early.WithLabelValues(ks).Inc() }
 
-// Rebuild implements Recorder.
-func (r *PrometheusRecorder) Rebuild(ks string, d time.Duration, result string) {
+// Rebuild implements lockstep.Recorder.
+func (r *Recorder) Rebuild(ks string, d time.Duration, result string) {
 	r.rebuild.WithLabelValues(ks, result).Observe(d.Seconds())
 }
 
-// Wait implements Recorder.
-func (r *PrometheusRecorder) Wait(ks string, d time.Duration, result string) {
+// Wait implements lockstep.Recorder.
+func (r *Recorder) Wait(ks string, d time.Duration, result string) {
 	r.wait.WithLabelValues(ks, result).Observe(d.Seconds())
 }
