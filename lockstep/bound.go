@@ -13,7 +13,7 @@ import (
 // honoursDeadlines reports whether rdb ends a blocked socket read when the command's context ends. go-redis does
 // so only with ContextTimeoutEnabled; otherwise a read waits for ReadTimeout (5s by default), and with the default
 // 3 retries a frozen Redis holds a call for tens of seconds. Unknown implementations are assumed not to.
-func honoursDeadlines(rdb redis.UniversalClient) bool {
+func honoursDeadlines(rdb RedisClient) bool {
 	switch r := rdb.(type) {
 	case *redis.Client:
 		return r.Options().ContextTimeoutEnabled

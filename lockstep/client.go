@@ -26,7 +26,7 @@ type Loader func(ctx context.Context, id string) ([]byte, error)
 // becomes a stampede on the origin. It interoperates with keepwarm's daemon and with apps in other languages that
 // follow docs/protocol.md. Make it with New; it is safe for concurrent use. Call Close when done.
 type Client struct {
-	rdb       redis.UniversalClient
+	rdb       RedisClient
 	keyspace  string
 	keys      *Keys
 	load      Loader
@@ -54,7 +54,7 @@ type Client struct {
 // keys.CheckCluster first). keys is the keyspace's layout from NewKeys; load reads a value from the origin; ttl
 // (> 0) is the cache TTL before jitter. Every argument and option is checked: errors wrap ErrInvalidArgument and
 // name the argument. With WithAccessRecording, New starts a flusher goroutine that Close stops.
-func New(rdb redis.UniversalClient, keyspace string, keys *Keys, load Loader, ttl time.Duration, opts ...Option) (*Client, error) {
+func New(rdb RedisClient, keyspace string, keys *Keys, load Loader, ttl time.Duration, opts ...Option) (*Client, error) {
 	var errs []error
 	if rdb == nil {
 		errs = append(errs, argError("rdb", "nil"))

@@ -165,7 +165,7 @@ func (r *countingRecorder) waitCount(result string) int {
 }
 
 // newClient makes a Client and closes it on cleanup.
-func newClient(tb testing.TB, rdb redis.UniversalClient, keyspace string, keys *lockstep.Keys, load lockstep.Loader, ttl time.Duration, opts ...lockstep.Option) *lockstep.Client {
+func newClient(tb testing.TB, rdb lockstep.RedisClient, keyspace string, keys *lockstep.Keys, load lockstep.Loader, ttl time.Duration, opts ...lockstep.Option) *lockstep.Client {
 	tb.Helper()
 	opts = append([]lockstep.Option{lockstep.WithLogger(slog.New(slog.DiscardHandler))}, opts...)
 	c, err := lockstep.New(rdb, keyspace, keys, load, ttl, opts...)

@@ -57,7 +57,7 @@ func acquired(cmd *redis.StatusCmd) (bool, error) {
 // the caller is now the leader, false when another token holds the lock (an expected outcome, not an error). ttl
 // is the lock's lease (> 0; rounded up to whole milliseconds); a leader that needs longer calls Extend. Errors:
 // ErrInvalidArgument for an empty lockKey or token or a ttl ≤ 0, else the transport error.
-func Acquire(ctx context.Context, c redis.UniversalClient, lockKey, token string, ttl time.Duration) (bool, error) {
+func Acquire(ctx context.Context, c RedisClient, lockKey, token string, ttl time.Duration) (bool, error) {
 	if err := checkLockArgs(lockKey, token); err != nil {
 		return false, err
 	}
@@ -76,7 +76,7 @@ func Acquire(ctx context.Context, c redis.UniversalClient, lockKey, token string
 // Release deletes the lock lockKey only while it holds token (release.lua: compare-and-delete). It returns true
 // when it deleted the lock, false when the lock had expired or belongs to another token (nothing changed then).
 // Errors: ErrInvalidArgument for an empty lockKey or token, else the transport error.
-func Release(ctx context.Context, c redis.UniversalClient, lockKey, token string) (bool, error) {
+func Release(ctx context.Context, c RedisClient, lockKey, token string) (bool, error) {
 	if err := checkLockArgs(lockKey, token); err != nil {
 		return false, err
 	}
@@ -92,7 +92,7 @@ func Release(ctx context.Context, c redis.UniversalClient, lockKey, token string
 // true when extended, false when the lock had expired or belongs to another token (nothing changed then: the
 // leader has lost the lock and its Publish will return ErrLockLost). Errors: ErrInvalidArgument, or the
 // transport error.
-func Extend(ctx context.Context, c redis.UniversalClient, lockKey, token string, ttl time.Duration) (bool, error) {
+func Extend(ctx context.Context, c RedisClient, lockKey, token string, ttl time.Duration) (bool, error) {
 	if err := checkLockArgs(lockKey, token); err != nil {
 		return false, err
 	}
@@ -113,7 +113,7 @@ func Extend(ctx context.Context, c redis.UniversalClient, lockKey, token string,
 // is valid for the others); or the transport error, with a nil result. After a transport error (a timeout while
 // Redis was frozen, say) the commands may still run when Redis wakes and leave the locks held for ttl: call
 // ReleaseMany with the same token once Redis answers again; it only deletes locks that hold this token.
-func AcquireMany(ctx context.Context, c redis.UniversalClient, lockKeys []string, token string, ttl time.Duration) ([]bool, error) {
+func AcquireMany(ctx context.Context, c RedisClient, lockKeys []string, token string, ttl time.Duration) ([]bool, error) {
 	if err := checkTTL("ttl", ttl); err != nil {
 		return nil, err
 	}
@@ -172,7 +172,7 @@ func (e ReplyErrors) Error() string {
 // ReleaseMany is Release for many locks held by token, in one pipelined round trip (plus one SCRIPT LOAD and a
 // retry round trip only when the server answers NOSCRIPT). Locks that expired or belong to another token are left
 // alone. Errors: ErrInvalidArgument, the transport error, or the first error reply.
-func ReleaseMany(ctx context.Context, c redis.UniversalClient, lockKeys []string, token string) error {
+func ReleaseMany(ctx context.Context, c RedisClient, lockKeys []string, token string) error {
 	calls := make([]scriptCall, len(lockKeys))
 	for i, k := range lockKeys {
 		if err := checkLockArgs(k, token); err != nil {
@@ -199,7 +199,7 @@ func ReleaseMany(ctx context.Context, c redis.UniversalClient, lockKeys []string
 // NOSCRIPT). The result has one entry per lock key, in order: true where the TTL was reset to ttl, false where the
 // lock had expired or belongs to another token. Errors: ErrInvalidArgument, the transport error, or the first
 // error reply.
-func ExtendMany(ctx context.Context, c redis.UniversalClient, lockKeys []string, token string, ttl time.Duration) ([]bool, error) {
+func ExtendMany(ctx context.Context, c RedisClient, lockKeys []string, token string, ttl time.Duration) ([]bool, error) {
 	if err := checkTTL("ttl", ttl); err != nil {
 		return nil, err
 	}

@@ -117,13 +117,13 @@ func publishResult(cmd *redis.Cmd) (Published, error) {
 // newer value is never overwritten; ErrInvalidArgument for a malformed w; an error reply (WRONGTYPE for a meta key
 // that is not a hash, OOM, TRYAGAIN in a resharding Cluster: nothing was written and the lock is still held, so
 // release it with Release); or the transport error (the write may or may not have happened).
-func Publish(ctx context.Context, c redis.UniversalClient, w Write) error {
+func Publish(ctx context.Context, c RedisClient, w Write) error {
 	_, err := PublishResult(ctx, c, w)
 	return err
 }
 
 // PublishResult is Publish that also returns what the script saw: the cache key's TTL before the write.
-func PublishResult(ctx context.Context, c redis.UniversalClient, w Write) (Published, error) {
+func PublishResult(ctx context.Context, c RedisClient, w Write) (Published, error) {
 	call, err := w.call()
 	if err != nil {
 		return Published{}, err
@@ -143,7 +143,7 @@ func PublishResult(ctx context.Context, c redis.UniversalClient, w Write) (Publi
 // ErrLockLost, ErrLockGone, or that write's error reply (e.g. WRONGTYPE, OOM, TRYAGAIN; the lock is then still
 // held). The second is ErrInvalidArgument (naming the write's index; nothing was sent) or a transport failure
 // (then the first is nil and any write may or may not have happened).
-func PublishMany(ctx context.Context, c redis.UniversalClient, ws []Write) ([]PublishOutcome, error) {
+func PublishMany(ctx context.Context, c RedisClient, ws []Write) ([]PublishOutcome, error) {
 	calls := make([]scriptCall, len(ws))
 	for i := range ws {
 		call, err := ws[i].call()
@@ -190,7 +190,7 @@ type Extended struct {
 // first extension to the value's original expiry and cleared by Publish, so every process shares one bound
 // (maxStale ≥ 0). A TTL is never shortened. One pipelined round trip (plus a retry only on NOSCRIPT). The first
 // result has one entry per KeySet, in order. The second is ErrInvalidArgument or a transport failure.
-func ExtendValueMany(ctx context.Context, c redis.UniversalClient, keys []KeySet, token string, ttl, maxStale time.Duration) ([]Extended, error) {
+func ExtendValueMany(ctx context.Context, c RedisClient, keys []KeySet, token string, ttl, maxStale time.Duration) ([]Extended, error) {
 	if err := checkTTL("ttl", ttl); err != nil {
 		return nil, err
 	}
@@ -249,7 +249,7 @@ func ExtendValueMany(ctx context.Context, c redis.UniversalClient, keys []KeySet
 // the lease invalidation of Facebook's memcache (Nishtala et al., "Scaling Memcache at Facebook", NSDI 2013).
 // The stale copy is left alone. Apps in other languages do the same: DEL <cache> <lock> <meta>. Errors:
 // ErrInvalidArgument for a KeySet without cache, lock or meta key, or the Redis error.
-func Invalidate(ctx context.Context, c redis.UniversalClient, ks KeySet) error {
+func Invalidate(ctx context.Context, c RedisClient, ks KeySet) error {
 	if ks.Cache == "" || ks.Lock == "" || ks.Meta == "" {
 		return argError("key set", "cache, lock and meta keys are required")
 	}

@@ -51,7 +51,7 @@ type scriptCall struct {
 // and retries just those calls in a second pipeline; a call still answered NOSCRIPT after that (a flush racing the
 // retry) is sent once more as EVAL. It returns one Cmd per call, in order; the error is a transport failure (the
 // per-call Redis errors stay on the Cmds).
-func runPipelined(ctx context.Context, c redis.UniversalClient, calls []scriptCall) ([]*redis.Cmd, error) {
+func runPipelined(ctx context.Context, c RedisClient, calls []scriptCall) ([]*redis.Cmd, error) {
 	cmds := make([]*redis.Cmd, len(calls))
 	exec := func(idx []int, eval bool) error {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
