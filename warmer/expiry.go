@@ -215,6 +215,11 @@ func (w *Warmer) listen(ctx context.Context) {
 			w.log.Info("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries",
 				"notify_keyspace_events", flags)
 		}
+	} else if ctx.Err() == nil {
+		// Not fatal (reconciliation is the ground truth), but say so: a denied CONFIG GET (an ACL without
+		// +config|get) would otherwise hide that notifications may be off.
+		w.log.Warn("cannot read notify-keyspace-events; subscribing anyway, PTTL reconciliation tracks expiries either way",
+			"error", err)
 	}
 	patterns := make([]string, len(notifyEvents))
 	for i, ev := range notifyEvents {
