@@ -179,13 +179,7 @@ func TestGetFollowerTimeout(t *testing.T) {
 			start := time.Now()
 			v, err := c.Get(ctx, "held")
 			took := time.Since(start)
-			if tt.wantErr != nil {
-				if !errors.Is(err, tt.wantErr) {
-					t.Fatalf("Get = %q, %v; want %v", v, err, tt.wantErr)
-				}
-			} else if err != nil || string(v) != tt.want {
-				t.Fatalf("Get = %q, %v; want %q", v, err, tt.want)
-			}
+			checkGet(t, v, err, tt.want, tt.wantErr)
 			if n := loads.Load(); n != 0 {
 				t.Errorf("a follower called the loader %d times, want 0", n)
 			}

@@ -191,13 +191,7 @@ func TestGetServesStaleWhenAConnectionStalls(t *testing.T) {
 			start := time.Now()
 			v, err := c.Get(ctx, "1")
 			took := time.Since(start)
-			if tt.wantErr != nil {
-				if !errors.Is(err, tt.wantErr) {
-					t.Fatalf("Get = %q, %v; want %v", v, err, tt.wantErr)
-				}
-			} else if err != nil || string(v) != tt.want {
-				t.Fatalf("Get = %q, %v; want %q", v, err, tt.want)
-			}
+			checkGet(t, v, err, tt.want, tt.wantErr)
 			if took > faultGetBound {
 				t.Errorf("Get took %v, want < %v", took, faultGetBound)
 			}

@@ -2,6 +2,7 @@ package lockstep_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -190,5 +191,17 @@ func lockedRand(seed uint64) func() float64 {
 		mu.Lock()
 		defer mu.Unlock()
 		return r.Float64()
+	}
+}
+
+// checkGet fails the test unless Get returned want (wantErr nil) or an error matching wantErr.
+func checkGet(tb testing.TB, v []byte, err error, want string, wantErr error) {
+	tb.Helper()
+	if wantErr != nil {
+		if !errors.Is(err, wantErr) {
+			tb.Fatalf("Get = %q, %v; want %v", v, err, wantErr)
+		}
+	} else if err != nil || string(v) != want {
+		tb.Fatalf("Get = %q, %v; want %q", v, err, want)
 	}
 }
