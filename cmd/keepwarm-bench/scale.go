@@ -20,7 +20,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -196,13 +196,13 @@ func (m memSource) Fetch(_ context.Context, ids []string) (map[string][]byte, []
 func scale(ctx context.Context, c scaleConfig, stdout, stderr io.Writer) (*scaleReport, error) {
 	url := c.redisURL
 	if c.spawn {
-		u, stop, err := testenv.StartRedis(ctx)
+		srv, err := redisserver.Start(ctx)
 		if err != nil {
 			return nil, err
 		}
-		defer stop()
-		url = u
-		fmt.Fprintf(stderr, "scale: private redis-server at %s\n", u)
+		defer srv.Stop()
+		url = srv.URL
+		fmt.Fprintf(stderr, "scale: private redis-server at %s\n", url)
 	}
 	rdb, err := newRedis(ctx, url, 0)
 	if err != nil {

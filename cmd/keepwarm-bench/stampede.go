@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
@@ -858,21 +860,13 @@ func (e *stampedeEnv) referenceReader(name, sp string, recompute func(context.Co
 	panic("unknown reference strategy " + name) // programmer error: parseStampede checked the name
 }
 
-// deletePrefix deletes the benchmark's keys.
+// deletePrefix deletes the benchmark's keys: every key containing p (see redisserver.DeleteContaining), within
+// 30 s. A failure is reported on stderr and does not fail the benchmark.
 func deletePrefix(c redis.UniversalClient, p string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	iter := c.Scan(ctx, 0, "*"+p+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 1000 {
-			c.Unlink(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		c.Unlink(ctx, batch...)
+	if err := redisserver.DeleteContaining(ctx, c, p); err != nil {
+		fmt.Fprintf(os.Stderr, "keepwarm-bench: clean up keys: %v\n", err)
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/redisserver"
 )
 
 // Defaults match scripts/services; the environment (`eval "$(scripts/services env)"`) overrides them.
@@ -66,27 +68,17 @@ func Prefix(tb testing.TB, c redis.UniversalClient) string {
 	tb.Helper()
 	name := strings.NewReplacer("/", "_", " ", "_", ":", "_").Replace(tb.Name())
 	p := "kwtest:" + name + ":" + randHex(4) + ":"
-	tb.Cleanup(func() { DeletePrefix(c, p) })
+	tb.Cleanup(func() { DeleteContaining(c, p) })
 	return p
 }
 
-// DeletePrefix deletes every key that starts with p, including keys whose template puts text before the prefix
-// (for example "lock:" + p), by scanning for *p*.
-func DeletePrefix(c redis.UniversalClient, p string) {
+// DeleteContaining deletes every key whose name contains s (a SCAN for *s*), so that it also finds keys whose
+// template puts text before a test's prefix (for example "lock:" + p). See redisserver.DeleteContaining; this
+// wrapper bounds it by 10 s and ignores its error (it runs in cleanups, where the test has already finished).
+func DeleteContaining(c redis.UniversalClient, s string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	iter := c.Scan(ctx, 0, "*"+p+"*", 1000).Iterator()
-	var batch []string
-	for iter.Next(ctx) {
-		batch = append(batch, iter.Val())
-		if len(batch) == 500 {
-			c.Del(ctx, batch...)
-			batch = batch[:0]
-		}
-	}
-	if len(batch) > 0 {
-		c.Del(ctx, batch...)
-	}
+	_ = redisserver.DeleteContaining(ctx, c, s)
 }
 
 // Postgres returns a pool on the test database. It fails the test, saying how to start PostgreSQL, when the

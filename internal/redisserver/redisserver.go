@@ -1,0 +1,111 @@
+// Package redisserver runs private redis-server processes and tidies a shared server's keys, for tests and for
+// keepwarm-bench. It does not import package testing, so the benchmark binary does not link it; the test-facing
+// wrappers (testenv.PrivateRedis, testenv.PrivateFreezableRedis, testenv.Prefix) live in internal/testenv.
+package redisserver
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a private redis-server (no persistence) listening on a loopback port.
+type Server struct {
+	// URL is the server's address as a redis:// URL, database 0.
+	URL string
+	// Process is the redis-server process, for tests that freeze (SIGSTOP) and thaw (SIGCONT) it.
+	Process *os.Process
+
+	stop func()
+}
+
+// Start starts a private redis-server on a free loopback port and waits until it answers PING (up to about 5 s).
+// Tests and benchmarks use it when they change server-wide state (SCRIPT FLUSH, CONFIG SET) or read server-wide
+// counters (INFO commandstats) that the shared server of scripts/services would mix with other packages' tests.
+// It needs the redis-server binary (scripts/services up installs it; otherwise apt-get install redis-server) and
+// returns an error saying so when it cannot run it. The caller stops the server with Stop.
+func Start(ctx context.Context) (*Server, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("find a free port: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir, err := os.MkdirTemp("", "keepwarm-redis-")
+	if err != nil {
+		return nil, fmt.Errorf("make redis-server directory: %w", err)
+	}
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--dir", dir, "--logfile", "")
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start redis-server (run `scripts/services up`, which installs it, or apt-get install redis-server): %w", err)
+	}
+	s := &Server{
+		URL:     fmt.Sprintf("redis://127.0.0.1:%d/0", port),
+		Process: cmd.Process,
+		stop: func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+			os.RemoveAll(dir)
+		},
+	}
+	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1})
+	defer c.Close()
+	for i := 0; ; i++ {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := c.Ping(pctx).Err()
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		if i > 50 {
+			s.Stop()
+			return nil, fmt.Errorf("private redis-server on port %d did not answer: %w", port, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Stop stops the server (SIGTERM, then waits for it to exit) and removes its directory.
+func (s *Server) Stop() { s.stop() }
+
+// globEscaper escapes the characters that SCAN MATCH's glob-style patterns treat specially.
+var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)
+
+// DeleteContaining deletes every key whose name contains s, by scanning for the pattern *s* (1000 keys per SCAN
+// and per UNLINK). A test's or a benchmark's key prefix is usually spliced into templates after other text
+// ("lock:" + prefix + id), so matching the prefix alone would miss those keys. It returns the first error from
+// Redis; keys deleted before it stay deleted.
+func DeleteContaining(ctx context.Context, c redis.UniversalClient, s string) error {
+	iter := c.Scan(ctx, 0, "*"+globEscaper.Replace(s)+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 1000 {
+			if err := c.Unlink(ctx, batch...).Err(); err != nil {
+				return fmt.Errorf("unlink keys containing %q: %w", s, err)
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("scan keys containing %q: %w", s, err)
+	}
+	if len(batch) > 0 {
+		if err := c.Unlink(ctx, batch...).Err(); err != nil {
+			return fmt.Errorf("unlink keys containing %q: %w", s, err)
+		}
+	}
+	return nil
+}
