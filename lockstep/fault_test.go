@@ -62,16 +62,10 @@ func proxied(t *testing.T, addr string, ctxTimeout bool, poolSize int) *redis.Cl
 	return c
 }
 
-// waitFor polls cond every 10ms until it holds, failing the test after 20s.
+// waitFor is testenv.Eventually with a 20 s bound.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 20*time.Second, what, cond)
 }
 
 // TestGetBoundedWhileRedisStalls: while the link to Redis is a black hole, every Get of many goroutines in two

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
@@ -36,10 +37,10 @@ func TestKeyspaceCheckRetriedWithBackoff(t *testing.T) {
 	good.Src = f.source(t, "select id, body from "+f.table+" where id = any($1)") // a Checker, like the daemon's
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{good, broken()}})
 
-	eventually(t, 10*time.Second, "the healthy keyspace's pinned key written", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the healthy keyspace's pinned key written", func() bool {
 		return f.rdb.Exists(ctx, f.key("1")).Val() == 1
 	})
-	eventually(t, 10*time.Second, "the broken keyspace reported failing", func() bool { return len(w.Failing()) > 0 })
+	testenv.Eventually(t, 10*time.Second, "the broken keyspace reported failing", func() bool { return len(w.Failing()) > 0 })
 	failing := w.Failing()
 	if len(failing) != 1 || failing[0].Keyspace != "things" || !strings.Contains(failing[0].Error, "does not exist") ||
 		failing[0].Attempts < 1 || failing[0].NextCheck.Before(failing[0].Since) {
@@ -54,7 +55,7 @@ func TestKeyspaceCheckRetriedWithBackoff(t *testing.T) {
 	if _, err := f.pool.Exec(ctx, "create table "+things+" as select i::text as id, jsonb_build_object('thing', i) as body from generate_series(1, 5) i"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the recovered keyspace's pinned key written", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the recovered keyspace's pinned key written", func() bool {
 		return f.rdb.Exists(ctx, f.prefix+"thing:2").Val() == 1
 	})
 	if failing := w.Failing(); len(failing) != 0 {
@@ -70,9 +71,9 @@ func TestKeyspaceCheckRetriedWithBackoff(t *testing.T) {
 	if err := w.Update([]warmer.KeyspaceConfig{good, again}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the re-added keyspace reported failing", func() bool { return len(w.Failing()) == 1 })
+	testenv.Eventually(t, 10*time.Second, "the re-added keyspace reported failing", func() bool { return len(w.Failing()) == 1 })
 	if err := w.Update([]warmer.KeyspaceConfig{good}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the removed keyspace no longer reported", func() bool { return len(w.Failing()) == 0 })
+	testenv.Eventually(t, 10*time.Second, "the removed keyspace no longer reported", func() bool { return len(w.Failing()) == 0 })
 }

@@ -202,7 +202,7 @@ func fire(t *testing.T, clk *clockwork.FakeClock, ds []*cronDaemon, perInstant i
 	for _, a := range at {
 		advance(t, clk, len(ds), a.Sub(clk.Now()), a)
 		want += float64(perInstant)
-		eventually(t, 20*time.Second, fmt.Sprintf("%v firings counted by %v", want, a), func() bool { return count() >= want })
+		testenv.Eventually(t, 20*time.Second, fmt.Sprintf("%v firings counted by %v", want, a), func() bool { return count() >= want })
 	}
 }
 
@@ -372,7 +372,7 @@ func TestCronReloadNeverDuplicatesARun(t *testing.T) {
 		t.Fatal(err)
 	}
 	advance(t, clk, 1, time.Second, start.Add(3*time.Second))
-	eventually(t, 10*time.Second, "a firing skipped while the run is in progress", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a firing skipped while the run is in progress", func() bool {
 		return scheduleRuns(t, d.reg)["skipped_running"] >= 1
 	})
 	close(release)
@@ -423,7 +423,7 @@ func TestCronReloadDeletesRemovedSchedulesSeries(t *testing.T) {
 	if err := d.c.Update([]warmer.ScheduleConfig{kept}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the removed schedule's series deleted", func() bool { return series(gone.Name) == 0 })
+	testenv.Eventually(t, 10*time.Second, "the removed schedule's series deleted", func() bool { return series(gone.Name) == 0 })
 	if st := d.c.Status(); len(st) != 1 || st[0].Name != kept.Name {
 		t.Errorf("status after the reload = %+v, want only %q", st, kept.Name)
 	}

@@ -59,12 +59,12 @@ func TestPublishErrorReplyReleasesLock(t *testing.T) {
 	cfg := f.config("1")
 	cfg.LockTTL = time.Minute
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 10*time.Second, "a wrongtype error counted", func() bool { return refreshErrors(t, reg, warmer.ReasonWrongType) >= 1 })
+	testenv.Eventually(t, 10*time.Second, "a wrongtype error counted", func() bool { return refreshErrors(t, reg, warmer.ReasonWrongType) >= 1 })
 	if n := f.rdb.Exists(ctx, ks.Cache).Val(); n != 0 {
 		t.Errorf("cache key written by a publish that failed with WRONGTYPE")
 	}
 	f.rdb.Del(ctx, ks.Meta)
-	eventually(t, 15*time.Second, "key written after the meta key was fixed (well within the 60 s lock TTL)", func() bool {
+	testenv.Eventually(t, 15*time.Second, "key written after the meta key was fixed (well within the 60 s lock TTL)", func() bool {
 		return f.rdb.Exists(ctx, ks.Cache).Val() == 1
 	})
 	stop()
@@ -92,11 +92,11 @@ func TestOOMIsNotLockLost(t *testing.T) {
 	cfg := f.config("1")
 	cfg.LockTTL = time.Minute
 	_, reg, stop := start(t, priv, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 10*time.Second, "an oom error counted", func() bool { return refreshErrors(t, reg, warmer.ReasonOOM) >= 1 })
+	testenv.Eventually(t, 10*time.Second, "an oom error counted", func() bool { return refreshErrors(t, reg, warmer.ReasonOOM) >= 1 })
 	if err := priv.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, "key written once memory is available", func() bool { return priv.Exists(ctx, ks.Cache).Val() == 1 })
+	testenv.Eventually(t, 15*time.Second, "key written once memory is available", func() bool { return priv.Exists(ctx, ks.Cache).Val() == 1 })
 	stop()
 	if got := refreshes(t, reg, warmer.ResultLockLost); got != 0 {
 		t.Errorf("lock_lost = %v, want 0 (OOM is not a lost lock)", got)
@@ -171,7 +171,7 @@ func TestFrozenRedisDuringAcquisitionLeavesNoLock(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no lock acquisition was sent within 20 s")
 	}
-	eventually(t, 15*time.Second, "key written after the freeze (well within the 60 s lock TTL)", func() bool {
+	testenv.Eventually(t, 15*time.Second, "key written after the freeze (well within the 60 s lock TTL)", func() bool {
 		return rdb.Exists(ctx, ks.Cache).Val() == 1
 	})
 	stop()
@@ -201,8 +201,8 @@ func TestExpiryDuringRefreshIsCounted(t *testing.T) {
 	}
 	cfg := f.config("1")
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 15*time.Second, "the key rewritten", func() bool { return f.rdb.Get(ctx, ks.Cache).Val() != "v0" && f.rdb.Exists(ctx, ks.Cache).Val() == 1 })
-	eventually(t, 5*time.Second, "the expiry counted", func() bool {
+	testenv.Eventually(t, 15*time.Second, "the key rewritten", func() bool { return f.rdb.Get(ctx, ks.Cache).Val() != "v0" && f.rdb.Exists(ctx, ks.Cache).Val() == 1 })
+	testenv.Eventually(t, 5*time.Second, "the expiry counted", func() bool {
 		return counter(t, reg, "keepwarm_warmer_hot_expired_total", nil) >= 1
 	})
 	stop()
@@ -231,11 +231,11 @@ func TestInvalidationBeatsInflightRefresh(t *testing.T) {
 	}
 	cfg := f.config("1")
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 10*time.Second, "the raced refresh counted as lock_gone", func() bool { return refreshes(t, reg, warmer.ResultLockGone) >= 1 })
+	testenv.Eventually(t, 10*time.Second, "the raced refresh counted as lock_gone", func() bool { return refreshes(t, reg, warmer.ResultLockGone) >= 1 })
 	if v := f.rdb.Get(ctx, ks.Cache).Val(); strings.Contains(v, `"v": 1`) {
 		t.Fatalf("old row written back after the invalidation: %s", v)
 	}
-	eventually(t, 10*time.Second, "the new row published", func() bool { return strings.Contains(f.rdb.Get(ctx, ks.Cache).Val(), `"v": 2`) })
+	testenv.Eventually(t, 10*time.Second, "the new row published", func() bool { return strings.Contains(f.rdb.Get(ctx, ks.Cache).Val(), `"v": 2`) })
 	stop()
 	if locks := f.lockKeys(t, f.rdb); len(locks) != 0 {
 		t.Errorf("orphaned locks after stop: %v", locks)
@@ -329,7 +329,7 @@ func TestTooLargeKeepsOldValue(t *testing.T) {
 	cfg := f.config("1")
 	cfg.MaxValueBytes = 5
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 10*time.Second, "a too_large result and a fail-safe extension", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a too_large result and a fail-safe extension", func() bool {
 		return refreshes(t, reg, warmer.ResultTooLarge) >= 1 && counter(t, reg, "keepwarm_warmer_failsafe_extensions_total", nil) >= 1
 	})
 	stop()
@@ -372,7 +372,7 @@ func TestSingleClientTimeoutIsNoOutage(t *testing.T) {
 	cfg.Src = &lateSource{Source: f.src, fails: 1}
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	eventually(t, 10*time.Second, "key written after one timeout", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
+	testenv.Eventually(t, 10*time.Second, "key written after one timeout", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
 	stop()
 	if got := refreshErrors(t, reg, warmer.ReasonOriginTimeout); got != 1 {
 		t.Errorf("origin_timeout errors = %v, want 1", got)
@@ -471,7 +471,7 @@ func TestPausedDaemonIsNoOutage(t *testing.T) {
 	cfg.Src = &lateSource{Source: f.src, fails: 2, late: 1500 * time.Millisecond}
 	_, _, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	eventually(t, 20*time.Second, "key written after two paused queries", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
+	testenv.Eventually(t, 20*time.Second, "key written after two paused queries", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
 	stop()
 	if strings.Contains(logs.String(), "origin failing") {
 		t.Errorf("a paused daemon logged an origin outage:\n%s", logs.String())

@@ -113,10 +113,10 @@ func TestInvalidAccessMembersNeverTakeHotSlots(t *testing.T) {
 			}
 			w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 			want := sortedIDs(1, 50)
-			eventually(t, 5*time.Second, "the 50 real ids are the hot set", func() bool {
+			testenv.Eventually(t, 5*time.Second, "the 50 real ids are the hot set", func() bool {
 				return slices.Equal(hotIDs(w), want)
 			})
-			eventually(t, 5*time.Second, "invalid members removed from the access set", func() bool {
+			testenv.Eventually(t, 5*time.Second, "invalid members removed from the access set", func() bool {
 				return f.rdb.ZCard(ctx, cfg.AccessKey).Val() == 50
 			})
 			labels := map[string]string{"keyspace": "items", "source": "access_set"}
@@ -146,10 +146,10 @@ func TestInvalidAccessMembersLogOnce(t *testing.T) {
 	logs := &logLines{}
 	w, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Logger: logs.logger()})
 	want := sortedIDs(1, 10)
-	eventually(t, 10*time.Second, "the 10 real ids are the hot set", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the 10 real ids are the hot set", func() bool {
 		return slices.Equal(hotIDs(w), want)
 	})
-	eventually(t, 10*time.Second, "invalid members removed from the access set", func() bool {
+	testenv.Eventually(t, 10*time.Second, "invalid members removed from the access set", func() bool {
 		return f.rdb.ZCard(ctx, cfg.AccessKey).Val() == 10
 	})
 	labels := map[string]string{"keyspace": "items", "source": "access_set"}
@@ -158,7 +158,7 @@ func TestInvalidAccessMembersLogOnce(t *testing.T) {
 	}
 	// Let the real ids be refreshed a few times (every refresh batch used to log each invalid hot id), then stop
 	// so that no more lines arrive while counting.
-	eventually(t, 10*time.Second, "real ids refreshed", func() bool {
+	testenv.Eventually(t, 10*time.Second, "real ids refreshed", func() bool {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": "ok"}) >= 30
 	})
 	stop()
@@ -190,7 +190,7 @@ func TestLFUFreshKeysDoNotOutrankAccess(t *testing.T) {
 	cfg.TopN, cfg.LFU, cfg.LFUScanCount = 2, true, 1_000_000
 	f.rdb.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: 3, Member: "1"}, redis.Z{Score: 2, Member: "2"})
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 5*time.Second, "ids 1 and 2 (measured access) are the hot set", func() bool {
+	testenv.Eventually(t, 5*time.Second, "ids 1 and 2 (measured access) are the hot set", func() bool {
 		return slices.Equal(hotIDs(w), []string{"1", "2"})
 	})
 }
@@ -207,7 +207,7 @@ func TestLFUPolicySwitchAtRuntime(t *testing.T) {
 	cfg.LFUCheckEvery = 100 * time.Millisecond
 	logs := &logLines{}
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Logger: logs.logger()})
-	eventually(t, 5*time.Second, "lfu signal reported off", func() bool { return logs.count("lfu signal off") == 1 })
+	testenv.Eventually(t, 5*time.Second, "lfu signal reported off", func() bool { return logs.count("lfu signal off") == 1 })
 
 	ctx := context.Background()
 	if err := f.rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lfu").Err(); err != nil {
@@ -220,7 +220,7 @@ func TestLFUPolicySwitchAtRuntime(t *testing.T) {
 			f.rdb.Get(ctx, f.key(id))
 		}
 	}
-	eventually(t, 5*time.Second, "the two most-read keys are hot after the switch to LFU", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the two most-read keys are hot after the switch to LFU", func() bool {
 		return slices.Equal(hotIDs(w), []string{"1", "2"})
 	})
 	if st := w.Status(0); !st[0].LFU {
@@ -230,7 +230,7 @@ func TestLFUPolicySwitchAtRuntime(t *testing.T) {
 	if err := f.rdb.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "lfu signal off after the switch back", func() bool {
+	testenv.Eventually(t, 5*time.Second, "lfu signal off after the switch back", func() bool {
 		return !w.Status(0)[0].LFU && logs.count("lfu signal off") == 2
 	})
 	if n := logs.count("lfu signal on"); n != 1 {

@@ -45,7 +45,7 @@ func TestLFUSignalMakesKeysHot(t *testing.T) {
 	cfg.TopN, cfg.MinScore, cfg.LFU = 2, 0, true
 	cfg.LFUScanCount = 1_000_000 // one SCAN step covers the whole database
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 3*time.Second, "the two most-read keys are hot", func() bool {
+	testenv.Eventually(t, 3*time.Second, "the two most-read keys are hot", func() bool {
 		st := w.Status(0)
 		if len(st) != 1 || st[0].Hot != 2 {
 			return false
@@ -71,13 +71,13 @@ func TestNotificationsGiveEarlyNotice(t *testing.T) {
 	cfg.ReconcileEvery = time.Minute
 	start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
 	ctx := context.Background()
-	eventually(t, 3*time.Second, "key written", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
-	eventually(t, 10*time.Second, "the daemon subscribed to keyspace notifications", func() bool {
+	testenv.Eventually(t, 3*time.Second, "key written", func() bool { return f.rdb.Exists(ctx, f.key("1")).Val() == 1 })
+	testenv.Eventually(t, 10*time.Second, "the daemon subscribed to keyspace notifications", func() bool {
 		return f.rdb.PubSubNumSub(ctx, "__keyevent@0__:del").Val()["__keyevent@0__:del"] > 0
 	})
 	f.rdb.Del(ctx, f.key("1"))
 	// Reconciliation runs once a minute: a rebuild within 10 s can only come from the notification.
-	eventually(t, 10*time.Second, "deleted hot key rebuilt on notice", func() bool {
+	testenv.Eventually(t, 10*time.Second, "deleted hot key rebuilt on notice", func() bool {
 		return f.rdb.Exists(ctx, f.key("1")).Val() == 1
 	})
 }

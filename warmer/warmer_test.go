@@ -140,19 +140,6 @@ func start(t *testing.T, rdb redis.UniversalClient, cfg warmer.Config) (w *warme
 	return w, reg, stop
 }
 
-// eventually polls cond every 20 ms until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true within %v", what, within)
-}
-
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -195,7 +182,7 @@ func TestPinnedKeysStayWarm(t *testing.T) {
 	cfg := f.config("1", "2", "3")
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 	ctx := context.Background()
-	eventually(t, 3*time.Second, "pinned keys written", func() bool {
+	testenv.Eventually(t, 3*time.Second, "pinned keys written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1"), f.key("2"), f.key("3")).Result()
 		return n == 3
 	})
@@ -240,7 +227,7 @@ func TestPinnedKeysStayWarm(t *testing.T) {
 func TestMetricsLint(t *testing.T) {
 	f := newFixture(t, 1)
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1")}})
-	eventually(t, 3*time.Second, "refresh counted", func() bool {
+	testenv.Eventually(t, 3*time.Second, "refresh counted", func() bool {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", nil) > 0
 	})
 	stop()
@@ -263,7 +250,7 @@ func TestAccessSetMakesKeysHot(t *testing.T) {
 		f.rdb.ZIncrBy(ctx, cfg.AccessKey, n, id)
 	}
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 3*time.Second, "top 3 written", func() bool {
+	testenv.Eventually(t, 3*time.Second, "top 3 written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("7"), f.key("8"), f.key("9")).Result()
 		return n == 3
 	})
@@ -276,7 +263,7 @@ func TestAccessSetMakesKeysHot(t *testing.T) {
 	}
 	// A new favourite displaces the coldest hot key.
 	f.rdb.ZIncrBy(ctx, cfg.AccessKey, 1000, "42")
-	eventually(t, 3*time.Second, "new favourite written", func() bool {
+	testenv.Eventually(t, 3*time.Second, "new favourite written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("42")).Result()
 		return n == 1
 	})
@@ -298,11 +285,11 @@ func TestAppHoldsLockNoOriginQuery(t *testing.T) {
 		t.Fatalf("take lock: %v %v", ok, err)
 	}
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2")}})
-	eventually(t, 3*time.Second, "id 2 written", func() bool {
+	testenv.Eventually(t, 3*time.Second, "id 2 written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("2")).Result()
 		return n == 1
 	})
-	eventually(t, 3*time.Second, "lock contention counted", func() bool {
+	testenv.Eventually(t, 3*time.Second, "lock contention counted", func() bool {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": "locked"}) >= 2
 	})
 	if n := f.src.count("1"); n != 0 {
@@ -314,7 +301,7 @@ func TestAppHoldsLockNoOriginQuery(t *testing.T) {
 	// The app finishes: publishes its value and releases. The daemon adopts the app's TTL, not rebuilding it.
 	f.rdb.Set(ctx, ks.Cache, "from-app", 1500*time.Millisecond)
 	f.rdb.Del(ctx, ks.Lock)
-	eventually(t, 4*time.Second, "daemon refreshes id 1 before it expires", func() bool {
+	testenv.Eventually(t, 4*time.Second, "daemon refreshes id 1 before it expires", func() bool {
 		v, _ := f.rdb.Get(ctx, ks.Cache).Result()
 		return strings.HasPrefix(v, "{")
 	})
@@ -365,7 +352,7 @@ func TestSlowQueryExtendsLeaseAndLostLockPublishesNothing(t *testing.T) {
 	if ttl := <-lockTTLs; ttl == 0 {
 		t.Errorf("the lock's TTL never went up during a slow query: the lease was not extended")
 	}
-	eventually(t, 5*time.Second, "lost lock counted", func() bool {
+	testenv.Eventually(t, 5*time.Second, "lost lock counted", func() bool {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": "lock_lost"}) >= 1
 	})
 	if v, _ := f.rdb.Get(ctx, ks.Cache).Result(); v != "newer-value" {
@@ -407,7 +394,7 @@ func TestFailSafeKeepsHotKeysReadable(t *testing.T) {
 	cfg.Src = sw
 	cfg.MaxStale = time.Minute
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 3*time.Second, "keys written", func() bool {
+	testenv.Eventually(t, 3*time.Second, "keys written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1"), f.key("2")).Result()
 		return n == 2
 	})
@@ -425,7 +412,7 @@ func TestFailSafeKeepsHotKeysReadable(t *testing.T) {
 	}
 	before := counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": "ok"})
 	sw.isDown.Store(false)
-	eventually(t, 10*time.Second, "refreshes resume after the origin is back", func() bool {
+	testenv.Eventually(t, 10*time.Second, "refreshes resume after the origin is back", func() bool {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": "ok"}) >= before+2
 	})
 }
@@ -440,14 +427,14 @@ func TestFailSafeBoundedByMaxStale(t *testing.T) {
 	cfg.RefreshAhead = 300 * time.Millisecond
 	cfg.MaxStale = 700 * time.Millisecond
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 3*time.Second, "key written", func() bool {
+	testenv.Eventually(t, 3*time.Second, "key written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1")).Result()
 		return n == 1
 	})
 	sw.isDown.Store(true)
 	written := time.Now()
 	// Expiry ≤ 1.1 s after the write, plus at most 0.7 s of fail-safe: gone by ~1.8 s (allow scheduling slack).
-	eventually(t, 4*time.Second, "key expires once max_stale is spent", func() bool {
+	testenv.Eventually(t, 4*time.Second, "key expires once max_stale is spent", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1")).Result()
 		return n == 0
 	})
@@ -455,7 +442,7 @@ func TestFailSafeBoundedByMaxStale(t *testing.T) {
 		t.Errorf("key gone %v after the outage began; fail-safe should have kept it past its TTL", gone)
 	}
 	// The daemon owns up to it: a hot key expired before a refresh could land, and the SLO counter says so.
-	eventually(t, 2*time.Second, "SLO counter counts the expiry", func() bool {
+	testenv.Eventually(t, 2*time.Second, "SLO counter counts the expiry", func() bool {
 		return counter(t, reg, "keepwarm_warmer_hot_expired_total", nil) == 1
 	})
 }
@@ -520,7 +507,7 @@ func TestPersistentKeyNeverOverwritten(t *testing.T) {
 	ctx := context.Background()
 	f.rdb.Set(ctx, f.key("1"), "persistent", 0)
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2")}})
-	eventually(t, 3*time.Second, "persistent key reported", func() bool {
+	testenv.Eventually(t, 3*time.Second, "persistent key reported", func() bool {
 		return counter(t, reg, "keepwarm_warmer_keys_persistent", nil) == 1
 	})
 	time.Sleep(500 * time.Millisecond)
@@ -543,7 +530,7 @@ func TestMissingPolicies(t *testing.T) {
 			cfg.Tombstone = []byte("null")
 			cfg.TombstoneTTL = 5 * time.Second
 			_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-			eventually(t, 3*time.Second, "missing counted", func() bool {
+			testenv.Eventually(t, 3*time.Second, "missing counted", func() bool {
 				return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": "missing"}) >= 1
 			})
 			v, err := f.rdb.Get(ctx, f.key("99")).Result()
@@ -573,7 +560,7 @@ func TestUpdatePinsAndUnpins(t *testing.T) {
 	ctx := context.Background()
 	cfg := f.config("1")
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
-	eventually(t, 3*time.Second, "id 1 written", func() bool {
+	testenv.Eventually(t, 3*time.Second, "id 1 written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1")).Result()
 		return n == 1
 	})
@@ -581,7 +568,7 @@ func TestUpdatePinsAndUnpins(t *testing.T) {
 	if err := w.Update([]warmer.KeyspaceConfig{cfg}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "id 5 written after update", func() bool {
+	testenv.Eventually(t, 2*time.Second, "id 5 written after update", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("5")).Result()
 		return n == 1
 	})
@@ -670,8 +657,8 @@ func TestDeadRedisKeepsRunning(t *testing.T) {
 	t.Cleanup(func() { dead.Close() })
 	w, _, stop := start(t, dead, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1")}})
 	first := w.Progress()
-	eventually(t, 10*time.Second, "scheduler progress with Redis down", func() bool { return w.Progress().After(first) })
-	eventually(t, 10*time.Second, "the pinned key listed as hot with Redis down", func() bool {
+	testenv.Eventually(t, 10*time.Second, "scheduler progress with Redis down", func() bool { return w.Progress().After(first) })
+	testenv.Eventually(t, 10*time.Second, "the pinned key listed as hot with Redis down", func() bool {
 		st := w.Status(0)
 		return len(st) == 1 && st[0].Hot == 1
 	})

@@ -187,16 +187,12 @@ func listenAddr(t *testing.T, logs *syncBuffer) string {
 	return addr
 }
 
+// waitFor is testenv.Eventually that also prints the daemon's log when cond never held.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, logs *syncBuffer) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testenv.Poll(within, cond) {
+		t.Fatalf("%s: not within %v; daemon log:\n%s", what, within, logs)
 	}
-	t.Fatalf("%s: not within %v; daemon log:\n%s", what, within, logs)
 }
 
 // TestRunReloadsConfigMapSwap runs the daemon on a Kubernetes ConfigMap volume (keepwarm.toml ->

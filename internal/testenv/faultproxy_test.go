@@ -24,16 +24,11 @@ func proxiedRedis(t *testing.T, fp *testenv.FaultProxy) *redis.Client {
 	return c
 }
 
-// eventually polls f until it returns nil or 10s have passed; it returns the last error.
+// eventually polls f (see testenv.Poll) until it returns nil or 10s have passed; it returns the last error.
 func eventually(f func() error) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var err error
+	testenv.Poll(10*time.Second, func() bool { err = f(); return err == nil })
+	return err
 }
 
 func isTimeout(err error) bool {
