@@ -3,15 +3,12 @@ package migrations_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
@@ -27,32 +24,13 @@ func freshDB(t *testing.T) *sql.DB {
 // freshDBURL is freshDB that also returns the database's URL.
 func freshDBURL(t *testing.T) (*sql.DB, string) {
 	t.Helper()
-	admin := testenv.Postgres(t)
-	b := make([]byte, 6)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	name := "kwtest_" + hex.EncodeToString(b)
-	ctx := context.Background()
-	if _, err := admin.Exec(ctx, "create database "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	u, err := url.Parse(testenv.PostgresURL())
-	if err != nil {
-		t.Fatalf("KEEPWARM_POSTGRES_URL must be a postgres:// URL for this test: %v", err)
-	}
-	u.Path = "/" + name
-	db, err := sql.Open("pgx", u.String())
+	dbURL := testenv.Database(t)
+	db, err := sql.Open("pgx", dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = db.Close()
-		if _, err := admin.Exec(context.Background(), "drop database "+pgx.Identifier{name}.Sanitize()+" with (force)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	return db, u.String()
+	t.Cleanup(func() { _ = db.Close() }) // runs before the database's drop, registered earlier
+	return db, dbURL
 }
 
 // TestStatusIsReadOnly runs `migrate status` as a read-only session (default_transaction_read_only, as a

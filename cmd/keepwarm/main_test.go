@@ -3,17 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/keepwarm/keepwarm/examples/chinook"
 	"github.com/keepwarm/keepwarm/internal/config"
@@ -204,22 +199,7 @@ track:999999: missing: missing = "delete": would delete the key
 }
 
 func TestMigrate(t *testing.T) {
-	admin := testenv.Postgres(t)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "kwtest_" + hex.EncodeToString(b)
-	if _, err := admin.Exec(context.Background(), "create database "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "drop database "+pgx.Identifier{name}.Sanitize()+" with (force)")
-	})
-	u, err := url.Parse(testenv.PostgresURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	t.Setenv("KEEPWARM_POSTGRES_DSN", u.String())
+	t.Setenv("KEEPWARM_POSTGRES_DSN", testenv.Database(t))
 
 	steps := []struct {
 		args []string

@@ -2,8 +2,6 @@ package chinook_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/url"
 	"strings"
 	"sync"
@@ -18,19 +16,7 @@ import (
 // scratch returns the DSN of a database name that does not exist yet, dropped (if created) on cleanup.
 func scratch(t *testing.T) string {
 	t.Helper()
-	admin := testenv.Postgres(t)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "kwtest_chinook_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "drop database if exists "+pgx.Identifier{name}.Sanitize()+" with (force)")
-	})
-	u, err := url.Parse(testenv.PostgresURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	return u.String()
+	return testenv.UncreatedDatabase(t)
 }
 
 func TestLoadOnceAndConcurrently(t *testing.T) {

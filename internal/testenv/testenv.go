@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -114,6 +115,51 @@ func Schema(tb testing.TB, pool *pgxpool.Pool) string {
 		}
 	})
 	return name
+}
+
+// Database creates a throwaway database "kwtest_<12 hex digits>" on the test server, for tests that need a whole
+// database of their own (migrations, the demo loader) rather than a Schema. It returns the database's URL: the
+// server's URL (KEEPWARM_POSTGRES_URL) with the database name swapped in. The database is dropped, with (force),
+// on cleanup. It fails the test when the server is not reachable or the URL is not a postgres:// URL.
+func Database(tb testing.TB) string {
+	tb.Helper()
+	admin := Postgres(tb)
+	name, u := newDatabaseName(tb)
+	if _, err := admin.Exec(context.Background(), "create database "+pgx.Identifier{name}.Sanitize()); err != nil {
+		tb.Fatalf("create database %s: %v", name, err)
+	}
+	dropOnCleanup(tb, admin, name)
+	return u
+}
+
+// UncreatedDatabase returns the URL of a database that does not exist yet, named as Database names them, for
+// tests of code that creates its own database. The database is dropped on cleanup if it was created.
+func UncreatedDatabase(tb testing.TB) string {
+	tb.Helper()
+	admin := Postgres(tb)
+	name, u := newDatabaseName(tb)
+	dropOnCleanup(tb, admin, name)
+	return u
+}
+
+func newDatabaseName(tb testing.TB) (name, dbURL string) {
+	tb.Helper()
+	u, err := url.Parse(PostgresURL())
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		tb.Fatalf("KEEPWARM_POSTGRES_URL must be a postgres:// URL for a test that needs its own database: %q", PostgresURL())
+	}
+	name = "kwtest_" + randHex(6)
+	u.Path = "/" + name
+	return name, u.String()
+}
+
+func dropOnCleanup(tb testing.TB, admin *pgxpool.Pool, name string) {
+	tb.Cleanup(func() {
+		q := "drop database if exists " + pgx.Identifier{name}.Sanitize() + " with (force)"
+		if _, err := admin.Exec(context.Background(), q); err != nil {
+			tb.Errorf("drop database %s: %v", name, err)
+		}
+	})
 }
 
 func randHex(n int) string {
