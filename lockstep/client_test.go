@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -456,7 +457,7 @@ func TestGetRoundTrips(t *testing.T) {
 		if _, err := tt.c.Get(ctx, tt.id); err != nil {
 			t.Fatalf("%s: Get: %v", tt.name, err)
 		}
-		if got := h.take(); !equal(got, tt.want) {
+		if got := h.take(); !slices.Equal(got, tt.want) {
 			t.Errorf("%s: round trips = %q, want %q", tt.name, got, tt.want)
 		}
 	}

@@ -3,6 +3,7 @@ package lockstep_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -52,7 +53,7 @@ func TestClusterClient(t *testing.T) {
 		sets, locks = append(sets, ks), append(locks, ks.Lock)
 	}
 	tok := lockstep.NewToken()
-	if got, err := lockstep.AcquireMany(ctx, rdb, locks, tok, time.Minute); err != nil || !equal(got, []bool{true, true, true, true, true}) {
+	if got, err := lockstep.AcquireMany(ctx, rdb, locks, tok, time.Minute); err != nil || !slices.Equal(got, []bool{true, true, true, true, true}) {
 		t.Fatalf("AcquireMany = %v, %v", got, err)
 	}
 	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
@@ -80,7 +81,7 @@ func TestClusterClient(t *testing.T) {
 	if _, err := lockstep.AcquireMany(ctx, rdb, locks, tok, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := lockstep.ExtendMany(ctx, rdb, locks, tok, time.Minute); err != nil || !equal(got, []bool{true, true, true, true, true}) {
+	if got, err := lockstep.ExtendMany(ctx, rdb, locks, tok, time.Minute); err != nil || !slices.Equal(got, []bool{true, true, true, true, true}) {
 		t.Fatalf("ExtendMany = %v, %v", got, err)
 	}
 	if errs, err := lockstep.ExtendValueMany(ctx, rdb, sets[:2], tok, time.Hour, time.Hour); err != nil || errs[0].Err != nil || errs[1].Err != nil {

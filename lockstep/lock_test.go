@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,7 +166,7 @@ func TestAcquireManyReleaseManyExtendMany(t *testing.T) {
 	if err != nil {
 		t.Fatalf("AcquireMany: %v", err)
 	}
-	if want := []bool{true, false, true, false}; !equal(got, want) {
+	if want := []bool{true, false, true, false}; !slices.Equal(got, want) {
 		t.Fatalf("AcquireMany = %v, want %v (b held by another token, a repeated)", got, want)
 	}
 
@@ -173,7 +174,7 @@ func TestAcquireManyReleaseManyExtendMany(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ExtendMany: %v", err)
 	}
-	if want := []bool{true, false, true}; !equal(got, want) {
+	if want := []bool{true, false, true}; !slices.Equal(got, want) {
 		t.Fatalf("ExtendMany = %v, want %v", got, want)
 	}
 	if pttl := rdb.PTTL(ctx, keys[0]).Val(); pttl < 59*time.Minute {
@@ -224,16 +225,4 @@ func TestBatchTransportError(t *testing.T) {
 	if err := lockstep.Publish(ctx, rdb, lockstep.Write{Keys: ks, Token: "t", TTL: time.Second}); err == nil || errors.Is(err, lockstep.ErrLockLost) {
 		t.Errorf("Publish = %v, want a transport error", err)
 	}
-}
-
-func equal[T comparable](a, b []T) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

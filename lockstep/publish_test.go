@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -148,7 +149,7 @@ func TestPublishMany(t *testing.T) {
 	a, b, c, d := mustFor(t, keys, "a"), mustFor(t, keys, "b"), mustFor(t, keys, "c"), mustFor(t, keys, "d")
 	tok := lockstep.NewToken()
 	got, err := lockstep.AcquireMany(ctx, rdb, []string{a.Lock, c.Lock, d.Lock}, tok, 5*time.Second)
-	if err != nil || !equal(got, []bool{true, true, true}) {
+	if err != nil || !slices.Equal(got, []bool{true, true, true}) {
 		t.Fatalf("AcquireMany = %v, %v", got, err)
 	}
 	// d already has a value that a Delete write will remove; b's lock belongs to someone else.

@@ -2,6 +2,7 @@ package lockstep_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -109,12 +110,12 @@ func TestAfterScriptFlush(t *testing.T) {
 			locks = append(locks, sets[len(sets)-1].Lock)
 		}
 		tok := lockstep.NewToken()
-		if got, err := lockstep.AcquireMany(ctx, rdb, locks, tok, time.Minute); err != nil || !equal(got, []bool{true, true, true}) {
+		if got, err := lockstep.AcquireMany(ctx, rdb, locks, tok, time.Minute); err != nil || !slices.Equal(got, []bool{true, true, true}) {
 			t.Fatalf("AcquireMany = %v, %v", got, err)
 		}
 
 		h.flush(t, rdb)
-		if got, err := lockstep.ExtendMany(ctx, rdb, locks, tok, time.Hour); err != nil || !equal(got, []bool{true, true, true}) {
+		if got, err := lockstep.ExtendMany(ctx, rdb, locks, tok, time.Hour); err != nil || !slices.Equal(got, []bool{true, true, true}) {
 			t.Fatalf("ExtendMany after SCRIPT FLUSH = %v, %v", got, err)
 		}
 		h.check(t, "ExtendMany", true)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,24 +171,12 @@ func TestHistogram(t *testing.T) {
 					t.Errorf("bar out of the plot: %+v", b)
 				}
 			}
-			if h.Span != tc.wantSpan || !equal(got, tc.wantBars) || h.Max != tc.wantMax || h.Unknown != tc.unknown {
+			if h.Span != tc.wantSpan || !slices.Equal(got, tc.wantBars) || h.Max != tc.wantMax || h.Unknown != tc.unknown {
 				t.Errorf("got span %q bars %v max %d unknown %d, want %q %v %d %d", h.Span, got, h.Max, h.Unknown,
 					tc.wantSpan, tc.wantBars, tc.wantMax, tc.unknown)
 			}
 		})
 	}
-}
-
-func equal(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestRoundUp(t *testing.T) {
