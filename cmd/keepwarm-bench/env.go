@@ -17,6 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // Defaults match scripts/services; KEEPWARM_REDIS_URL and KEEPWARM_POSTGRES_URL override them, as in the tests.
@@ -240,4 +243,20 @@ func writeFile(path string, b []byte, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "wrote %s\n", path)
 	return nil
+}
+
+// loaderOf adapts a keyspace's Source, which fetches batches, to the lockstep.Loader of the apps' miss path,
+// which loads one id: the id's value, or lockstep.ErrNotFound when the origin has no row.
+func loaderOf(src warmer.Source) lockstep.Loader {
+	return func(ctx context.Context, id string) ([]byte, error) {
+		vals, _, err := src.Fetch(ctx, []string{id})
+		if err != nil {
+			return nil, err
+		}
+		v, ok := vals[id]
+		if !ok {
+			return nil, lockstep.ErrNotFound
+		}
+		return v, nil
+	}
 }

@@ -283,17 +283,7 @@ func newLoadSpace(ctx context.Context, rdb redis.UniversalClient, ks *config.Key
 }
 
 func (ls *loadSpace) client(rdb redis.UniversalClient, w *worker, sample float64) (*lockstep.Client, error) {
-	load := func(ctx context.Context, id string) ([]byte, error) {
-		vals, _, err := ls.src.Fetch(ctx, []string{id})
-		if err != nil {
-			return nil, err
-		}
-		v, ok := vals[id]
-		if !ok {
-			return nil, lockstep.ErrNotFound
-		}
-		return v, nil
-	}
+	load := loaderOf(ls.src)
 	opts := []lockstep.Option{
 		lockstep.WithJitter(ls.ks.Jitter),
 		lockstep.WithLockTTL(ls.ks.LockTTL),

@@ -511,17 +511,10 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 	}
 	rl := &refreshLog{src: dsrc, byID: e.byID}
 	var appQueries atomic.Int64
+	appLoad := loaderOf(appSrc)
 	load := func(ctx context.Context, id string) ([]byte, error) {
 		appQueries.Add(1)
-		vals, _, err := appSrc.Fetch(ctx, []string{id})
-		if err != nil {
-			return nil, err
-		}
-		v, ok := vals[id]
-		if !ok {
-			return nil, lockstep.ErrNotFound
-		}
-		return v, nil
+		return appLoad(ctx, id)
 	}
 	ks := warmer.KeyspaceConfig{Name: ksName, Keys: keys, Src: rl, TTL: c.ttl, Jitter: lockstep.DefaultJitter,
 		LockTTL: 5 * time.Second, StatementTimeout: min(2*time.Second, c.ttl/4), PollInterval: time.Second, DecayHalfLife: c.halfLife}

@@ -378,18 +378,13 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeRe
 	if err != nil {
 		return nil, err
 	}
+	appLoad := loaderOf(appSrc)
 	recompute := func(ctx context.Context) ([]byte, error) {
 		var v []byte
 		err := o.do(false, func() error {
-			vals, _, err := appSrc.Fetch(ctx, []string{"1"})
-			if err != nil {
-				return err
-			}
-			var ok bool
-			if v, ok = vals["1"]; !ok {
-				return lockstep.ErrNotFound
-			}
-			return nil
+			var err error
+			v, err = appLoad(ctx, "1")
+			return err
 		})
 		return v, err
 	}
