@@ -17,9 +17,7 @@ func dueAt(expiry time.Time, ld, rebuild time.Duration, u float64) time.Time {
 		u = 1
 	}
 	early := time.Duration(float64(rebuild) * -math.Log(u))
-	if max := ld / 2; early > max {
-		early = max
-	}
+	early = min(early, ld/2)
 	return expiry.Add(-ld - early)
 }
 
@@ -79,10 +77,10 @@ func (q dueQueue) peek() *hotState {
 	return q[0]
 }
 
-// popDue removes and returns up to max keys due at or before until, in queue order.
-func (q *dueQueue) popDue(until time.Time, max int) []*hotState {
+// popDue removes and returns up to n keys due at or before until, in queue order.
+func (q *dueQueue) popDue(until time.Time, n int) []*hotState {
 	var out []*hotState
-	for len(*q) > 0 && len(out) < max {
+	for len(*q) > 0 && len(out) < n {
 		h := (*q)[0]
 		if h.due.After(until) {
 			break
