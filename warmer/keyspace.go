@@ -221,7 +221,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 	return 50 * time.Millisecond
 }
 
-// setHot applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
+// setHotLocked applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
 // leave the queue but stay tracked.
 func (k *keyspace) setHotLocked(hot map[string]bool) {
 	for id, h := range k.hotSet {
@@ -301,9 +301,7 @@ func (k *keyspace) retryLocked(h *hotState, base time.Duration) {
 // max(TTL/2, 1s), with ±25% jitter so that keys that failed together (and replicas) do not retry in step.
 func (k *keyspace) retryDelayLocked(h *hotState, base time.Duration) time.Duration {
 	d := base << min(h.errors, 6)
-	if cap := max(k.cfg.TTL/2, time.Second); d > cap {
-		d = cap
-	}
+	d = min(d, max(k.cfg.TTL/2, time.Second))
 	return d - d/4 + time.Duration(k.rnd.Int64N(int64(d/2)+1))
 }
 

@@ -56,8 +56,8 @@ type tracker struct {
 	gen     uint32 // bumped by each selectHot, to skip duplicate candidates without a set of its own
 }
 
-func newTracker(max int) *tracker {
-	return &tracker{entries: make(map[string]*entry), pinned: make(map[string]bool), max: max}
+func newTracker(maxTracked int) *tracker {
+	return &tracker{entries: make(map[string]*entry), pinned: make(map[string]bool), max: maxTracked}
 }
 
 // observe records a score for id, creating the entry if needed.

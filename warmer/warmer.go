@@ -32,7 +32,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the warmer's metrics; nil registers none.
 	Registerer prometheus.Registerer
-	// Now is the clock; default time.Now. Tests inject one.
+	// Now is the clock that expiry estimates and due times are computed with; default time.Now.
 	Now func() time.Time
 	// Seed seeds jitter and XFetch draws; 0 seeds from the runtime's random source.
 	Seed uint64
