@@ -48,11 +48,12 @@ func escapeInvalid(s string) string {
 
 // KeyspaceStatus summarises one keyspace.
 type KeyspaceStatus struct {
-	Name    string `json:"name"`
-	Key     string `json:"key_template"`
-	Tracked int    `json:"tracked"`
-	Hot     int    `json:"hot"`
-	Due     int    `json:"due"`
+	Name string `json:"name"`
+	// KeyTemplate is the keyspace's cache-key template, such as "track:${id}" (not a key).
+	KeyTemplate string `json:"key_template"`
+	Tracked     int    `json:"tracked"`
+	Hot         int    `json:"hot"`
+	Due         int    `json:"due"`
 	// Refreshes counts refresh attempts since start by result (ok, fresh, locked, missing, lock_lost, error).
 	Refreshes map[string]int64 `json:"refreshes"`
 	// HotExpired is the SLO counter: hot keys that expired before their refresh. It should stay at 0.
@@ -90,7 +91,7 @@ func (w *Warmer) Status(limit int) []KeyspaceStatus {
 func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	st := KeyspaceStatus{Name: k.cfg.Name, Key: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
+	st := KeyspaceStatus{Name: k.cfg.Name, KeyTemplate: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
 		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load(),
 		LFU: k.lfu.enabled}
 	for r, n := range k.results {

@@ -91,7 +91,7 @@ func printStatus(w io.Writer, spaces []warmer.KeyspaceStatus, now time.Time) {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintf(w, "keyspace %s (%s): %d tracked, %d hot, %d due now\n", ks.Name, ks.Key, ks.Tracked, ks.Hot, ks.Due)
+		fmt.Fprintf(w, "keyspace %s (%s): %d tracked, %d hot, %d due now\n", ks.Name, ks.KeyTemplate, ks.Tracked, ks.Hot, ks.Due)
 		if len(ks.Keys) == 0 {
 			continue
 		}

@@ -13,7 +13,7 @@ import (
 func TestPageShowsInvalidBytesEscaped(t *testing.T) {
 	keys := []string{"item:\xff\xfe1", "item:\xff\xfd1", `"item:\xff\xfe1"`}
 	status := func(int) []warmer.KeyspaceStatus {
-		st := warmer.KeyspaceStatus{Name: "items", Key: "item:${id}", Hot: len(keys), Refreshes: map[string]int64{}}
+		st := warmer.KeyspaceStatus{Name: "items", KeyTemplate: "item:${id}", Hot: len(keys), Refreshes: map[string]int64{}}
 		for i, k := range keys {
 			st.Keys = append(st.Keys, warmer.KeyStatus{ID: strings.TrimPrefix(k, "item:"), Key: k, TTL: time.Duration(i+1) * time.Second})
 		}

@@ -176,7 +176,7 @@ func (h *Handler) build(ctx context.Context) page {
 	spaces := h.cfg.Status(h.cfg.HistogramKeys)
 	p.Starting = spaces == nil
 	for _, ks := range spaces {
-		v := keyspaceView{Name: ks.Name, KeyTemplate: ks.Key, Tracked: ks.Tracked, Hot: ks.Hot, Due: ks.Due,
+		v := keyspaceView{Name: ks.Name, KeyTemplate: ks.KeyTemplate, Tracked: ks.Tracked, Hot: ks.Hot, Due: ks.Due,
 			Errors: ks.Refreshes[warmer.ResultError], HotExpired: ks.HotExpired, Counted: len(ks.Keys),
 			CheckError: ks.CheckError}
 		p.HotExpired += ks.HotExpired

@@ -27,7 +27,7 @@ func TestPageEscapesKeysAndValues(t *testing.T) {
 	evil := `<script>alert("x")</script>'&`
 	status := func(int) []warmer.KeyspaceStatus {
 		return []warmer.KeyspaceStatus{{
-			Name: `ks"<b>`, Key: `k:<i>${id}`, Tracked: 3, Hot: 2,
+			Name: `ks"<b>`, KeyTemplate: `k:<i>${id}`, Tracked: 3, Hot: 2,
 			Keys: []warmer.KeyStatus{
 				{ID: evil, Key: "k:" + evil, TTL: 3 * time.Second, Pinned: true, LastError: `<img src=x onerror="boom">`},
 				{ID: "nl", Key: "k:line\nbreak\x00", TTL: 4 * time.Second},
@@ -78,8 +78,8 @@ func TestPageSections(t *testing.T) {
 	}
 	status := func(int) []warmer.KeyspaceStatus {
 		return []warmer.KeyspaceStatus{
-			{Name: "album", Key: "album:${id}", Refreshes: map[string]int64{}},
-			{Name: "track", Key: "track:${id}", Tracked: 40, Hot: 3, Due: 1, HotExpired: 2, Keys: keys,
+			{Name: "album", KeyTemplate: "album:${id}", Refreshes: map[string]int64{}},
+			{Name: "track", KeyTemplate: "track:${id}", Tracked: 40, Hot: 3, Due: 1, HotExpired: 2, Keys: keys,
 				Refreshes: map[string]int64{"error": 4, "ok": 100, "locked": 7, "zzz": 1}},
 		}
 	}
