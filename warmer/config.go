@@ -29,8 +29,8 @@ const (
 	DefaultStaleTTLFactor = 10
 	DefaultBatchSize      = 100
 	MaxBatchSize          = 100000
-	// DefaultOriginConcurrent is the default MaxOriginQueries.
-	DefaultOriginConcurrent = 4
+	// DefaultMaxOriginConcurrency is the default MaxOriginConcurrency.
+	DefaultMaxOriginConcurrency = 4
 	// DefaultTopN is the config loader's top_n (a KeyspaceConfig's zero TopN means pinned ids only).
 	DefaultTopN = 1000
 	// DefaultMinScore is the config loader's min_score (a KeyspaceConfig's zero MinScore means no floor).
@@ -89,9 +89,9 @@ type KeyspaceConfig struct {
 	// still lands before the value expires.
 	PoolWaitTimeout time.Duration
 
-	BatchSize        int     // ids per origin query and per pipeline, in [1, MaxBatchSize]; default DefaultBatchSize
-	MaxOriginQueries int     // concurrent origin queries; default DefaultOriginConcurrent
-	OriginRate       float64 // origin queries per second (token bucket); 0 means unlimited
+	BatchSize            int     // ids per origin query and per pipeline, in [1, MaxBatchSize]; default DefaultBatchSize
+	MaxOriginConcurrency int     // batches querying the origin at once (TOML max_origin_concurrency); default DefaultMaxOriginConcurrency
+	OriginRate           float64 // origin queries per second (token bucket); 0 means unlimited
 
 	TopN     int     // hot = the TopN best-scored ids, plus the pinned ones; in [0, MaxTopN]; 0 means pinned ids only
 	MinScore float64 // and only those scoring at least this; 0 means no floor (the config loader's default: DefaultMinScore)
@@ -225,8 +225,8 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultBatchSize
 	}
-	if c.MaxOriginQueries == 0 {
-		c.MaxOriginQueries = DefaultOriginConcurrent
+	if c.MaxOriginConcurrency == 0 {
+		c.MaxOriginConcurrency = DefaultMaxOriginConcurrency
 	}
 	if c.TopN < 0 || c.TopN > MaxTopN {
 		bad("top_n", "%d is not in [0, %d] (0: pinned and scheduled keys only)", c.TopN, MaxTopN)
@@ -267,8 +267,8 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	if c.BatchSize < 1 || c.BatchSize > MaxBatchSize {
 		bad("batch_size", "%d is not in [1, %d]", c.BatchSize, MaxBatchSize)
 	}
-	if c.MaxOriginQueries < 1 {
-		bad("max_origin_concurrency", "must be at least 1, got %d", c.MaxOriginQueries)
+	if c.MaxOriginConcurrency < 1 {
+		bad("max_origin_concurrency", "must be at least 1, got %d", c.MaxOriginConcurrency)
 	}
 	if c.MaxValueBytes < 0 || c.MaxValueBytes > MaxValueBytesLimit {
 		bad("max_value_bytes", "%d is not in [0, %d] (0: no limit)", c.MaxValueBytes, MaxValueBytesLimit)

@@ -417,7 +417,7 @@ func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
 		Src: newSrc("hog", "select id, body from "+f.table+", pg_sleep(case when (select hang from "+flag+
 			") then 30 else 0 end) where id = any($1)"),
 		StatementTimeout: 2 * time.Second, PoolWaitTimeout: 300 * time.Millisecond,
-		BatchSize: 1, MaxOriginQueries: 2, Pinned: []string{"1", "2"}, AccessKey: f.prefix + "hog-access",
+		BatchSize: 1, MaxOriginConcurrency: 2, Pinned: []string{"1", "2"}, AccessKey: f.prefix + "hog-access",
 		PollInterval: 200 * time.Millisecond, ReconcileEvery: 300 * time.Millisecond}
 	fast := f.config("1")
 	fast.Src = newSrc("items", "select id, body from "+f.table+" where id = any($1)")

@@ -184,7 +184,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 	defer k.mu.Unlock()
 	now := k.w.now()
 	cfg := k.cfg
-	for k.running < cfg.MaxOriginQueries && ctx.Err() == nil {
+	for k.running < cfg.MaxOriginConcurrency && ctx.Err() == nil {
 		batch := k.q.popDue(now.Add(cfg.GatherWindow), cfg.BatchSize)
 		if len(batch) == 0 {
 			break

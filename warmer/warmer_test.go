@@ -104,7 +104,7 @@ func (f *fixture) config(pinned ...string) warmer.KeyspaceConfig {
 	return warmer.KeyspaceConfig{
 		Name: "items", Keys: f.keys, Src: f.src, TTL: 2 * time.Second, Jitter: 0.1,
 		RefreshAhead: 600 * time.Millisecond, LockTTL: 2 * time.Second, StatementTimeout: 500 * time.Millisecond,
-		BatchSize: 50, MaxOriginQueries: 2, TopN: 10, Pinned: pinned,
+		BatchSize: 50, MaxOriginConcurrency: 2, TopN: 10, Pinned: pinned,
 		AccessKey:    f.prefix + "access",
 		PollInterval: 200 * time.Millisecond, ReconcileEvery: 300 * time.Millisecond,
 	}

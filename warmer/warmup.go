@@ -126,7 +126,7 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 
 	batches := make(chan []string)
 	var wg sync.WaitGroup
-	workers := max(cfg.MaxOriginQueries, 1)
+	workers := max(cfg.MaxOriginConcurrency, 1)
 	if opt.DryRun {
 		workers = 1
 	}
@@ -276,7 +276,7 @@ func (r *WarmupResult) add(items []*item, invalid map[string]error, runErr error
 func (k *keyspace) acquireSlot(ctx context.Context) error {
 	for {
 		k.mu.Lock()
-		if k.running < k.cfg.MaxOriginQueries {
+		if k.running < k.cfg.MaxOriginConcurrency {
 			k.running++
 			k.mu.Unlock()
 			return nil

@@ -138,7 +138,7 @@ type Keyspace struct {
 	TombstoneTTL   time.Duration // with MissingTombstone: their TTL; default TTL
 
 	BatchSize            int           // warmer.KeyspaceConfig.BatchSize
-	MaxOriginConcurrency int           // warmer.KeyspaceConfig.MaxOriginQueries
+	MaxOriginConcurrency int           // warmer.KeyspaceConfig.MaxOriginConcurrency
 	OriginRate           float64       // warmer.KeyspaceConfig.OriginRate
 	TopN                 int           // warmer.KeyspaceConfig.TopN; default warmer.DefaultTopN
 	MinScore             float64       // warmer.KeyspaceConfig.MinScore; default warmer.DefaultMinScore

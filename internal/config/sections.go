@@ -284,7 +284,7 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 		MaxStale:             warmer.DefaultMaxStale,
 		Missing:              DefaultMissing,
 		BatchSize:            warmer.DefaultBatchSize,
-		MaxOriginConcurrency: warmer.DefaultOriginConcurrent,
+		MaxOriginConcurrency: warmer.DefaultMaxOriginConcurrency,
 		TopN:                 warmer.DefaultTopN,
 		MinScore:             warmer.DefaultMinScore,
 		MaxValueBytes:        warmer.DefaultMaxValueBytes,
