@@ -63,7 +63,9 @@ func TestRunNotifiesSystemd(t *testing.T) {
 	if code := stop(); code != 0 {
 		t.Errorf("exit code %d after SIGTERM\n%s", code, logs)
 	}
-	if i, r := sd.index("STOPPING=1"), sd.index("READY=1"); i < 0 || i < r {
+	// The daemon sent STOPPING=1 before it exited; the test's socket reader may not have read it yet.
+	waitFor(t, 5*time.Second, "STOPPING=1 received", func() bool { return sd.index("STOPPING=1") >= 0 }, logs)
+	if i, r := sd.index("STOPPING=1"), sd.index("READY=1"); i < r {
 		t.Errorf("want STOPPING=1 after READY=1 on shutdown; got %s", sd)
 	}
 }
