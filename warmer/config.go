@@ -311,6 +311,10 @@ func (c KeyspaceConfig) maxLead() time.Duration {
 	return time.Duration(float64(c.TTL) * MaxLeadFraction)
 }
 
+// queryBound is the client-side bound of one batch's origin query: the statement timeout plus a margin of a
+// third of the lock TTL (the leases are extended every LockTTL/3 while it runs, never past this bound).
+func (c KeyspaceConfig) queryBound() time.Duration { return c.StatementTimeout + c.LockTTL/3 }
+
 // originBound is the longest one refresh may take by the config: the wait for an origin connection plus the
 // statement timeout.
 func (c KeyspaceConfig) originBound() time.Duration { return c.StatementTimeout + c.PoolWaitTimeout }

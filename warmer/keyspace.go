@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/keepwarm/keepwarm/internal/backoff"
 )
 
 // keyspace is the state and scheduler loop of one keyspace. mu guards everything below it.
@@ -297,12 +299,11 @@ func (k *keyspace) retryLocked(h *hotState, base time.Duration) {
 	k.q.schedule(h, k.w.now().Add(k.retryDelayLocked(h, base)))
 }
 
-// retryDelayLocked is the back-off before another attempt at h: base doubled per consecutive error, capped at
-// max(TTL/2, 1s), with ±25% jitter so that keys that failed together (and replicas) do not retry in step.
+// retryDelayLocked is the back-off before another attempt at h (backoff.Delay, the daemon's one formula): in
+// [base, 2·base) doubled per consecutive error of h, capped at max(TTL/2, 1s), jittered so that keys that failed
+// together (and replicas) do not retry in step.
 func (k *keyspace) retryDelayLocked(h *hotState, base time.Duration) time.Duration {
-	d := base << min(h.errors, 6)
-	d = min(d, max(k.cfg.TTL/2, time.Second))
-	return d - d/4 + time.Duration(k.rnd.Int64N(int64(d/2)+1))
+	return backoff.Delay(h.errors+1, base, max(k.cfg.TTL/2, time.Second), k.rnd.Float64())
 }
 
 // rebuildWindow keeps the last rebuild durations of a keyspace for a keyspace-wide p95, used for keys that have

@@ -34,10 +34,6 @@ const (
 	ReasonTransport     = "transport"      // Redis did not answer (timeout, reset, refused)
 )
 
-// reasons lists every reason, for Status and tests.
-var reasons = []string{ReasonOrigin, ReasonOriginTimeout, ReasonPoolExhausted, ReasonOOM, ReasonTryAgain,
-	ReasonCluster, ReasonWrongType, ReasonReply, ReasonTransport}
-
 // metrics are the warmer's Prometheus metrics. Labels are bounded: keyspace and result, never a key or an id.
 type metrics struct {
 	refreshes      *prometheus.CounterVec   // keyspace, result

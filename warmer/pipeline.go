@@ -10,11 +10,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/backoff"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
 // Bounds of the lock release that ends every batch. A release is token-checked, so it is always safe to repeat:
-// after a failure it is retried with back-off (releaseRetryBase doubling up to releaseRetryMax, with jitter) until
+// after a failure it is retried with back-off (backoff.Delay from releaseRetryBase up to releaseRetryMax) until
 // Redis answers, for at most releaseRetryFor, or for releaseTimeout once ctx has ended (shutdown, an interrupted
 // warmup). Each attempt is bounded by releaseTimeout.
 const (
@@ -173,7 +174,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	}
 	// The query may run up to the statement timeout plus a margin; the leases are extended while it runs, and
 	// never past that bound.
-	qctx, cancel := context.WithTimeout(ctx, cfg.StatementTimeout+cfg.LockTTL/3)
+	qctx, cancel := context.WithTimeout(ctx, cfg.queryBound())
 	stopLease := p.extendLeases(qctx, items)
 	qstart := p.k.w.now()
 	values, missing, err := cfg.Src.Fetch(qctx, ids)
@@ -193,7 +194,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		if p.failSafe != nil {
 			// A client-side deadline that fired well after it was due means this process was paused (SIGSTOP,
 			// a stalled VM) while PostgreSQL had answered: not the origin's failure.
-			paused := reason == ReasonOriginTimeout && p.rebuild > cfg.StatementTimeout+cfg.LockTTL/3+pausedSlack
+			paused := reason == ReasonOriginTimeout && p.rebuild > cfg.queryBound()+pausedSlack
 			p.k.originFailed(cfg, reason, paused, err)
 			p.failSafe(ctx, items)
 		}
@@ -363,12 +364,13 @@ func (p *pipeline) releaseOwned(ctx context.Context, items []*item) {
 }
 
 // releaseLocks releases locks held with token (lockstep.ReleaseMany), retrying with jittered back-off until Redis
-// answers: for at most releaseRetryFor, or releaseTimeout once ctx has ended. It returns the last error.
+// answers: for at most releaseRetryFor; once ctx has ended, one last attempt bounded by releaseTimeout. It returns
+// the last error.
 func releaseLocks(ctx context.Context, rdb redis.UniversalClient, locks []string, token string) error {
 	bg := context.WithoutCancel(ctx)
 	deadline := time.Now().Add(releaseRetryFor)
-	wait := releaseRetryBase
-	for {
+	for attempt := 0; ; attempt++ {
+		wait := backoff.Delay(attempt, releaseRetryBase, releaseRetryMax, rand.Float64())
 		actx, cancel := context.WithTimeout(bg, releaseTimeout)
 		err := lockstep.ReleaseMany(actx, rdb, locks, token)
 		cancel()
@@ -378,14 +380,12 @@ func releaseLocks(ctx context.Context, rdb redis.UniversalClient, locks []string
 		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
 			return err
 		}
-		t := time.NewTimer(wait/2 + rand.N(wait/2+1))
+		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
-		case <-ctx.Done():
+		case <-ctx.Done(): // one last attempt, bounded by releaseTimeout, then give up
 			t.Stop()
-			deadline = time.Now().Add(releaseTimeout)
 		}
-		wait = min(2*wait, releaseRetryMax)
 	}
 }
 
