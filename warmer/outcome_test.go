@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 )
 
@@ -30,5 +32,38 @@ func TestReasons(t *testing.T) {
 				t.Errorf("reason = %q, want %q", tt.got, tt.want)
 			}
 		})
+	}
+}
+
+type nopSource struct{}
+
+func (nopSource) Fetch(context.Context, []string) (map[string][]byte, []string, error) { return nil, nil, nil }
+
+// A key found locked by an app is looked at again within an eighth of its lead, not after 1 s: when the app's
+// rebuild fails (its origin query did) and it releases the lock, the daemon still has most of the lead to refresh.
+func TestLockedKeyRecheckedWithinTheLead(t *testing.T) {
+	now := time.Unix(1000, 0)
+	keys, err := lockstep.NewKeys("k:${id}", "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := KeyspaceConfig{Name: "k", Keys: keys, Src: nopSource{}, TTL: 10 * time.Second, RefreshAhead: 2 * time.Second,
+		StatementTimeout: time.Second, PoolWaitTimeout: 500 * time.Millisecond, LockTTL: 5 * time.Second}
+	w, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Config{Keyspaces: []KeyspaceConfig{cfg},
+		Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := w.keyspace("k")
+	k.mu.Lock()
+	k.setHotLocked(map[string]bool{"1": true})
+	h := k.hotSet["1"]
+	h.expiry = now.Add(2 * time.Second)
+	k.mu.Unlock()
+	k.settle(&pipeline{k: k, cfg: k.config()}, []*item{{id: "1", h: h, result: ResultLocked}}, nil)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if lead, got := k.leadLocked(h), h.due.Sub(now); got <= 0 || got > lead/8 {
+		t.Errorf("locked key due again in %v, want within lead/8 = %v", got, lead/8)
 	}
 }
