@@ -37,7 +37,9 @@ func TestReasons(t *testing.T) {
 
 type nopSource struct{}
 
-func (nopSource) Fetch(context.Context, []string) (map[string][]byte, []string, error) { return nil, nil, nil }
+func (nopSource) Fetch(context.Context, []string) (map[string][]byte, []string, error) {
+	return nil, nil, nil
+}
 
 // A key found locked by an app is looked at again within an eighth of its lead, not after 1 s: when the app's
 // rebuild fails (its origin query did) and it releases the lock, the daemon still has most of the lead to refresh.
