@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/backoff"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
@@ -14,8 +15,9 @@ const retryBase = 500 * time.Millisecond
 // lockedRecheckMin is the shortest wait before a key found locked by someone else is looked at again.
 const lockedRecheckMin = 50 * time.Millisecond
 
-// tryAgainDelay is the back-off after a TRYAGAIN reply (a Redis Cluster slot in migration, which lasts
-// milliseconds to seconds): short, so that the key is published as soon as the slot has moved.
+// tryAgainDelay bounds the back-off after a TRYAGAIN reply (a Redis Cluster slot in migration, which lasts
+// milliseconds to seconds): in [tryAgainDelay/2, tryAgainDelay), short, so that the key is published as soon as
+// the slot has moved.
 const tryAgainDelay = 100 * time.Millisecond
 
 // resultSettled marks an item the re-check under the lock already dealt with (no longer hot, or no TTL): it is
@@ -101,7 +103,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 			}
 			h.errors++
 			if it.reason == ReasonTryAgain {
-				k.q.schedule(h, now.Add(tryAgainDelay/2+time.Duration(k.rnd.Int64N(int64(tryAgainDelay)))))
+				k.q.schedule(h, now.Add(backoff.Delay(0, tryAgainDelay, tryAgainDelay, k.rnd.Float64())))
 				continue
 			}
 			k.retryLocked(h, retryBase)
