@@ -50,8 +50,14 @@ const (
 	DefaultLeadMultiple  = 3.0                   // lead is at least this many times the rebuild p95
 	DefaultGatherWindow  = 20 * time.Millisecond // how long a refresher waits to fill a batch
 	DefaultPollInterval  = 2 * time.Second       // how often hot-key signals are read
-	// DefaultReconcileEvery is how often hot keys' PTTLs are re-read.
+	// DefaultReconcileEvery is how often an untrusted hot key's PTTL is re-read (see ReconcileEvery).
 	DefaultReconcileEvery = 5 * time.Second
+	// DefaultReconcileTrustedEvery is how often a trusted hot key's PTTL is re-read (see ReconcileTrustedEvery).
+	DefaultReconcileTrustedEvery = 5 * time.Minute
+	// DefaultReconcileBudget is the default ReconcileBudget, in PTTL commands per second per keyspace: 5% of
+	// what this project's 2-core test machine's Redis serves pipelined, and enough to re-check 50,000 untrusted
+	// hot keys every 5 s.
+	DefaultReconcileBudget = 10000
 	// MaxDuration is the upper bound of every duration setting (one year): far beyond any sensible TTL, and low
 	// enough that every value derived from one (DefaultStaleTTLFactor × TTL, 2 × StatementTimeout, a jittered
 	// TTL, TTL + spread) stays far from time.Duration's 292-year overflow.
@@ -118,7 +124,19 @@ type KeyspaceConfig struct {
 
 	LeadMultiple   float64       // default DefaultLeadMultiple
 	PollInterval   time.Duration // default DefaultPollInterval
-	ReconcileEvery time.Duration // default DefaultReconcileEvery
+	// ReconcileEvery is how often the PTTL of a hot key the daemon cannot trust is re-read: one adopted from an
+	// app (its expiry learnt with PTTL), or any key while keyspace notifications are off or were lost since the
+	// daemon wrote it. Default DefaultReconcileEvery. See reconcile.go.
+	ReconcileEvery time.Duration
+	// ReconcileTrustedEvery is how often the PTTL of a trusted hot key is re-read: one the daemon wrote itself
+	// while notifications were confirmed healthy, and healthy ever since. Each refresh of the key defers it.
+	// Default DefaultReconcileTrustedEvery; at least ReconcileEvery.
+	ReconcileTrustedEvery time.Duration
+	// ReconcileBudget bounds the reconciliation's PTTL commands per second for this keyspace, sent in equal
+	// shares every 250 ms instead of one burst per interval; when the hot set needs more, checks are spread
+	// further apart (keepwarm_warmer_reconcile_lag_seconds rises, and a warning is logged). Default
+	// DefaultReconcileBudget; at least 1.
+	ReconcileBudget int
 	GatherWindow   time.Duration // default DefaultGatherWindow
 }
 
@@ -171,6 +189,7 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 		"ttl": c.TTL, "refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
 		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
 		"tombstone_ttl": c.TombstoneTTL, "poll_interval": c.PollInterval, "reconcile_every": c.ReconcileEvery,
+		"reconcile_trusted_every": c.ReconcileTrustedEvery,
 		"gather_window": c.GatherWindow, "pool_wait_timeout": c.PoolWaitTimeout, "lfu_check_every": c.LFUCheckEvery,
 	} {
 		switch {
@@ -220,6 +239,16 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	def(&c.MaxStale, DefaultMaxStale)
 	def(&c.PollInterval, DefaultPollInterval)
 	def(&c.ReconcileEvery, DefaultReconcileEvery)
+	def(&c.ReconcileTrustedEvery, max(DefaultReconcileTrustedEvery, c.ReconcileEvery))
+	if c.ReconcileTrustedEvery < c.ReconcileEvery {
+		bad("reconcile_trusted_every", "%v is below reconcile_every (%v)", c.ReconcileTrustedEvery, c.ReconcileEvery)
+	}
+	switch {
+	case c.ReconcileBudget == 0:
+		c.ReconcileBudget = DefaultReconcileBudget
+	case c.ReconcileBudget < 0:
+		bad("reconcile_budget", "%d is negative", c.ReconcileBudget)
+	}
 	def(&c.GatherWindow, DefaultGatherWindow)
 	def(&c.LFUCheckEvery, DefaultLFUCheckEvery)
 	if c.BatchSize == 0 {

@@ -73,20 +73,6 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	}
 }
 
-// reconcile re-reads the PTTL of every hot key. Keyspace notifications can be lost (reconnects, other cluster
-// nodes), so this periodic, pipelined pass is the ground truth for expiries.
-func (k *keyspace) reconcile(ctx context.Context) {
-	k.mu.Lock()
-	hs := make([]*hotState, 0, len(k.hotSet))
-	for _, h := range k.hotSet {
-		if !h.inflight {
-			hs = append(hs, h)
-		}
-	}
-	k.mu.Unlock()
-	k.readPTTLs(ctx, hs, "reconcile PTTLs", true)
-}
-
 // readPTTLs reads the PTTL of hs (pipelined) and folds each reading into its key's state and schedule, skipping
 // keys that stopped being hot or went in flight meanwhile. It reports false when Redis failed (logged once per
 // outage as what).
@@ -102,6 +88,7 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 	keys := k.cfg.Keys
 	k.mu.Unlock()
 	now := k.w.now()
+	epoch := k.w.notify.epoch.Load() // a reading confirms an own write only if no notification was missed since
 	ttls, err := k.pttls(ctx, keys, ids)
 	if err != nil {
 		k.redisError(ctx, what, err)
@@ -112,10 +99,20 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 	defer k.mu.Unlock()
 	for i, h := range hs {
 		if h.e.hot != h || h.inflight {
+			if h.e.hot == h && h.cidx < 0 {
+				k.scheduleCheckLocked(h, now) // its refresh settles it; keep it in the check queue meanwhile
+			}
 			continue
 		}
 		h.needPTTL = false
+		prev := h.expiry
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
+		if h.ownWrite && ttls[i] > 0 && absDur(h.expiry.Sub(prev)) <= expiryTolerance {
+			h.notifyEpoch = epoch // the daemon's own value, confirmed: trusted again while notifications stay healthy
+		} else {
+			h.ownWrite = false
+		}
+		k.scheduleCheckLocked(h, now)
 	}
 	return true
 }
@@ -170,6 +167,7 @@ func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
 		return
 	}
 	k.w.m.vanished.WithLabelValues(k.cfg.Name).Inc()
+	k.noteVanishedLocked(now)
 }
 
 func absDur(d time.Duration) time.Duration {
@@ -208,41 +206,21 @@ var notifyEvents = []string{"expired", "evicted", "del", "set"}
 // apps. It needs notify-keyspace-events to include E plus x, e, g and $ (or A); it says in the log when they are
 // off. In a Redis Cluster every master publishes only its own keys' events, so it subscribes on each master.
 func (w *Warmer) listen(ctx context.Context) {
-	if res, err := w.rdb.ConfigGet(ctx, "notify-keyspace-events").Result(); err == nil {
-		flags := res["notify-keyspace-events"]
-		if !strings.Contains(flags, "E") || !(strings.Contains(flags, "A") ||
-			(strings.ContainsAny(flags, "x") && strings.ContainsAny(flags, "g"))) {
-			w.log.Info("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries",
-				"notify_keyspace_events", flags)
-		}
-	} else if ctx.Err() == nil {
-		// Not fatal (reconciliation is the ground truth), but say so: a denied CONFIG GET (an ACL without
-		// +config|get) would otherwise hide that notifications may be off.
-		w.log.Warn("cannot read notify-keyspace-events; subscribing anyway, PTTL reconciliation tracks expiries either way",
-			"error", err)
-	}
 	patterns := make([]string, len(notifyEvents))
 	for i, ev := range notifyEvents {
 		patterns[i] = "__keyevent@" + strconv.Itoa(w.cfg.DB) + "__:" + ev
 	}
 	subscribe := func(c redis.UniversalClient) {
-		ps := c.Subscribe(ctx, patterns...)
-		defer ps.Close()
-		ch := ps.Channel()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case msg, ok := <-ch:
-				if !ok {
-					return
-				}
-				w.onEvent(msg.Channel[strings.LastIndexByte(msg.Channel, ':')+1:], msg.Payload)
-			}
-		}
+		w.subscribe(ctx, c, patterns)
 	}
 	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
 		var wg sync.WaitGroup
+		masters := 0
+		_ = cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error {
+			masters++ // counted first, so that health waits for every master's subscription
+			return nil
+		})
+		w.notify.setWant(masters)
 		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
 			wg.Add(1)
 			go func() {
@@ -257,7 +235,86 @@ func (w *Warmer) listen(ctx context.Context) {
 		wg.Wait()
 		return
 	}
+	w.notify.setWant(1)
 	subscribe(w.rdb)
+}
+
+// checkNotifyFlags reads notify-keyspace-events and records whether it has the flags the warmer needs. Called
+// at every (re)subscription, since a Redis restart resets the setting.
+func (w *Warmer) checkNotifyFlags(ctx context.Context, c redis.UniversalClient) {
+	res, err := c.ConfigGet(ctx, "notify-keyspace-events").Result()
+	if err != nil {
+		if ctx.Err() == nil {
+			// Not fatal (reconciliation is the ground truth), but say so: a denied CONFIG GET (an ACL without
+			// +config|get) would otherwise hide that notifications may be off. Unconfirmed, they are not trusted.
+			w.log.Warn("cannot read notify-keyspace-events; subscribing anyway, PTTL reconciliation tracks expiries either way",
+				"error", err)
+		}
+		w.notify.setFlags(false)
+		return
+	}
+	flags := res["notify-keyspace-events"]
+	ok := strings.Contains(flags, "E") && (strings.Contains(flags, "A") ||
+		(strings.ContainsAny(flags, "x") && strings.ContainsAny(flags, "g")))
+	if !ok {
+		w.log.Info("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries",
+			"notify_keyspace_events", flags)
+	}
+	w.notify.setFlags(ok)
+}
+
+// notifyPing is how long a subscription may stay silent before it is pinged; one more silent period after the
+// ping means the connection is dead: the subscription counts as lost and is made again.
+const notifyPing = 5 * time.Second
+
+// subscribe runs one subscription to patterns on c until ctx ends, feeding events to onEvent and telling
+// w.notify when it is confirmed (every SUBSCRIBE reply) and when it is lost (an error or a silent connection),
+// so that the reconciliation knows when events may have been missed.
+func (w *Warmer) subscribe(ctx context.Context, c redis.UniversalClient, patterns []string) {
+	for ctx.Err() == nil {
+		ps := c.Subscribe(ctx, patterns...)
+		up, pinged := false, false
+		lost := func() {
+			if up {
+				w.notify.lost()
+				up = false
+			}
+		}
+		for ctx.Err() == nil {
+			msg, err := ps.ReceiveTimeout(ctx, notifyPing)
+			if err != nil {
+				var ne interface{ Timeout() bool }
+				if errors.As(err, &ne) && ne.Timeout() && !pinged && ctx.Err() == nil {
+					pinged = true
+					_ = ps.Ping(ctx)
+					continue
+				}
+				lost()
+				break // a fresh subscription below (go-redis would reconnect too, but not after a silent hang)
+			}
+			pinged = false
+			switch m := msg.(type) {
+			case *redis.Subscription:
+				if m.Kind == "subscribe" && m.Count == len(patterns) && !up {
+					w.checkNotifyFlags(ctx, c)
+					w.notify.subscribed()
+					up = true
+				}
+			case *redis.Message:
+				w.onEvent(m.Channel[strings.LastIndexByte(m.Channel, ':')+1:], m.Payload)
+			}
+		}
+		lost()
+		ps.Close()
+		if ctx.Err() == nil {
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
 }
 
 // onEvent handles one keyevent notification for key.
@@ -296,10 +353,15 @@ func (k *keyspace) onEvent(event, key string) bool {
 	case "set":
 		// An app (or the daemon itself, just now) wrote the key: learn the new expiry.
 		if now.Sub(h.lastRefresh) > time.Second {
+			h.ownWrite = false
 			h.needPTTL = true
 			k.adopt = append(k.adopt, h)
 		}
 	case "expired", "evicted", "del":
+		if event == "evicted" {
+			k.w.m.ev.evicted.WithLabelValues(k.name).Inc()
+		}
+		h.ownWrite = false
 		if h.absent {
 			return true
 		}

@@ -33,6 +33,8 @@ func (k *keyspace) poll(ctx context.Context) {
 		// Go on without the signal: pinned ids are hot whatever Redis says.
 		k.redisError(ctx, "read access set", err)
 		zs = nil
+	} else if window > 0 {
+		k.checkAccessSet(ctx, cfg, len(zs))
 	}
 	k.maybeCheckLFU(ctx, cfg, now)
 	lfu := k.scanLFU(ctx, cfg)

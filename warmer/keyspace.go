@@ -46,6 +46,15 @@ type keyspace struct {
 	lfu            lfuState
 	invalid        invalidIDs // skipped ids not yet reported in the log
 	p95            rebuildWindow
+
+	// Reconciliation (reconcile.go).
+	cq              checkQueue // hot keys by the time of their next PTTL check
+	checkEpoch      uint64     // notifyState.epoch the check times were last planned for
+	reconcileBehind bool       // the last tick found checks overdue by more than ReconcileEvery (logged once)
+
+	// Eviction signals (eviction.go).
+	vanish     vanishWindow
+	accessSeen bool // the last poll read members from the access set
 }
 
 func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
@@ -152,7 +161,7 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 	k.poll(ctx)
 	poll := time.NewTicker(cfg.PollInterval)
 	defer poll.Stop()
-	reconcile := time.NewTicker(cfg.ReconcileEvery)
+	reconcile := time.NewTicker(reconcileTick(cfg))
 	defer reconcile.Stop()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -171,10 +180,10 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 		case <-reconcile.C:
 			k.reconcile(ctx)
 		}
-		if c := k.config(); c.PollInterval != cfg.PollInterval || c.ReconcileEvery != cfg.ReconcileEvery {
+		if c := k.config(); c.PollInterval != cfg.PollInterval || reconcileTick(c) != reconcileTick(cfg) {
 			cfg = c
 			poll.Reset(cfg.PollInterval)
-			reconcile.Reset(cfg.ReconcileEvery)
+			reconcile.Reset(reconcileTick(cfg))
 		}
 	}
 }
@@ -229,6 +238,7 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 	for id, h := range k.hotSet {
 		if !hot[id] {
 			k.q.remove(h)
+			k.cq.remove(h)
 			h.e.hot = nil
 			delete(k.hotSet, id)
 		}
@@ -242,7 +252,7 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 		if e == nil {
 			e = k.tr.observe(id, 0, now)
 		}
-		h := &hotState{id: id, e: e, idx: -1, needPTTL: true}
+		h := &hotState{id: id, e: e, idx: -1, cidx: -1, needPTTL: true}
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)

@@ -55,6 +55,8 @@ type metrics struct {
 	queued         *prometheus.GaugeVec     // keyspace
 	decays         *prometheus.CounterVec   // keyspace
 	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
+	rec            reconcileMetrics
+	ev             evictionMetrics
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -141,14 +143,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Ids skipped because they are not valid ids (invalid UTF-8, empty, too long), by source: access_set " +
 				"(members, removed from the set) or lfu (cache keys found by the LFU scan, left alone).",
 		}, []string{"keyspace", "source"}),
+		rec: newReconcileMetrics(),
+		ev:  newEvictionMetrics(),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
+	for _, c := range append([]prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.decays, m.invalidIDs} {
+		m.persistent, m.queued, m.decays, m.invalidIDs}, append(m.rec.collectors(), m.ev.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -164,5 +168,12 @@ func (m *metrics) forget(ks string) {
 		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays,
 		m.invalidIDs} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
+	}
+	for _, c := range append(m.rec.collectors(), m.ev.collectors()...) {
+		if v, ok := c.(interface {
+			DeletePartialMatch(prometheus.Labels) int
+		}); ok {
+			v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
+		}
 	}
 }

@@ -117,6 +117,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 				continue
 			}
 			h.expiry = p.start.Add(it.ttl) // tombstone
+			k.markOwnWriteLocked(h, now)
 			k.scheduleLocked(h)
 		case ResultOK:
 			if it.prevTTL == lockstep.PrevGone {
@@ -134,6 +135,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 			h.observeRebuild(p.rebuild)
 			k.p95.add(p.rebuild)
 			h.expiry = p.start.Add(it.ttl)
+			k.markOwnWriteLocked(h, now)
 			k.scheduleLocked(h)
 		}
 	}
@@ -149,14 +151,29 @@ func (k *keyspace) countLocked(it *item) {
 
 // recheck decides, under the locks, which owned keys really need the origin: a key that someone else refreshed
 // since the daemon last looked is only rescheduled ("fresh"), a key without TTL is reported and left alone, and
-// a key no longer hot is dropped. It reads the PTTLs in one pipelined round trip.
+// a key no longer hot is dropped. It reads the PTTLs in one pipelined round trip. A trusted key (reconcile.go:
+// the daemon's own write, with notifications healthy since) needs no PTTL: nobody rewrote it, or the
+// notification of that write would have made it untrusted.
 func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) {
 	k.mu.Lock()
 	cfg := k.cfg
+	var ids []string
+	var asked []*item
+	var out []*item
+	for _, it := range items {
+		switch {
+		case it.h.e.hot != it.h:
+			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
+		case k.trustedLocked(it.h):
+			out = append(out, it)
+		default:
+			ids = append(ids, it.id)
+			asked = append(asked, it)
+		}
+	}
 	k.mu.Unlock()
-	ids := make([]string, len(items))
-	for i, it := range items {
-		ids[i] = it.id
+	if len(asked) == 0 {
+		return out, nil
 	}
 	ttls, err := k.pttls(ctx, cfg.Keys, ids)
 	if err != nil {
@@ -165,8 +182,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 	now := k.w.now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var out []*item
-	for i, it := range items {
+	for i, it := range asked {
 		it.pttl = ttls[i]
 		h := it.h
 		ld := k.leadLocked(h)
@@ -182,8 +198,10 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			k.count(ResultFresh)
 			h.needPTTL = false
 			h.shortNotice = false
+			h.ownWrite = false
 			h.expiry = now.Add(it.pttl)
 			k.scheduleLocked(h)
+			k.scheduleCheckLocked(h, now)
 		default:
 			if it.pttl < 0 {
 				k.noteGoneLocked(h, now)

@@ -35,6 +35,12 @@ type hotState struct {
 	staleSince  time.Time // when the fail-safe first kept this value past its TTL, in the current outage
 	counted     bool      // this expiry was already counted as an SLO miss
 	shortNotice bool      // the expiry was learnt less than one lead before it: no time to refresh
+
+	// Reconciliation (reconcile.go).
+	cidx        int       // position in the check queue, -1 when not queued
+	checkAt     time.Time // when its PTTL is next re-checked
+	ownWrite    bool      // the current value is the daemon's own write, so its expiry is known
+	notifyEpoch uint64    // notifyState.epoch when ownWrite was last confirmed: trusted while it is current
 }
 
 // observeRebuild folds d into the key's rebuild estimate: it rises at once to a slower rebuild and decays by 1/16

@@ -56,6 +56,7 @@ type Warmer struct {
 	progress atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
 	running  atomic.Bool
 	checks   checks // keyspaces whose source check has not passed yet (see Checker)
+	notify   notifyState
 }
 
 // New validates cfg and returns a Warmer. The error names every invalid field of every keyspace.

@@ -1,0 +1,246 @@
+package warmer
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reconciliation re-reads hot keys' PTTLs, the ground truth of their expiries, within a command budget and spread
+// evenly over time instead of in one burst per interval. How often a key is re-checked depends on what the daemon
+// knows about it:
+//
+//   - trusted: the daemon wrote the current value itself (so it knows its expiry) and keyspace notifications have
+//     been confirmed healthy ever since (so a write, delete or eviction by anyone else would have been announced):
+//     re-checked every ReconcileTrustedEvery, and each refresh of the key (whose publish reports the TTL the
+//     previous value had left) defers the next check by as much;
+//   - untrusted: the value was adopted from an app (its expiry learnt with PTTL), or notifications are off or were
+//     lost since the daemon wrote it: re-checked every ReconcileEvery, often enough to refresh it before it expires.
+//
+// A trusted key also skips the PTTL re-check under the lock before its refresh (see keyspace.recheck): nothing
+// can have rewritten it without a notification, so a refresh costs two commands (SET NX and the publish script)
+// instead of three.
+//
+// When notifications are lost (the subscription dropped, or a re-check found notify-keyspace-events off), every
+// hot key becomes untrusted at once and is re-checked within one ReconcileEvery, spread over it.
+
+// reconcileTick is how often the reconciliation takes its share of the budget: each tick re-checks at most
+// ReconcileBudget × tick keys whose check is due. It is ReconcileEvery/10 within [10 ms, 250 ms].
+func reconcileTick(cfg KeyspaceConfig) time.Duration {
+	return min(250*time.Millisecond, max(10*time.Millisecond, cfg.ReconcileEvery/10))
+}
+
+// notifyState is whether the daemon can rely on keyspace notifications. epoch changes whenever they may have
+// been missed (a subscription lost, the flags found off), which invalidates every key's trust at once.
+type notifyState struct {
+	healthy atomic.Bool
+	epoch   atomic.Uint64
+
+	mu      sync.Mutex
+	flagsOK bool // notify-keyspace-events has the flags the warmer needs (or could not be read: assumed)
+	want    int  // subscriptions the listener runs (one per Cluster master)
+	live    int  // of which are confirmed subscribed
+}
+
+// setFlags records whether notify-keyspace-events has the flags the warmer needs.
+func (n *notifyState) setFlags(ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.flagsOK = ok
+	n.updateLocked()
+}
+
+// setWant records how many subscriptions the listener runs.
+func (n *notifyState) setWant(want int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.want = want
+	n.updateLocked()
+}
+
+// subscribed records one subscription confirmed by Redis (after a first connect or a reconnect).
+func (n *notifyState) subscribed() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.live++
+	n.updateLocked()
+}
+
+// lost records one subscription that failed: events may have been missed until it is confirmed again.
+func (n *notifyState) lost() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.live > 0 {
+		n.live--
+	}
+	n.epoch.Add(1)
+	n.updateLocked()
+}
+
+func (n *notifyState) updateLocked() {
+	ok := n.flagsOK && n.want > 0 && n.live >= n.want
+	if n.healthy.Swap(ok) && !ok {
+		n.epoch.Add(1)
+	}
+}
+
+// trustedLocked reports whether h's expiry is known without asking Redis: the daemon wrote the value itself and
+// notifications have been healthy since.
+func (k *keyspace) trustedLocked(h *hotState) bool {
+	n := &k.w.notify
+	return h.ownWrite && n.healthy.Load() && h.notifyEpoch == n.epoch.Load()
+}
+
+// markOwnWriteLocked records that the daemon just wrote h's value (so it knows its expiry), and defers its next
+// reconciliation check accordingly.
+func (k *keyspace) markOwnWriteLocked(h *hotState, now time.Time) {
+	h.ownWrite = true
+	h.notifyEpoch = k.w.notify.epoch.Load()
+	k.scheduleCheckLocked(h, now)
+}
+
+// checkIntervalLocked is how long h may go without a PTTL check.
+func (k *keyspace) checkIntervalLocked(h *hotState) time.Duration {
+	if k.trustedLocked(h) {
+		return k.cfg.ReconcileTrustedEvery
+	}
+	return k.cfg.ReconcileEvery
+}
+
+// scheduleCheckLocked sets h's next check at a random point of the second half of its interval from now, so that
+// keys learnt together are re-checked spread out rather than in one burst.
+func (k *keyspace) scheduleCheckLocked(h *hotState, now time.Time) {
+	iv := k.checkIntervalLocked(h)
+	k.cq.schedule(h, now.Add(iv/2+time.Duration(k.rnd.Float64()*float64(iv/2))))
+}
+
+// reconcileWantedLocked reports whether h is re-checked at all: the one place where a per-key filter goes (for
+// instance, only the keys this replica owns).
+func (k *keyspace) reconcileWantedLocked(h *hotState) bool {
+	return h.e.hot == h
+}
+
+// reconcile re-checks the hot keys whose check is due, at most ReconcileBudget × reconcileTick of them (the
+// longest overdue first), with one pipelined PTTL each. It is called every reconcileTick. When notifications were
+// lost since the last call, every key's check is first brought forward to a random point within one
+// ReconcileEvery.
+func (k *keyspace) reconcile(ctx context.Context) {
+	now := k.w.now()
+	k.mu.Lock()
+	if ep := k.w.notify.epoch.Load(); ep != k.checkEpoch {
+		k.checkEpoch = ep
+		iv := k.cfg.ReconcileEvery
+		for _, h := range k.hotSet {
+			if due := now.Add(time.Duration(k.rnd.Float64() * float64(iv))); h.cidx < 0 || due.Before(h.checkAt) {
+				k.cq.schedule(h, due)
+			}
+		}
+	}
+	limit := max(1, int(float64(k.cfg.ReconcileBudget)*reconcileTick(k.cfg).Seconds()))
+	var hs []*hotState
+	var lag time.Duration
+	for len(hs) < limit && len(k.cq) > 0 && !k.cq[0].checkAt.After(now) {
+		h := heap.Pop(&k.cq).(*hotState)
+		if !k.reconcileWantedLocked(h) {
+			continue
+		}
+		lag = max(lag, now.Sub(h.checkAt))
+		if h.inflight { // its refresh re-learns the expiry; look again one interval later
+			k.scheduleCheckLocked(h, now)
+			continue
+		}
+		hs = append(hs, h)
+	}
+	if len(k.cq) > 0 && !k.cq[0].checkAt.After(now) {
+		lag = max(lag, now.Sub(k.cq[0].checkAt))
+	}
+	k.w.m.rec.lag.WithLabelValues(k.name).Set(lag.Seconds())
+	behind := len(hs) >= limit && lag > k.cfg.ReconcileEvery // the budget, not the tick, held checks back
+	first := behind && !k.reconcileBehind
+	k.reconcileBehind = behind
+	k.mu.Unlock()
+	if first {
+		k.log.Warn("reconciliation is behind: the hot set needs more PTTL checks per second than reconcile_budget allows; "+
+			"checks are spread further apart", "lag", lag, "reconcile_budget", k.cfg.ReconcileBudget)
+	}
+	if len(hs) == 0 {
+		return
+	}
+	k.w.m.rec.checks.WithLabelValues(k.name).Add(float64(len(hs)))
+	if !k.readPTTLs(ctx, hs, "reconcile PTTLs", true) {
+		k.mu.Lock()
+		for _, h := range hs { // try again one interval later rather than hammer a failing Redis
+			if k.reconcileWantedLocked(h) && h.cidx < 0 {
+				k.scheduleCheckLocked(h, now)
+			}
+		}
+		k.mu.Unlock()
+	}
+}
+
+// checkQueue is a min-heap of hot keys by the time of their next PTTL check.
+type checkQueue []*hotState
+
+func (q checkQueue) Len() int           { return len(q) }
+func (q checkQueue) Less(i, j int) bool { return q[i].checkAt.Before(q[j].checkAt) }
+func (q checkQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].cidx = i
+	q[j].cidx = j
+}
+func (q *checkQueue) Push(x any) {
+	h := x.(*hotState)
+	h.cidx = len(*q)
+	*q = append(*q, h)
+}
+func (q *checkQueue) Pop() any {
+	old := *q
+	n := len(old)
+	h := old[n-1]
+	old[n-1] = nil
+	h.cidx = -1
+	*q = old[:n-1]
+	return h
+}
+
+// schedule puts h in the queue at t, or moves it there.
+func (q *checkQueue) schedule(h *hotState, t time.Time) {
+	h.checkAt = t
+	if h.cidx >= 0 {
+		heap.Fix(q, h.cidx)
+		return
+	}
+	heap.Push(q, h)
+}
+
+// remove takes h out of the queue if it is there.
+func (q *checkQueue) remove(h *hotState) {
+	if h.cidx >= 0 {
+		heap.Remove(q, h.cidx)
+	}
+}
+
+// reconcileMetrics are the reconciliation's metrics.
+type reconcileMetrics struct {
+	checks *prometheus.CounterVec // keyspace: PTTL checks sent by the reconciliation
+	lag    *prometheus.GaugeVec   // keyspace: how overdue the most overdue check was at the last tick
+}
+
+func newReconcileMetrics() reconcileMetrics {
+	return reconcileMetrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_reconcile_checks_total",
+			Help: "PTTL checks of hot keys sent by the reconciliation (within reconcile_budget per second).",
+		}, []string{"keyspace"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_reconcile_lag_seconds",
+			Help: "How overdue the most overdue reconciliation check was at the last tick; above reconcile_every, reconcile_budget is too small for the hot set.",
+		}, []string{"keyspace"}),
+	}
+}
+
+func (m reconcileMetrics) collectors() []prometheus.Collector { return []prometheus.Collector{m.checks, m.lag} }
