@@ -122,8 +122,8 @@ type KeyspaceConfig struct {
 	Pinned    []string // ids that are always hot
 	AccessKey string   // sorted set of access scores; default lockstep.DefaultAccessKeyPrefix+Name
 
-	LeadMultiple   float64       // default DefaultLeadMultiple
-	PollInterval   time.Duration // default DefaultPollInterval
+	LeadMultiple float64       // default DefaultLeadMultiple
+	PollInterval time.Duration // default DefaultPollInterval
 	// ReconcileEvery is how often the PTTL of a hot key the daemon cannot trust is re-read: one adopted from an
 	// app (its expiry learnt with PTTL), or any key while keyspace notifications are off or were lost since the
 	// daemon wrote it. Default DefaultReconcileEvery. See reconcile.go.
@@ -137,7 +137,7 @@ type KeyspaceConfig struct {
 	// further apart (keepwarm_warmer_reconcile_lag_seconds rises, and a warning is logged). Default
 	// DefaultReconcileBudget; at least 1.
 	ReconcileBudget int
-	GatherWindow   time.Duration // default DefaultGatherWindow
+	GatherWindow    time.Duration // default DefaultGatherWindow
 }
 
 // FieldError is one invalid field of a KeyspaceConfig: `keyspace "track": stale_ttl: ...`. Field is the
@@ -190,7 +190,7 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
 		"tombstone_ttl": c.TombstoneTTL, "poll_interval": c.PollInterval, "reconcile_every": c.ReconcileEvery,
 		"reconcile_trusted_every": c.ReconcileTrustedEvery,
-		"gather_window": c.GatherWindow, "pool_wait_timeout": c.PoolWaitTimeout, "lfu_check_every": c.LFUCheckEvery,
+		"gather_window":           c.GatherWindow, "pool_wait_timeout": c.PoolWaitTimeout, "lfu_check_every": c.LFUCheckEvery,
 	} {
 		switch {
 		case d < 0:

@@ -243,4 +243,6 @@ func newReconcileMetrics() reconcileMetrics {
 	}
 }
 
-func (m reconcileMetrics) collectors() []prometheus.Collector { return []prometheus.Collector{m.checks, m.lag} }
+func (m reconcileMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.checks, m.lag}
+}

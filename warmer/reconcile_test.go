@@ -103,7 +103,9 @@ func reconcileSetup(t *testing.T, n int, ttl time.Duration) (admin, rdb *redis.C
 func TestTrustedRefreshCostsTwoCommands(t *testing.T) {
 	_, rdb, cfg, hook := reconcileSetup(t, 20, 2*time.Second)
 	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
-	ok := func() float64 { return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK}) }
+	ok := func() float64 {
+		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK})
+	}
 	// First writes, then one full round of refreshes of the daemon's own writes (trusted by then).
 	testenv.Eventually(t, 10*time.Second, "first refresh round", func() bool { return ok() >= 40 })
 	hook.reset()
@@ -124,7 +126,9 @@ func TestTrustedRefreshCostsTwoCommands(t *testing.T) {
 func TestLostNotificationsMakeKeysUntrusted(t *testing.T) {
 	admin, rdb, cfg, hook := reconcileSetup(t, 20, 2*time.Second)
 	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
-	ok := func() float64 { return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK}) }
+	ok := func() float64 {
+		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK})
+	}
 	checks := func() float64 { return counter(t, reg, "keepwarm_warmer_reconcile_checks_total", nil) }
 	testenv.Eventually(t, 10*time.Second, "first refresh round", func() bool { return ok() >= 40 })
 	ctx := context.Background()
