@@ -189,8 +189,8 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 		"ttl": c.TTL, "refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
 		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
 		"tombstone_ttl": c.TombstoneTTL, "poll_interval": c.PollInterval, "reconcile_every": c.ReconcileEvery,
+		"gather_window": c.GatherWindow, "pool_wait_timeout": c.PoolWaitTimeout, "lfu_check_every": c.LFUCheckEvery,
 		"reconcile_trusted_every": c.ReconcileTrustedEvery,
-		"gather_window":           c.GatherWindow, "pool_wait_timeout": c.PoolWaitTimeout, "lfu_check_every": c.LFUCheckEvery,
 	} {
 		switch {
 		case d < 0:
