@@ -37,6 +37,8 @@ type Client struct {
 	accessKey string
 	ctxAware  bool // rdb ends a blocked read at the context's deadline (see honoursDeadlines)
 
+	rebuildEst atomic.Int64 // decayed maximum of the loader's durations, ns: XFetch's δ without meta (observeRebuild)
+
 	flights    singleflight.Group
 	refreshing sync.Map // cache key → struct{}: background refreshes in flight
 
@@ -244,7 +246,9 @@ func (c *Client) readXFetch(ctx context.Context, ks KeySet) ([]byte, error) {
 		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			get = p.Get(ctx, ks.Cache)
 			pttl = p.PTTL(ctx, ks.Cache)
-			delta = p.HGet(ctx, ks.Meta, MetaDeltaField)
+			if c.cfg.meta {
+				delta = p.HGet(ctx, ks.Meta, MetaDeltaField)
+			}
 			return nil
 		})
 		return get.Err()
@@ -256,12 +260,17 @@ func (c *Client) readXFetch(ctx context.Context, ks KeySet) ([]byte, error) {
 		return nil, err
 	}
 	remaining := pttl.Val()
-	ms, derr := strconv.ParseInt(delta.Val(), 10, 64)
-	if pttl.Err() != nil || remaining <= 0 || derr != nil || ms <= 0 {
-		return v, nil // no TTL, or no δ (e.g. written by an app that keeps no meta): nothing to decide on
+	d := time.Duration(c.rebuildEst.Load()) // the Client's own measurement
+	if delta != nil {
+		if ms, err := strconv.ParseInt(delta.Val(), 10, 64); err == nil && ms > 0 {
+			d = time.Duration(ms) * time.Millisecond // the writer's, from the meta hash
+		}
+	}
+	if pttl.Err() != nil || remaining <= 0 || d <= 0 {
+		return v, nil // no TTL, or no δ (no meta, and this Client has not rebuilt yet): nothing to decide on
 	}
 	now := time.Now()
-	if XFetch(now, now.Add(remaining), time.Duration(ms)*time.Millisecond, c.cfg.xfetchBeta, 1-c.cfg.rand()) {
+	if XFetch(now, now.Add(remaining), d, c.cfg.xfetchBeta, 1-c.cfg.rand()) {
 		c.rec.EarlyRefresh(c.keyspace)
 		c.refreshAsync(ctx, ks)
 	}
@@ -323,6 +332,9 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 	v, err := c.load(lctx, ks.ID)
 	cancel()
 	delta := c.cfg.clock().Sub(start)
+	if err == nil {
+		c.observeRebuild(delta)
+	}
 	if err != nil {
 		err = fmt.Errorf("lockstep: load %s %q: %w", c.keyspace, ks.ID, err)
 		result := ResultError
@@ -330,7 +342,7 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 			result = ResultNotFound
 			if refresh {
 				perr := c.call(ctx, func(ctx context.Context) error {
-					return Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true})
+					return Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true, NoMeta: !c.cfg.meta})
 				})
 				if perr != nil && !errors.Is(perr, ErrLockLost) {
 					c.log.Warn("lockstep: delete a record gone from the origin", "id", ks.ID, "error", perr)
@@ -356,6 +368,7 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 		TTL:      Jitter(c.ttl, c.cfg.jitter, c.cfg.rand()),
 		StaleTTL: c.cfg.staleTTL,
 		Rebuild:  delta,
+		NoMeta:   !c.cfg.meta,
 	}
 	err = c.call(ctx, func(ctx context.Context) error { return Publish(ctx, c.rdb, w) })
 	switch {
@@ -370,6 +383,22 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 		c.release(ctx, ks, token)
 	}
 	return v, nil
+}
+
+// observeRebuild folds one loader duration into the Client's δ estimate: it rises at once to a slower rebuild
+// and decays by 1/16 of the gap on a faster one (a cheap upper-quantile tracker; XFetch wants δ on the safe, early
+// side).
+func (c *Client) observeRebuild(d time.Duration) {
+	for {
+		old := c.rebuildEst.Load()
+		next := int64(d)
+		if int64(d) < old {
+			next = old - (old-int64(d))/16
+		}
+		if c.rebuildEst.CompareAndSwap(old, next) {
+			return
+		}
+	}
 }
 
 // release releases the lock of ks held with token. When the reply is lost (a timeout, a transport error) it

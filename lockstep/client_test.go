@@ -80,7 +80,8 @@ func TestGetMissThenHit(t *testing.T) {
 		return []byte("v" + id), nil
 	}
 	rec := newCountingRecorder()
-	c := newClient(t, rdb, "product", keys, load, time.Minute, lockstep.WithRecorder(rec), lockstep.WithStale(time.Hour), lockstep.WithJitter(0.5))
+	c := newClient(t, rdb, "product", keys, load, time.Minute, lockstep.WithRecorder(rec), lockstep.WithStale(time.Hour), lockstep.WithJitter(0.5),
+		lockstep.WithMeta(true))
 	for i, want := range []string{"v9", "v9"} {
 		v, err := c.Get(ctx, "9")
 		if err != nil || string(v) != want {
@@ -426,8 +427,9 @@ func TestInvalidate(t *testing.T) {
 	}
 }
 
-// TestGetRoundTrips counts round trips with a hook: a hit is 1 (GET), a hit with XFetch is 1 (GET+PTTL+HGET
-// pipelined), and a miss is the GET plus a rebuild of exactly 2: SET NX+GET pipelined, then EVALSHA publish.
+// TestGetRoundTrips counts round trips with a hook: a hit is 1 (GET), a hit with XFetch is 1 (GET+PTTL pipelined,
+// plus HGET of δ with meta), and a miss is the GET plus a rebuild of exactly 2: SET NX+GET pipelined, then EVALSHA
+// publish.
 func TestGetRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -436,6 +438,8 @@ func TestGetRoundTrips(t *testing.T) {
 	load := func(_ context.Context, id string) ([]byte, error) { return []byte(id), nil }
 	plain := newClient(t, rdb, "product", keys, load, time.Minute, lockstep.WithStale(time.Hour))
 	xf := newClient(t, rdb, "product", keys, load, time.Minute, lockstep.WithXFetch(1), lockstep.WithRand(func() float64 { return 0 }))
+	xfMeta := newClient(t, rdb, "product", keys, load, time.Minute, lockstep.WithXFetch(1), lockstep.WithMeta(true),
+		lockstep.WithRand(func() float64 { return 0 }))
 	if _, err := plain.Get(ctx, "warm-up"); err != nil { // loads the publish script; opens the connection
 		t.Fatal(err)
 	}
@@ -449,8 +453,10 @@ func TestGetRoundTrips(t *testing.T) {
 	}{
 		{"miss", plain, "m", []string{"GET", "SET+GET", "EVALSHA"}},
 		{"hit", plain, "m", []string{"GET"}},
-		{"xfetch hit", xf, "m", []string{"GET+PTTL+HGET"}},
-		{"xfetch miss", xf, "n", []string{"GET+PTTL+HGET", "SET+GET", "EVALSHA"}},
+		{"xfetch hit", xf, "m", []string{"GET+PTTL"}},
+		{"xfetch miss", xf, "n", []string{"GET+PTTL", "SET+GET", "EVALSHA"}},
+		{"xfetch hit with meta", xfMeta, "m", []string{"GET+PTTL+HGET"}},
+		{"xfetch miss with meta", xfMeta, "o", []string{"GET+PTTL+HGET", "SET+GET", "EVALSHA"}},
 	}
 	for _, tt := range tests {
 		h.take()
@@ -547,7 +553,7 @@ func TestXFetchRefreshesInBackground(t *testing.T) {
 	c, err := lockstep.New(rdb, "product", keys, func(context.Context, string) ([]byte, error) {
 		<-release
 		return []byte("new"), nil
-	}, time.Minute, lockstep.WithXFetch(1), lockstep.WithRecorder(rec),
+	}, time.Minute, lockstep.WithXFetch(1), lockstep.WithRecorder(rec), lockstep.WithMeta(true),
 		lockstep.WithRand(func() float64 { return 1 - 1e-300 })) // u = 1e-300: −δβ ln u ≈ 690s ≥ 60s remaining
 	if err != nil {
 		t.Fatal(err)
@@ -596,4 +602,83 @@ func TestGetContextCanceledWhileWaiting(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("Get returned %v after its context ended", took)
 	}
+}
+
+// TestNoMetaByDefault: a Client keeps no meta hash unless WithMeta(true), and its write deletes one left by an
+// older write (with the fail-safe's stale_since_ms), so that the value is all Redis holds for the id.
+func TestNoMetaByDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
+	load := func(_ context.Context, id string) ([]byte, error) { return []byte("v" + id), nil }
+	plain := newClient(t, rdb, "product", keys, load, time.Minute)
+	withMeta := newClient(t, rdb, "product", keys, load, time.Minute, lockstep.WithMeta(true))
+	tests := []struct {
+		name     string
+		c        *lockstep.Client
+		id       string
+		leftover bool // a meta hash exists before the write
+		wantMeta bool
+	}{
+		{"default", plain, "a", false, false},
+		{"default deletes a leftover", plain, "b", true, false},
+		{"with meta", withMeta, "c", false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ks := mustFor(t, keys, tt.id)
+			if tt.leftover {
+				rdb.HSet(ctx, ks.Meta, lockstep.MetaDeltaField, "7", lockstep.MetaStaleSinceField, "1")
+			}
+			if v, err := tt.c.Get(ctx, tt.id); err != nil || string(v) != "v"+tt.id {
+				t.Fatalf("Get = %q, %v", v, err)
+			}
+			if got := rdb.Exists(ctx, ks.Meta).Val() == 1; got != tt.wantMeta {
+				t.Errorf("meta hash exists = %v, want %v", got, tt.wantMeta)
+			}
+			if tt.wantMeta {
+				if ttl := rdb.PTTL(ctx, ks.Meta).Val(); ttl <= 0 {
+					t.Errorf("meta PTTL = %v, want the value's TTL", ttl)
+				}
+			}
+		})
+	}
+}
+
+// TestXFetchOwnDelta: without meta, XFetch uses the rebuild time the Client measured itself: it cannot fire
+// before the Client has rebuilt a value once, and fires afterwards (u tiny: −δβ ln u far above the TTL left).
+func TestXFetchOwnDelta(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
+	// An app that keeps no meta wrote "x"; this Client has never rebuilt anything.
+	ks := mustFor(t, keys, "x")
+	tok := acquire(t, rdb, ks, time.Minute)
+	if err := lockstep.Publish(ctx, rdb, lockstep.Write{Keys: ks, Token: tok, Value: []byte("old"), TTL: time.Minute, NoMeta: true}); err != nil {
+		t.Fatal(err)
+	}
+	rec := newCountingRecorder()
+	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) {
+		time.Sleep(10 * time.Millisecond) // δ ≈ 10 ms
+		return []byte("new"), nil
+	}, time.Minute, lockstep.WithXFetch(1e6), lockstep.WithRecorder(rec), // −δβ ln u ≈ 10 ms × 1e6 × 690 ≫ 60 s left
+		lockstep.WithRand(func() float64 { return 1 - 1e-300 }))
+	if _, err := c.Get(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rec.early.Load(); n != 0 {
+		t.Fatalf("early refreshes before any rebuild = %d, want 0 (no δ known)", n)
+	}
+	if _, err := c.Get(ctx, "y"); err != nil { // a miss: the Client measures its first rebuild
+		t.Fatal(err)
+	}
+	if _, err := c.Get(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rec.early.Load(); n != 1 {
+		t.Errorf("early refreshes after one rebuild = %d, want 1 (δ measured by the Client)", n)
+	}
+	testenv.Eventually(t, 5*time.Second, "background refresh published", func() bool { return rdb.Get(ctx, ks.Cache).Val() == "new" })
 }

@@ -39,7 +39,7 @@ func TestWithClock(t *testing.T) {
 	c := newClient(t, rdb, "product", keys, func(_ context.Context, id string) ([]byte, error) {
 		now.Add(int64(1500 * time.Millisecond)) // the origin "takes" 1.5 s
 		return []byte("v" + id), nil
-	}, time.Minute, lockstep.WithClock(clock), lockstep.WithRecorder(rec))
+	}, time.Minute, lockstep.WithClock(clock), lockstep.WithRecorder(rec), lockstep.WithMeta(true))
 	if v, err := c.Get(ctx, "1"); err != nil || string(v) != "v1" {
 		t.Fatalf("Get = %q, %v", v, err)
 	}

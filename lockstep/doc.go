@@ -12,7 +12,7 @@
 //	cache  product:${id}       the value, bytes exactly as loaded (no envelope)    PX ttl (jittered)
 //	lock   lock:${key}         the rebuild lock, holding the leader's token        PX lock ttl
 //	stale  stale:${key}        optional long-lived copy served when a rebuild lags PX stale ttl
-//	meta   meta:${key}         hash: written_ms, delta_ms (see MetaWrittenField)   PX ttl (same as cache)
+//	meta   meta:${key}         optional hash: written_ms, delta_ms (WithMeta)      PX ttl (same as cache)
 //	access keepwarm:access:<keyspace>  sorted set id → read count (AccessKey)      no TTL
 //
 // With Redis Cluster, a literal hash tag such as "{product}:${id}" keeps all of one id's keys in one slot (the
@@ -24,16 +24,17 @@
 // crypto/rand as 32 lowercase hex characters (NewToken); any unique string works, so an app using UUIDs
 // interoperates. Every change made under the lock is a Lua script that first checks GET <lock> == token:
 // release.lua (Release: compare-and-delete), extend.lua (Extend: compare-and-PEXPIRE, a lease watchdog for slow
-// rebuilds), publish.lua (Publish: compare, then SET the cache key PX ttl, HSET+PEXPIRE the meta hash, SET the stale
-// copy when asked, DEL the lock; or, in delete mode, DEL cache, meta and stale), and extend_value.lua
-// (ExtendValueMany: compare, then PEXPIRE the cache key and meta, DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
+// rebuilds), publish.lua (Publish: compare, then SET the cache key PX ttl, HSET+PEXPIRE the meta hash or, without
+// meta (Write.NoMeta, the Client's default), DEL any meta hash left, SET the stale copy when asked, DEL the lock;
+// or, in delete mode, DEL cache, meta and stale), and extend_value.lua (ExtendValueMany: compare, then PEXPIRE
+// the cache key, keep the start of staleness in the meta hash, DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
 // (after SCRIPT FLUSH, a restart or a failover) single calls fall back to EVAL, and pipelined calls
 // (AcquireMany, PublishMany, ...) load the script with SCRIPT LOAD and retry just the failed calls.
 //
 // # TTLs
 //
 // The cache TTL is jittered by every writer with Jitter: ttl × (1 + u·jitter), u uniform in [0, 1), so in
-// [ttl, ttl×(1+jitter)) (default jitter 0.1). The meta hash expires with the value. The lock TTL (default
+// [ttl, ttl×(1+jitter)) (default jitter 0.1). The meta hash, when kept, expires with the value. The lock TTL (default
 // DefaultLockTTL, 5s) bounds a rebuild; the stale TTL (WithStale) should be much longer than the cache TTL.
 //
 // # Reading (Client.Get)
@@ -65,8 +66,8 @@
 //
 // # Early refresh (XFetch)
 //
-// With WithXFetch(β), a hit also reads the key's PTTL and δ (the last rebuild's duration, in the meta hash) in the
-// same pipelined round trip, and refreshes in the background, under the same lock, when
+// With WithXFetch(β), a hit also reads the key's PTTL in the same pipelined round trip (and, WithMeta(true), δ
+// from the meta hash); δ is otherwise the Client's own measured rebuild time. It refreshes in the background, under the same lock, when
 // now − δ·β·ln(u) ≥ expiry for u uniform in (0, 1] — "optimal probabilistic cache stampede prevention"
 // (XFetch; A. Vattani, F. Chierichetti, K. Lowenstein, VLDB 2015). See XFetch.
 //

@@ -48,6 +48,7 @@ type config struct {
 	staleTTL      time.Duration
 	backoff       Backoff
 	xfetchBeta    float64 // 0: off
+	meta          bool    // write the meta hash beside each value (WithMeta)
 	sampleRate    float64 // 0: off
 	flushInterval time.Duration
 	maxPending    int
@@ -168,15 +169,30 @@ func WithWait(b Backoff) Option {
 }
 
 // WithXFetch turns on XFetch early refresh with eagerness beta (> 0; 1 is the paper's choice, larger refreshes
-// earlier). A hit then also reads the key's remaining TTL and δ from the meta hash in the same round trip, and when
-// XFetch says so, refreshes the value in the background under the lock (skipped when the lock is held) while the
-// hit is returned at once. See XFetch (Vattani et al., VLDB 2015).
+// earlier). A hit then also reads the key's remaining TTL in the same round trip (PTTL pipelined with GET), and
+// when XFetch says so, refreshes the value in the background under the lock (skipped when the lock is held) while
+// the hit is returned at once. δ is the rebuild time this Client measured itself (a decayed maximum of its
+// loader's durations); with WithMeta(true) the meta hash's δ is read in the same round trip and preferred when
+// present. Until this Client has rebuilt a value once and with no δ in Redis, XFetch does not fire (the value
+// then simply expires). See XFetch (Vattani et al., VLDB 2015).
 func WithXFetch(beta float64) Option {
 	return func(c *config) error {
 		if !finite(beta) || beta <= 0 {
 			return argError("xfetch beta", "%v is not > 0", beta)
 		}
 		c.xfetchBeta = beta
+		return nil
+	}
+}
+
+// WithMeta sets whether each write also keeps the meta hash (MetaWrittenField, MetaDeltaField) beside the value.
+// The default is false: measured on Redis 7, the hash added 42% to the memory of a 300-byte cached value (see
+// docs/benchmarks.md), and XFetch works without it on the Client's own rebuild time. Turn it on when other
+// readers need δ from Redis (apps in other languages that read delta_ms, or Clients that never rebuild). Without
+// it, a write deletes any meta hash left by an older write (Write.NoMeta).
+func WithMeta(on bool) Option {
+	return func(c *config) error {
+		c.meta = on
 		return nil
 	}
 }

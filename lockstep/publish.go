@@ -47,6 +47,10 @@ type Write struct {
 	StaleTTL time.Duration // > 0 also writes Keys.Stale (when Keys.Stale != "") with this TTL; 0 leaves it alone
 	Rebuild  time.Duration // δ, the rebuild's duration (≥ 0), stored in the meta hash for XFetch
 	Delete   bool          // delete cache, meta and stale instead of writing (the origin row is gone)
+	// NoMeta writes no meta hash beside the value, and deletes the one an older write or the fail-safe
+	// (ExtendValueMany's MetaStaleSinceField) left, so that the value costs Redis what a plain SET of it does.
+	// Readers then have no δ in Redis: the Client's XFetch uses the rebuild time it measured itself.
+	NoMeta bool
 }
 
 func (w *Write) call() (scriptCall, error) {
@@ -69,7 +73,7 @@ func (w *Write) call() (scriptCall, error) {
 		if w.Keys.Stale != "" {
 			keys = append(keys, w.Keys.Stale)
 		}
-		return scriptCall{publishScript, keys, []any{w.Token, "del", "", 0, 0, 0}}, nil
+		return scriptCall{publishScript, keys, []any{w.Token, "del", "", 0, 0, 0, w.metaMode()}}, nil
 	}
 	if err := checkTTL("write: ttl", w.TTL); err != nil {
 		return scriptCall{}, err
@@ -80,7 +84,15 @@ func (w *Write) call() (scriptCall, error) {
 		staleMs = millis(w.StaleTTL)
 	}
 	deltaMs := int64(w.Rebuild / time.Millisecond)
-	return scriptCall{publishScript, keys, []any{w.Token, "set", w.Value, millis(w.TTL), deltaMs, staleMs}}, nil
+	return scriptCall{publishScript, keys, []any{w.Token, "set", w.Value, millis(w.TTL), deltaMs, staleMs, w.metaMode()}}, nil
+}
+
+// metaMode is publish.lua's ARGV[7].
+func (w *Write) metaMode() string {
+	if w.NoMeta {
+		return "nometa"
+	}
+	return "meta"
 }
 
 // publishResult maps publish.lua's reply {status, old_pttl}: 1 written, 0 lock held by another token (ErrLockLost),

@@ -44,7 +44,8 @@ func TestXFetchDistribution(t *testing.T) {
 		c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) {
 			t.Error("loader called although the lock is held elsewhere")
 			return nil, nil
-		}, time.Minute, lockstep.WithXFetch(beta), lockstep.WithRecorder(rec), lockstep.WithRand(lockedRand(42)))
+		}, time.Minute, lockstep.WithXFetch(beta), lockstep.WithRecorder(rec), lockstep.WithRand(lockedRand(42)),
+			lockstep.WithMeta(true)) // δ from the meta hash
 		for _, remaining := range points[beta] {
 			mr.SetTTL(ks.Cache, remaining)
 			before := rec.early.Load()
