@@ -222,19 +222,19 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		case found:
 			it.ttl = p.ttl()
 			writes = append(writes, lockstep.Write{Keys: it.ks, Token: p.token, Value: v, TTL: it.ttl,
-				StaleTTL: cfg.StaleTTL, Rebuild: p.rebuild})
+				StaleTTL: cfg.StaleTTL, Rebuild: p.rebuild, NoMeta: !cfg.KeepMeta})
 			witems = append(witems, it)
 		default: // missing: the origin has no row (or a NULL value)
 			it.absent = true
 			switch cfg.Missing {
 			case MissingDelete:
 				it.delete = true
-				writes = append(writes, lockstep.Write{Keys: it.ks, Token: p.token, Delete: true})
+				writes = append(writes, lockstep.Write{Keys: it.ks, Token: p.token, Delete: true, NoMeta: !cfg.KeepMeta})
 				witems = append(witems, it)
 			case MissingTombstone:
 				it.ttl = cfg.TombstoneTTL
 				writes = append(writes, lockstep.Write{Keys: it.ks, Token: p.token, Value: cfg.Tombstone,
-					TTL: cfg.TombstoneTTL, Rebuild: p.rebuild})
+					TTL: cfg.TombstoneTTL, Rebuild: p.rebuild, NoMeta: !cfg.KeepMeta})
 				witems = append(witems, it)
 			default: // keep: leave the current value to its TTL; the lock is released at the end
 				it.result = ResultMissing

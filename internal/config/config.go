@@ -120,6 +120,9 @@ type Keyspace struct {
 	Lock  string // lock key template; default lockstep.DefaultLockTemplate
 	Stale string // stale copy template; "" means no stale copy
 	Meta  string // metadata hash template; default lockstep.DefaultMetaTemplate
+	// KeepMeta writes the metadata hash beside each value; see warmer.KeyspaceConfig.KeepMeta (default false).
+	// Without it the meta key holds only the fail-safe's start of staleness, while a value is kept stale.
+	KeepMeta bool
 
 	// The fields below mean what warmer.KeyspaceConfig's fields of the same name mean, with its defaults and
 	// bounds; after Load they hold the effective values (derived defaults filled in by warmer's Resolve).
@@ -146,6 +149,7 @@ type Keyspace struct {
 	MaxTracked           int           // warmer.KeyspaceConfig.MaxTracked
 	DecayHalfLife        time.Duration // warmer.KeyspaceConfig.DecayHalfLife
 	LFU                  bool          // also use Redis's OBJECT FREQ (needs an LFU maxmemory-policy); default false
+	ReconcileBudget      int           // warmer.KeyspaceConfig.ReconcileBudget; default warmer.DefaultReconcileBudget
 
 	keys *lockstep.Keys
 }

@@ -292,6 +292,8 @@ func (c *Config) WarmerKeyspace(ks *Keyspace, src warmer.Source) warmer.Keyspace
 		DecayHalfLife:        ks.DecayHalfLife,
 		LFU:                  ks.LFU,
 		MaxStale:             ks.MaxStale,
+		KeepMeta:             ks.KeepMeta,
+		ReconcileBudget:      ks.ReconcileBudget,
 		MaxValueBytes:        ks.MaxValueBytes,
 		Missing:              string(ks.Missing),
 		Tombstone:            []byte(ks.TombstoneValue),

@@ -155,6 +155,7 @@ func (c *Config) Redacted() string {
 			w("stale_ttl", ks.StaleTTL)
 		}
 		w("meta", ks.Meta)
+		w("keep_meta", ks.KeepMeta)
 		w("ttl", ks.TTL)
 		w("jitter", ks.Jitter)
 		w("refresh_ahead", ks.RefreshAhead.String())
@@ -178,6 +179,7 @@ func (c *Config) Redacted() string {
 		w("max_tracked", ks.MaxTracked)
 		w("decay_half_life", ks.DecayHalfLife)
 		w("lfu", ks.LFU)
+		w("reconcile_budget", ks.ReconcileBudget)
 	}
 	for _, h := range c.Hotkeys {
 		b.WriteString("\n[[hotkeys]]\n")

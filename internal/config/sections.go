@@ -289,12 +289,14 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 		MinScore:             warmer.DefaultMinScore,
 		MaxValueBytes:        warmer.DefaultMaxValueBytes,
 		DecayHalfLife:        warmer.DefaultDecayHalfLife,
+		ReconcileBudget:      warmer.DefaultReconcileBudget,
 	}
 	name(t, "keyspace", &ks.Name, names)
 	hasKey := t.str("key", &ks.Key)
 	t.str("lock", &ks.Lock)
 	hasStale := t.str("stale", &ks.Stale)
 	t.str("meta", &ks.Meta)
+	t.boolean("keep_meta", &ks.KeepMeta)
 	t.duration("ttl", &ks.TTL)
 	hasStaleTTL := t.duration("stale_ttl", &ks.StaleTTL)
 	t.float("jitter", &ks.Jitter)
@@ -317,6 +319,7 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 	hasMaxTracked := t.integer("max_tracked", &ks.MaxTracked)
 	t.duration("decay_half_life", &ks.DecayHalfLife)
 	t.boolean("lfu", &ks.LFU)
+	t.integer("reconcile_budget", &ks.ReconcileBudget)
 	t.done()
 
 	// Templates.
