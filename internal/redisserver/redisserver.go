@@ -33,12 +33,16 @@ type Server struct {
 // counters (INFO commandstats) that the shared server of scripts/services would mix with other packages' tests.
 // It needs the redis-server binary (scripts/services up installs it; otherwise apt-get install redis-server) and
 // returns an error saying so when it cannot run it. The caller stops the server with Stop.
-func Start(ctx context.Context) (*Server, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+func Start(ctx context.Context) (*Server, error) { return StartPort(ctx, 0) }
+
+// StartPort is Start on a given loopback port (0: a free one), for benchmarks that must stay within a port range
+// agreed with others sharing the machine. It fails when the port is taken.
+func StartPort(ctx context.Context, port int) (*Server, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
 	if err != nil {
 		return nil, fmt.Errorf("find a free port: %w", err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
+	port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	dir, err := os.MkdirTemp("", "keepwarm-redis-")
 	if err != nil {
