@@ -279,7 +279,7 @@ func TestGetNotFoundAndLoaderError(t *testing.T) {
 		wantIs     error
 		wantResult string
 	}{
-		{"not found", fmt.Errorf("product 404: %w", lockstep.ErrNotFound), lockstep.ErrNotFound, lockstep.ResultNotFound},
+		{"not found", fmt.Errorf("product 404: %w", lockstep.ErrNotFound), lockstep.ErrNotFound, lockstep.ResultMissing},
 		{"loader error", dbDown, dbDown, lockstep.ResultError},
 		{"loader deadline", context.DeadlineExceeded, context.DeadlineExceeded, lockstep.ResultError},
 	}
