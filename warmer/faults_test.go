@@ -48,15 +48,17 @@ func refreshes(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": result})
 }
 
-// A publish that gets an error reply (the meta key holds a string: WRONGTYPE) writes nothing, is counted as an
-// error with reason wrongtype (not lock_lost), and releases its lock at once: once the meta key is fixed, the
-// key is written long before the 60 s lock TTL would have let an orphaned lock go.
+// A publish that gets an error reply (the meta key holds a string: WRONGTYPE, which only a keyspace that keeps
+// meta can get) writes nothing, is counted as an error with reason wrongtype (not lock_lost), and releases its
+// lock at once: once the meta key is fixed, the key is written long before the 60 s lock TTL would have let an
+// orphaned lock go.
 func TestPublishErrorReplyReleasesLock(t *testing.T) {
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
 	f.rdb.Set(ctx, ks.Meta, "not-a-hash", time.Minute)
 	cfg := f.config("1")
+	cfg.KeepMeta = true
 	cfg.LockTTL = time.Minute
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 	testenv.Eventually(t, 10*time.Second, "a wrongtype error counted", func() bool { return refreshErrors(t, reg, warmer.ReasonWrongType) >= 1 })

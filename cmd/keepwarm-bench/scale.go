@@ -48,6 +48,9 @@ type scaleConfig struct {
 	reconcile   time.Duration
 	skipIdle    bool
 	skipRefresh bool
+	notify      bool
+	steadyHot   int
+	port        int
 }
 
 func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -66,12 +69,21 @@ func runScale(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&c.idleWindow, "idle-window", 2*time.Minute, "how long idle CPU is measured with the largest tracked count (two full access-set syncs at the default)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the idle window to this file")
 	fs.IntVar(&c.valueBytes, "value-bytes", 300, "value size written by the in-memory source")
+	fs.BoolVar(&c.notify, "notifications", false, "turn keyspace notifications on in the private redis-server (notify-keyspace-events Exeg$) and in the warmer, as in production")
+	fs.IntVar(&c.steadyHot, "steady-hot", 0, "hot keys of the steady-state commands-per-refresh measurement (default: --hot)")
+	fs.IntVar(&c.port, "port", 0, "port of the private redis-server (0: a free one)")
 	fs.BoolVar(&c.skipIdle, "skip-footprint", false, "skip the footprint and idle CPU measurements")
 	fs.BoolVar(&c.skipRefresh, "skip-refresh", false, "skip the throughput and commands-per-refresh measurements")
 	fs.StringVar(&c.svg, "svg", "", "write the plot (SVG) to this file")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results as JSON to this file")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if c.notify && !c.spawn {
+		return usageError{fmt.Errorf("--notifications changes notify-keyspace-events, so it needs the private redis-server (--spawn-redis)")}
+	}
+	if c.steadyHot == 0 {
+		c.steadyHot = c.hot
 	}
 	for _, s := range strings.Split(*tracked, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -196,12 +208,23 @@ func (m memSource) Fetch(_ context.Context, ids []string) (map[string][]byte, []
 func scale(ctx context.Context, c scaleConfig, stdout, stderr io.Writer) (*scaleReport, error) {
 	url := c.redisURL
 	if c.spawn {
-		srv, err := redisserver.Start(ctx)
+		srv, err := redisserver.StartPort(ctx, c.port)
 		if err != nil {
 			return nil, err
 		}
 		defer srv.Stop()
 		url = srv.URL
+		if c.notify {
+			admin, err := newRedis(ctx, url, 1)
+			if err != nil {
+				return nil, err
+			}
+			err = admin.ConfigSet(ctx, "notify-keyspace-events", "Exeg$").Err()
+			admin.Close()
+			if err != nil {
+				return nil, err
+			}
+		}
 		fmt.Fprintf(stderr, "scale: private redis-server at %s\n", url)
 	}
 	rdb, err := newRedis(ctx, url, 0)
@@ -317,7 +340,7 @@ func footprint(ctx context.Context, c scaleConfig, url string, n int, idle bool,
 		}
 	}
 	h0, rss0 := memNow()
-	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Keyspaces: []warmer.KeyspaceConfig{{
+	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Notifications: c.notify, Keyspaces: []warmer.KeyspaceConfig{{
 		Name: name, Keys: benchKeys("fp:"), Src: newMemSource(c.valueBytes), TTL: time.Hour, Jitter: 0.1,
 		TopN: c.hot, MaxTracked: n, DecayHalfLife: time.Hour,
 	}}})
@@ -432,7 +455,7 @@ func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer
 		pinned[i] = strconv.Itoa(i)
 	}
 	src := newMemSource(c.valueBytes)
-	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Keyspaces: []warmer.KeyspaceConfig{{
+	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Notifications: c.notify, Keyspaces: []warmer.KeyspaceConfig{{
 		Name: "saturation", Keys: benchKeys("sat:"), Src: src, TTL: time.Hour, Jitter: 0.1,
 		Pinned: pinned, BatchSize: c.batch, StaleTTL: 0,
 	}}})
@@ -498,13 +521,13 @@ func steady(ctx context.Context, c scaleConfig, url string, stderr io.Writer) (*
 	defer rdb.Close()
 	hook := newCmdCounter()
 	rdb.AddHook(hook)
-	pinned := make([]string, c.hot)
+	pinned := make([]string, c.steadyHot)
 	for i := range pinned {
 		pinned[i] = strconv.Itoa(i)
 	}
 	ks := warmer.KeyspaceConfig{Name: "steady", Keys: benchKeys("steady:"), Src: newMemSource(c.valueBytes),
 		TTL: c.steadyTTL, Jitter: 0.1, Pinned: pinned, BatchSize: c.batch, ReconcileEvery: c.reconcile}
-	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Keyspaces: []warmer.KeyspaceConfig{ks}})
+	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Notifications: c.notify, Keyspaces: []warmer.KeyspaceConfig{ks}})
 	if err != nil {
 		return nil, err
 	}
@@ -512,7 +535,7 @@ func steady(ctx context.Context, c scaleConfig, url string, stderr io.Writer) (*
 	if reconcile == 0 {
 		reconcile = warmer.DefaultReconcileEvery
 	}
-	fmt.Fprintf(stderr, "scale: steady state, %d keys, TTL %v, reconcile every %v, for %v\n", c.hot, c.steadyTTL, reconcile, c.steadyWin)
+	fmt.Fprintf(stderr, "scale: steady state, %d keys, TTL %v, reconcile every %v, notifications %v, for %v\n", c.steadyHot, c.steadyTTL, reconcile, c.notify, c.steadyWin)
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -584,7 +607,7 @@ func printScale(w io.Writer, c scaleConfig, rep *scaleReport) {
 			perKey(s.TopLevel, s.Keys), s.TopLevelByCmd, perKey(s.RoundTrips, s.Keys), perKey(s.ServerCalls, s.Keys), s.ByCommand)
 	}
 	if s := rep.Steady; s != nil {
-		fmt.Fprintf(w, "\nsteady state, %d hot keys, TTL %v, reconcile every %v: %d refreshes in %.0f s\n", c.hot, s.TTL, s.Reconcile, s.Keys, s.Seconds)
+		fmt.Fprintf(w, "\nsteady state, %d hot keys, TTL %v, reconcile every %v, notifications %v: %d refreshes in %.0f s\n", c.steadyHot, s.TTL, s.Reconcile, c.notify, s.Keys, s.Seconds)
 		fmt.Fprintf(w, "  commands per refresh, amortised over everything the warmer sent: %.2f (%v) in %.3f round trips (target <= 3 %s); executed by Redis %.2f (%v)\n",
 			perKey(s.TopLevel, s.Keys), s.TopLevelByCmd, perKey(s.RoundTrips, s.Keys), mark(perKey(s.TopLevel, s.Keys) <= 3),
 			perKey(s.ServerCalls, s.Keys), s.ByCommand)
