@@ -23,7 +23,9 @@ func TestEvictionsReported(t *testing.T) {
 	logs := &testenv.LogBuffer{}
 	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
-	ok := func() float64 { return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK}) }
+	ok := func() float64 {
+		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK})
+	}
 	testenv.Eventually(t, 15*time.Second, "300 hot keys written", func() bool { return ok() >= 300 })
 	ctx := context.Background()
 	used := memoryUsed(t, admin)
