@@ -163,7 +163,13 @@ func (k *keyspace) onEvent(event, key string) bool {
 	now := k.w.now()
 	switch event {
 	case "set":
-		// An app (or the daemon itself, just now) wrote the key: learn the new expiry.
+		// An app (or the daemon itself, just now) wrote the key: learn the new expiry. The first "set" after
+		// the daemon's own write, within ownSetWindow, is taken as that write's own notification, however late
+		// it arrives (on a loaded machine it can take seconds).
+		if now.Before(h.ownSetUntil) {
+			h.ownSetUntil = time.Time{}
+			break
+		}
 		if now.Sub(h.lastRefresh) > time.Second {
 			h.ownWrite = false
 			h.needPTTL = true

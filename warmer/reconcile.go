@@ -34,6 +34,11 @@ func reconcileTick(cfg KeyspaceConfig) time.Duration {
 	return min(250*time.Millisecond, max(10*time.Millisecond, cfg.ReconcileEvery/10))
 }
 
+// ownSetWindow is how long after the daemon's own write a "set" notification of the key is taken to be that
+// write's own (delivered late), not an app's write. An app's write within it goes unseen until the next check
+// (lockstep apps write a key only when it is missing or close to expiry, never just after a refresh).
+const ownSetWindow = 30 * time.Second
+
 // notifyState is whether the daemon can rely on keyspace notifications. epoch changes whenever they may have
 // been missed (a subscription lost, the flags found off), which invalidates every key's trust at once.
 type notifyState struct {
@@ -99,6 +104,7 @@ func (k *keyspace) trustedLocked(h *hotState) bool {
 // reconciliation check accordingly.
 func (k *keyspace) markOwnWriteLocked(h *hotState, now time.Time) {
 	h.ownWrite = true
+	h.ownSetUntil = now.Add(ownSetWindow)
 	h.notifyEpoch = k.w.notify.epoch.Load()
 	k.scheduleCheckLocked(h, now)
 }
