@@ -83,6 +83,10 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 	}
 	k.mu.Lock()
 	keys := k.cfg.Keys
+	writes := make([]uint32, len(hs)) // a reading taken before a write that settled meanwhile is stale: dropped
+	for i, h := range hs {
+		writes[i] = h.writes
+	}
 	k.mu.Unlock()
 	now := k.w.now()
 	epoch := k.w.notify.epoch.Load() // a reading confirms an own write only if no notification was missed since
@@ -95,7 +99,7 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for i, h := range hs {
-		if h.e.hot != h || h.inflight {
+		if h.e.hot != h || h.inflight || h.writes != writes[i] {
 			if h.e.hot == h && h.cidx < 0 {
 				k.scheduleCheckLocked(h, now) // its refresh settles it; keep it in the check queue meanwhile
 			}

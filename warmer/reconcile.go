@@ -103,6 +103,7 @@ func (k *keyspace) trustedLocked(h *hotState) bool {
 // markOwnWriteLocked records that the daemon just wrote h's value (so it knows its expiry), and defers its next
 // reconciliation check accordingly.
 func (k *keyspace) markOwnWriteLocked(h *hotState, now time.Time) {
+	h.writes++
 	h.ownWrite = true
 	h.ownSetUntil = now.Add(ownSetWindow)
 	h.notifyEpoch = k.w.notify.epoch.Load()
@@ -155,7 +156,9 @@ func (k *keyspace) reconcile(ctx context.Context) {
 			continue
 		}
 		lag = max(lag, now.Sub(h.checkAt))
-		if h.inflight { // its refresh re-learns the expiry; look again one interval later
+		if h.inflight || (h.idx >= 0 && h.due.Before(now.Add(k.cfg.ReconcileEvery))) {
+			// Being refreshed, or due within one interval: the refresh re-learns the expiry (its publish reports
+			// the TTL the old value had left), so the check would be spent for nothing. Look again later.
 			k.scheduleCheckLocked(h, now)
 			continue
 		}
