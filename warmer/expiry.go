@@ -3,9 +3,7 @@ package warmer
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
-	"sync"
+	"slices"
 	"time"
 
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -66,10 +64,25 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	}
 	k.adopt = k.adopt[:0]
 	k.mu.Unlock()
-	if !k.readPTTLs(ctx, hs, "read PTTL of new hot keys", false) {
-		k.mu.Lock()
-		k.adopt = append(k.adopt, hs...) // try again on the next pass
-		k.mu.Unlock()
+	// Keys whose "del" was noticed in a Cluster (onEvent) are read like a reconciliation, so that a key really
+	// gone counts as vanished (or expired), and a key that MIGRATE moved to another node counts as nothing.
+	var deleted []*hotState
+	hs = slices.DeleteFunc(hs, func(h *hotState) bool {
+		if h.delNoticed {
+			deleted = append(deleted, h)
+			return true
+		}
+		return false
+	})
+	for _, batch := range []struct {
+		hs          []*hotState
+		reconciling bool
+	}{{hs, false}, {deleted, true}} {
+		if !k.readPTTLs(ctx, batch.hs, "read PTTL of new hot keys", batch.reconciling) {
+			k.mu.Lock()
+			k.adopt = append(k.adopt, batch.hs...) // try again on the next pass
+			k.mu.Unlock()
+		}
 	}
 }
 
@@ -114,7 +127,7 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 		if h.e.hot != h || h.inflight {
 			continue
 		}
-		h.needPTTL = false
+		h.needPTTL, h.delNoticed = false, false
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
 	}
 	return true
@@ -204,62 +217,6 @@ func (k *keyspace) redisOK() {
 // Keyspace-notification events the warmer listens to.
 var notifyEvents = []string{"expired", "evicted", "del", "set"}
 
-// listen subscribes to keyevent notifications for early notice of expiries, deletions, evictions and writes by
-// apps. It needs notify-keyspace-events to include E plus x, e, g and $ (or A); it says in the log when they are
-// off. In a Redis Cluster every master publishes only its own keys' events, so it subscribes on each master.
-func (w *Warmer) listen(ctx context.Context) {
-	if res, err := w.rdb.ConfigGet(ctx, "notify-keyspace-events").Result(); err == nil {
-		flags := res["notify-keyspace-events"]
-		if !strings.Contains(flags, "E") || !(strings.Contains(flags, "A") ||
-			(strings.ContainsAny(flags, "x") && strings.ContainsAny(flags, "g"))) {
-			w.log.Info("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries",
-				"notify_keyspace_events", flags)
-		}
-	} else if ctx.Err() == nil {
-		// Not fatal (reconciliation is the ground truth), but say so: a denied CONFIG GET (an ACL without
-		// +config|get) would otherwise hide that notifications may be off.
-		w.log.Warn("cannot read notify-keyspace-events; subscribing anyway, PTTL reconciliation tracks expiries either way",
-			"error", err)
-	}
-	patterns := make([]string, len(notifyEvents))
-	for i, ev := range notifyEvents {
-		patterns[i] = "__keyevent@" + strconv.Itoa(w.cfg.DB) + "__:" + ev
-	}
-	subscribe := func(c redis.UniversalClient) {
-		ps := c.Subscribe(ctx, patterns...)
-		defer ps.Close()
-		ch := ps.Channel()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case msg, ok := <-ch:
-				if !ok {
-					return
-				}
-				w.onEvent(msg.Channel[strings.LastIndexByte(msg.Channel, ':')+1:], msg.Payload)
-			}
-		}
-	}
-	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
-		var wg sync.WaitGroup
-		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				subscribe(c)
-			}()
-			return nil
-		})
-		if err != nil {
-			w.log.Warn("keyspace notifications: cannot reach cluster masters", "error", err)
-		}
-		wg.Wait()
-		return
-	}
-	subscribe(w.rdb)
-}
-
 // onEvent handles one keyevent notification for key.
 func (w *Warmer) onEvent(event, key string) {
 	w.mu.Lock()
@@ -302,6 +259,14 @@ func (k *keyspace) onEvent(event, key string) bool {
 	case "expired", "evicted", "del":
 		if h.absent {
 			return true
+		}
+		if event == "del" && k.w.isCluster() {
+			// In a Cluster a MIGRATE (resharding) deletes the key on the source node with this same event while
+			// the key lives on at its new node: read its PTTL (which follows the ASK or MOVED redirection) before
+			// counting it as vanished. See learnExpiries.
+			h.needPTTL, h.delNoticed = true, true
+			k.adopt = append(k.adopt, h)
+			break
 		}
 		if event == "expired" && !h.expiry.IsZero() {
 			h.expiry = minTime(h.expiry, now)

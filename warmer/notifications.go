@@ -1,0 +1,340 @@
+package warmer
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultNodeCheckInterval is how often the warmer re-reads the Cluster's masters and every node's
+// notify-keyspace-events while it listens for keyspace notifications (Config.NodeCheckInterval).
+const DefaultNodeCheckInterval = 5 * time.Second
+
+// notifyFlag is the notify-keyspace-events setting the listener needs: E (keyevent channels) plus x (expired),
+// e (evicted), g (generic: del) and $ (string: set). A stands for all the classes, x, e, g and $ among them.
+const notifyFlags = "Exeg$"
+
+// MissingNotifyFlags returns the flags of notifyFlags ("Exeg$") that the notify-keyspace-events value flags
+// lacks, in that order, or "" when it has them all ("A" counts for x, e, g and $). Redis's own setting is a set
+// of one-letter classes (https://redis.io/docs/latest/develop/use/keyspace-notifications/).
+func MissingNotifyFlags(flags string) string {
+	var miss strings.Builder
+	for _, f := range notifyFlags {
+		if strings.ContainsRune(flags, f) || (f != 'E' && strings.ContainsRune(flags, 'A')) {
+			continue
+		}
+		miss.WriteRune(f)
+	}
+	return miss.String()
+}
+
+// NotificationNode is what the warmer knows of keyspace notifications on one Redis node it listens to: every
+// master of a Cluster, or the one server (single or Sentinel mode, where Addr is "").
+type NotificationNode struct {
+	Addr       string `json:"addr"`
+	Subscribed bool   `json:"subscribed"` // the node confirmed the SUBSCRIBE (again after each reconnect)
+	// Flags is the node's notify-keyspace-events as last read; Missing the needed flags it lacks (see
+	// MissingNotifyFlags). Both are "" when it could not be read; Error says why.
+	Flags   string `json:"flags"`
+	Missing string `json:"missing"`
+	Error   string `json:"error,omitempty"`
+}
+
+// on reports whether the node delivers every event the warmer needs.
+func (n NotificationNode) on() bool { return n.Subscribed && n.Error == "" && n.Missing == "" }
+
+// NotificationsHealthy reports whether keyspace notifications are on and subscribed on every node the warmer
+// listens to (the gauge keepwarm_warmer_notifications_enabled). It is false when Config.Notifications is off,
+// before the first check, while a node's flags cannot be read, and while a node lacks a flag.
+func (w *Warmer) NotificationsHealthy() bool {
+	nodes := w.NotificationNodes()
+	if len(nodes) == 0 {
+		return false
+	}
+	for _, n := range nodes {
+		if !n.on() {
+			return false
+		}
+	}
+	return true
+}
+
+// NotificationNodes returns the state of every node the warmer listens to, sorted by address; nil when it does
+// not listen.
+func (w *Warmer) NotificationNodes() []NotificationNode {
+	w.notify.mu.Lock()
+	defer w.notify.mu.Unlock()
+	out := make([]NotificationNode, 0, len(w.notify.nodes))
+	for _, s := range w.notify.nodes {
+		out = append(out, s.state)
+	}
+	slices.SortFunc(out, func(a, b NotificationNode) int { return strings.Compare(a.Addr, b.Addr) })
+	return out
+}
+
+// notifier keeps one subscription per node that publishes keyevents, re-checks notify-keyspace-events after
+// every (re)subscribe and every NodeCheckInterval, and follows the Cluster's masters through failovers and
+// resharding. Its zero value is ready; listen fills it.
+type notifier struct {
+	mu      sync.Mutex
+	nodes   map[string]*nodeSub
+	healthy bool // last value logged and exported
+	denied  map[string]bool
+}
+
+// nodeSub is the subscription to one node.
+type nodeSub struct {
+	c      redis.UniversalClient
+	cancel context.CancelFunc
+	done   chan struct{}
+	state  NotificationNode // guarded by notifier.mu
+}
+
+// listen subscribes to keyevent notifications for early notice of expiries, deletions, evictions and writes by
+// apps, until ctx ends. It needs notify-keyspace-events to include notifyFlags; with Config.AutoNotifyFlags it adds
+// the missing ones with CONFIG SET where the ACL allows, and otherwise says in the log which are off. A Redis
+// restart resets the setting and a pub/sub reconnect loses events, so it checks again on every (re)subscribe.
+// In a Redis Cluster every master publishes only its own keys' events: it subscribes on each master, and every
+// NodeCheckInterval re-reads the masters (CLUSTER SLOTS), subscribing to new ones after a failover or a topology
+// change and dropping nodes that are no longer masters.
+func (w *Warmer) listen(ctx context.Context) {
+	n := &w.notify
+	n.mu.Lock()
+	n.nodes = map[string]*nodeSub{}
+	n.denied = map[string]bool{}
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		subs := n.nodes
+		n.nodes = map[string]*nodeSub{}
+		n.mu.Unlock()
+		for _, s := range subs {
+			s.cancel()
+			<-s.done
+		}
+		w.m.notificationsOn.Set(0)
+		w.m.notificationNodes.Set(0)
+	}()
+	every := w.cfg.NodeCheckInterval
+	if every <= 0 {
+		every = DefaultNodeCheckInterval
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		w.syncNodes(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// syncNodes subscribes to nodes that publish keyevents and are not subscribed yet, drops those that no longer do,
+// and re-checks every node's flags.
+func (w *Warmer) syncNodes(ctx context.Context) {
+	n := &w.notify
+	want := map[string]redis.UniversalClient{}
+	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			want[c.Options().Addr] = c
+			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("keyspace notifications: cannot read the cluster's masters; keeping the current subscriptions",
+					"error", err)
+			}
+			return
+		}
+	} else {
+		want[""] = w.rdb
+	}
+	n.mu.Lock()
+	var gone []*nodeSub
+	for addr, s := range n.nodes {
+		if _, ok := want[addr]; !ok {
+			gone = append(gone, s)
+			delete(n.nodes, addr)
+			w.log.Info("keyspace notifications: node is no longer a master; unsubscribed", "node", addr)
+		}
+	}
+	var added []*nodeSub
+	for addr, c := range want {
+		if _, ok := n.nodes[addr]; ok {
+			continue
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		s := &nodeSub{c: c, cancel: cancel, done: make(chan struct{}), state: NotificationNode{Addr: addr}}
+		n.nodes[addr] = s
+		added = append(added, s)
+		go func() {
+			defer close(s.done)
+			w.subscribe(sctx, s)
+		}()
+	}
+	subs := make([]*nodeSub, 0, len(n.nodes))
+	for _, s := range n.nodes {
+		subs = append(subs, s)
+	}
+	n.mu.Unlock()
+	for _, s := range gone {
+		s.cancel()
+		<-s.done
+	}
+	if len(added) > 0 && len(want) > 1 {
+		addrs := make([]string, 0, len(added))
+		for _, s := range added {
+			addrs = append(addrs, s.state.Addr)
+		}
+		w.log.Info("keyspace notifications: subscribing on masters", "nodes", strings.Join(addrs, ","), "masters", len(want))
+	}
+	for _, s := range subs {
+		w.checkFlags(ctx, s)
+	}
+	w.notifyHealth()
+}
+
+// subscribe runs one node's subscription until ctx ends. go-redis re-subscribes after a lost connection; each
+// confirmation of the first channel marks a (re)subscribe, after which the node's flags are checked again.
+func (w *Warmer) subscribe(ctx context.Context, s *nodeSub) {
+	patterns := make([]string, len(notifyEvents))
+	for i, ev := range notifyEvents {
+		patterns[i] = "__keyevent@" + strconv.Itoa(w.cfg.DB) + "__:" + ev
+	}
+	ps := s.c.Subscribe(ctx, patterns...)
+	defer ps.Close()
+	ch := ps.ChannelWithSubscriptions()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case msg, ok := <-ch:
+			if !ok {
+				return
+			}
+			switch m := msg.(type) {
+			case *redis.Message:
+				w.onEvent(m.Channel[strings.LastIndexByte(m.Channel, ':')+1:], m.Payload)
+			case *redis.Subscription:
+				if m.Kind != "subscribe" || m.Channel != patterns[0] {
+					continue
+				}
+				w.notify.mu.Lock()
+				again := s.state.Subscribed
+				s.state.Subscribed = true
+				w.notify.mu.Unlock()
+				if again {
+					w.log.Info("keyspace notifications: re-subscribed after a lost connection; events in between are lost",
+						"node", s.state.Addr)
+				}
+				w.checkFlags(ctx, s)
+				w.notifyHealth()
+			}
+		}
+	}
+}
+
+// checkFlags reads the node's notify-keyspace-events and, with AutoNotifyFlags, adds the missing flags. It logs
+// each change of the node's state once.
+func (w *Warmer) checkFlags(ctx context.Context, s *nodeSub) {
+	n := &w.notify
+	n.mu.Lock()
+	prev := s.state
+	n.mu.Unlock()
+	next := prev
+	next.Error = ""
+	res, err := s.c.ConfigGet(ctx, "notify-keyspace-events").Result()
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		next.Flags, next.Missing, next.Error = "", "", err.Error()
+	} else {
+		next.Flags = res["notify-keyspace-events"]
+		next.Missing = MissingNotifyFlags(next.Flags)
+	}
+	if next.Missing != "" && w.cfg.AutoNotifyFlags {
+		set := next.Flags + next.Missing
+		if err := s.c.ConfigSet(ctx, "notify-keyspace-events", set).Err(); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			n.mu.Lock()
+			first := !n.denied[prev.Addr]
+			n.denied[prev.Addr] = true
+			n.mu.Unlock()
+			if first {
+				w.log.Warn("keyspace notifications: cannot set notify-keyspace-events (notifications = \"auto\" needs +config|set); PTTL reconciliation alone tracks expiries",
+					"node", prev.Addr, "notify_keyspace_events", next.Flags, "missing", next.Missing, "error", err)
+			}
+		} else {
+			w.log.Info("keyspace notifications: set notify-keyspace-events (notifications = \"auto\")",
+				"node", prev.Addr, "was", next.Flags, "now", set)
+			next.Flags, next.Missing = set, ""
+		}
+	}
+	n.mu.Lock()
+	if _, ok := n.nodes[prev.Addr]; !ok || n.nodes[prev.Addr] != s {
+		n.mu.Unlock()
+		return // dropped meanwhile
+	}
+	next.Subscribed = s.state.Subscribed
+	s.state = next
+	n.mu.Unlock()
+	switch {
+	case next.Error != "" && prev.Error != next.Error:
+		// Not fatal (reconciliation is the ground truth), but say so: a denied CONFIG GET (an ACL without
+		// +config|get) would otherwise hide that notifications may be off.
+		w.log.Warn("keyspace notifications: cannot read notify-keyspace-events; subscribed anyway, PTTL reconciliation tracks expiries either way",
+			"node", next.Addr, "error", next.Error)
+	case next.Error == "" && next.Missing != "" && (prev.Missing != next.Missing || prev.Error != ""):
+		w.log.Warn("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries (set notifications = \"auto\", or CONFIG SET notify-keyspace-events "+notifyFlags+")",
+			"node", next.Addr, "notify_keyspace_events", next.Flags, "missing", next.Missing)
+	}
+}
+
+// notifyHealth exports the nodes' state and logs when notifications as a whole turn on or off.
+func (w *Warmer) notifyHealth() {
+	nodes := w.NotificationNodes()
+	on, subscribed := len(nodes) > 0, 0
+	for _, nd := range nodes {
+		on = on && nd.on()
+		if nd.Subscribed {
+			subscribed++
+		}
+	}
+	w.m.notificationNodes.Set(float64(subscribed))
+	n := &w.notify
+	n.mu.Lock()
+	changed := n.healthy != on
+	n.healthy = on
+	n.mu.Unlock()
+	if on {
+		w.m.notificationsOn.Set(1)
+	} else {
+		w.m.notificationsOn.Set(0)
+	}
+	if changed && on {
+		w.log.Info("keyspace notifications are on", "nodes", len(nodes))
+	} else if changed {
+		w.log.Warn("keyspace notifications are off or unconfirmed on some node; PTTL reconciliation alone tracks expiries",
+			"nodes", len(nodes), "subscribed", subscribed)
+	}
+}
+
+// isCluster reports whether the warmer talks to a Redis Cluster, where a "del" keyevent may be a MIGRATE moving
+// the key to another node rather than a deletion (see keyspace.onEvent).
+func (w *Warmer) isCluster() bool {
+	_, ok := w.rdb.(*redis.ClusterClient)
+	return ok
+}
