@@ -19,7 +19,7 @@ func TestMissingNotifyFlags(t *testing.T) {
 		{"Exeg$", ""},
 		{"AE", ""},
 		{"AKE", ""},
-		{"KA", "E"},  // keyspace channels only: the warmer listens on keyevent channels
+		{"KA", "E"},   // keyspace channels only: the warmer listens on keyevent channels
 		{"Ex", "eg$"}, // expired events only (a common hand-set value)
 		{"gxE", "e$"},
 		{"Kxeg$", "E"},
