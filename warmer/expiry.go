@@ -64,11 +64,12 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	}
 	k.adopt = k.adopt[:0]
 	k.mu.Unlock()
-	// Keys whose "del" was noticed in a Cluster (onEvent) are read like a reconciliation, so that a key really
-	// gone counts as vanished (or expired), and a key that MIGRATE moved to another node counts as nothing.
+	// Keys of an expired, evicted or del event (onEvent) are read like a reconciliation, so that a key really
+	// gone counts as expired or vanished, and a key that MIGRATE moved to another node, or that a stale node
+	// reported, counts as nothing.
 	var deleted []*hotState
 	hs = slices.DeleteFunc(hs, func(h *hotState) bool {
-		if h.delNoticed {
+		if h.goneEvent != "" {
 			deleted = append(deleted, h)
 			return true
 		}
@@ -127,7 +128,10 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 		if h.e.hot != h || h.inflight {
 			continue
 		}
-		h.needPTTL, h.delNoticed = false, false
+		if h.goneEvent == "expired" && ttls[i] == pttlGone && !h.expiry.IsZero() {
+			h.expiry = minTime(h.expiry, now) // Redis expired it: an SLO miss even if the estimate was later
+		}
+		h.needPTTL, h.goneEvent = false, ""
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
 	}
 	return true
@@ -260,20 +264,13 @@ func (k *keyspace) onEvent(event, key string) bool {
 		if h.absent {
 			return true
 		}
-		if event == "del" && k.w.isCluster() {
-			// In a Cluster a MIGRATE (resharding) deletes the key on the source node with this same event while
-			// the key lives on at its new node: read its PTTL (which follows the ASK or MOVED redirection) before
-			// counting it as vanished. See learnExpiries.
-			h.needPTTL, h.delNoticed = true, true
-			k.adopt = append(k.adopt, h)
-			break
-		}
-		if event == "expired" && !h.expiry.IsZero() {
-			h.expiry = minTime(h.expiry, now)
-		}
-		k.noteGoneLocked(h, now)
-		h.expiry = time.Time{}
-		k.scheduleLocked(h)
+		// The event says the key is gone from the node that published it, which need not be where the key lives
+		// now: in a Cluster a MIGRATE (resharding) deletes the key on the source node with a del event while it
+		// lives on at its new node, and after a Sentinel failover the old master goes on publishing the expiries
+		// of its stale copies until Sentinel demotes it. So read the key's PTTL first (the client follows ASK and
+		// MOVED, and goes to the current master) and count it only if it is gone. See learnExpiries.
+		h.needPTTL, h.goneEvent = true, event
+		k.adopt = append(k.adopt, h)
 	}
 	k.poke()
 	return true

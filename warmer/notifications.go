@@ -92,7 +92,22 @@ type nodeSub struct {
 	c      redis.UniversalClient
 	cancel context.CancelFunc
 	done   chan struct{}
+	runID  string           // single or Sentinel mode: the run_id of the server when subscribed ("" if unknown)
 	state  NotificationNode // guarded by notifier.mu
+}
+
+// serverRunID returns the run_id (INFO server) of the server behind w.rdb, or "" when it cannot be read.
+func (w *Warmer) serverRunID(ctx context.Context) string {
+	info, err := w.rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(line, "run_id:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // listen subscribes to keyevent notifications for early notice of expiries, deletions, evictions and writes by
@@ -159,9 +174,23 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 	} else {
 		want[""] = w.rdb
 	}
+	// Behind a Sentinel failover client the server changes at a failover while the address ("") does not; the
+	// subscription stays on the old master (now a replica, or still a master for a while, publishing its stale
+	// copies' events) until that server drops it. The server's run_id tells: a new one means a new subscription,
+	// which go-redis dials at the current master.
+	runID := ""
+	if _, ok := want[""]; ok {
+		runID = w.serverRunID(ctx)
+	}
 	n.mu.Lock()
 	var gone []*nodeSub
 	for addr, s := range n.nodes {
+		if addr == "" && runID != "" && s.runID != "" && s.runID != runID {
+			gone = append(gone, s)
+			delete(n.nodes, addr)
+			w.log.Info("keyspace notifications: the server changed (failover); subscribing again", "run_id", runID)
+			continue
+		}
 		if _, ok := want[addr]; !ok {
 			gone = append(gone, s)
 			delete(n.nodes, addr)
@@ -175,6 +204,9 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 		}
 		sctx, cancel := context.WithCancel(ctx)
 		s := &nodeSub{c: c, cancel: cancel, done: make(chan struct{}), state: NotificationNode{Addr: addr}}
+		if addr == "" {
+			s.runID = runID
+		}
 		n.nodes[addr] = s
 		added = append(added, s)
 		go func() {

@@ -24,7 +24,7 @@ type hotState struct {
 
 	expiry      time.Time     // best known expiry of the cache key; zero when unknown or absent
 	needPTTL    bool          // the expiry must be (re)learnt with PTTL before the key is scheduled
-	delNoticed  bool          // with needPTTL: a Cluster "del" event, which a MIGRATE also sends; gone counts as vanished
+	goneEvent   string        // with needPTTL: the expired, evicted or del event that asked for the PTTL (see onEvent)
 	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
 	inflight    bool          // a refresh batch holds this key
 	absent      bool          // the origin had no row at the last refresh
