@@ -96,6 +96,11 @@ type nodeSub struct {
 	state  NotificationNode // guarded by notifier.mu
 }
 
+// failoverClientAddr is the Addr that go-redis gives the options of a Sentinel failover client
+// (redis.NewFailoverClient, or NewUniversalClient with MasterName), whose server changes at a failover. Only there
+// does the warmer read INFO server (so the least-privilege ACL of single mode needs no +info).
+const failoverClientAddr = "FailoverClient"
+
 // serverRunID returns the run_id (INFO server) of the server behind w.rdb, or "" when it cannot be read.
 func (w *Warmer) serverRunID(ctx context.Context) string {
 	info, err := w.rdb.Info(ctx, "server").Result()
@@ -179,7 +184,7 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 	// copies' events) until that server drops it. The server's run_id tells: a new one means a new subscription,
 	// which go-redis dials at the current master.
 	runID := ""
-	if _, ok := want[""]; ok {
+	if c, ok := w.rdb.(*redis.Client); ok && c.Options().Addr == failoverClientAddr {
 		runID = w.serverRunID(ctx)
 	}
 	n.mu.Lock()
