@@ -170,7 +170,7 @@ func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Tim
 // noteGoneLocked counts a hot key found missing: an SLO miss if its expiry had passed without a refresh, else a
 // key deleted or evicted early. Each expiry counts once.
 func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
-	if h.counted || h.absent || h.expiry.IsZero() {
+	if h.counted || h.missing || h.expiry.IsZero() {
 		return
 	}
 	h.counted = true
@@ -194,91 +194,4 @@ func absDur(d time.Duration) time.Duration {
 		return -d
 	}
 	return d
-}
-
-// redisError logs a Redis failure once per outage of this keyspace, not once per key or per pass.
-func (k *keyspace) redisError(ctx context.Context, what string, err error) {
-	if ctx.Err() != nil {
-		return
-	}
-	k.mu.Lock()
-	first := k.redis.fail(k.w.now())
-	k.mu.Unlock()
-	if first {
-		k.log.Error("redis failing; will keep retrying", "op", what, "error", err)
-	}
-}
-
-func (k *keyspace) redisOK() {
-	k.mu.Lock()
-	ends, n := k.redis.ok(k.w.now())
-	k.mu.Unlock()
-	if ends {
-		k.log.Info("redis recovered", "failures", n)
-	}
-}
-
-// Keyspace-notification events the warmer listens to.
-var notifyEvents = []string{"expired", "evicted", "del", "set"}
-
-// onEvent handles one keyevent notification for key.
-func (w *Warmer) onEvent(event, key string) {
-	w.mu.Lock()
-	spaces := make([]*keyspace, 0, len(w.spaces))
-	for _, k := range w.spaces {
-		spaces = append(spaces, k)
-	}
-	w.mu.Unlock()
-	for _, k := range spaces {
-		if k.onEvent(event, key) {
-			return
-		}
-	}
-}
-
-// onEvent reports whether key belongs to this keyspace.
-func (k *keyspace) onEvent(event, key string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	m := k.match
-	if m == nil {
-		return false
-	}
-	id, ok := m.id(key)
-	if !ok {
-		return false
-	}
-	h := k.hotSet[id]
-	if h == nil || h.inflight || h.persistent {
-		return true
-	}
-	now := k.w.now()
-	switch event {
-	case "set":
-		// An app (or the daemon itself, just now) wrote the key: learn the new expiry.
-		if now.Sub(h.lastRefresh) > time.Second {
-			h.needPTTL = true
-			k.adopt = append(k.adopt, h)
-		}
-	case "expired", "evicted", "del":
-		if h.absent {
-			return true
-		}
-		// The event says the key is gone from the node that published it, which need not be where the key lives
-		// now: in a Cluster a MIGRATE (resharding) deletes the key on the source node with a del event while it
-		// lives on at its new node, and after a Sentinel failover the old master goes on publishing the expiries
-		// of its stale copies until Sentinel demotes it. So read the key's PTTL first (the client follows ASK and
-		// MOVED, and goes to the current master) and count it only if it is gone. See learnExpiries.
-		h.needPTTL, h.goneEvent = true, event
-		k.adopt = append(k.adopt, h)
-	}
-	k.poke()
-	return true
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }

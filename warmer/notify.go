@@ -11,6 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// Keyspace-notification events the warmer listens to.
+var notifyEvents = []string{"expired", "evicted", "del", "set"}
+
 // DefaultNodeCheckInterval is how often the warmer re-reads the Cluster's masters and every node's
 // notify-keyspace-events while it listens for keyspace notifications (Config.NodeCheckInterval).
 const DefaultNodeCheckInterval = 5 * time.Second
@@ -374,4 +377,66 @@ func (w *Warmer) notifyHealth() {
 func (w *Warmer) isCluster() bool {
 	_, ok := w.rdb.(*redis.ClusterClient)
 	return ok
+}
+
+// onEvent handles one keyevent notification for key.
+func (w *Warmer) onEvent(event, key string) {
+	w.mu.Lock()
+	spaces := make([]*keyspace, 0, len(w.spaces))
+	for _, k := range w.spaces {
+		spaces = append(spaces, k)
+	}
+	w.mu.Unlock()
+	for _, k := range spaces {
+		if k.onEvent(event, key) {
+			return
+		}
+	}
+}
+
+// onEvent reports whether key belongs to this keyspace.
+func (k *keyspace) onEvent(event, key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	m := k.match
+	if m == nil {
+		return false
+	}
+	id, ok := m.id(key)
+	if !ok {
+		return false
+	}
+	h := k.hotSet[id]
+	if h == nil || h.inflight || h.persistent {
+		return true
+	}
+	now := k.w.now()
+	switch event {
+	case "set":
+		// An app (or the daemon itself, just now) wrote the key: learn the new expiry.
+		if now.Sub(h.lastRefresh) > time.Second {
+			h.needPTTL = true
+			k.adopt = append(k.adopt, h)
+		}
+	case "expired", "evicted", "del":
+		if h.missing {
+			return true
+		}
+		// The event says the key is gone from the node that published it, which need not be where the key lives
+		// now: in a Cluster a MIGRATE (resharding) deletes the key on the source node with a del event while it
+		// lives on at its new node, and after a Sentinel failover the old master goes on publishing the expiries
+		// of its stale copies until Sentinel demotes it. So read the key's PTTL first (the client follows ASK and
+		// MOVED, and goes to the current master) and count it only if it is gone. See learnExpiries.
+		h.needPTTL, h.goneEvent = true, event
+		k.adopt = append(k.adopt, h)
+	}
+	k.poke()
+	return true
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
