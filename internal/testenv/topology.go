@@ -2,8 +2,11 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -61,9 +64,9 @@ func Cluster(tb testing.TB) *redis.ClusterClient {
 		if last == nil {
 			last = c.Ping(pctx).Err()
 		}
-		return last == nil
+		return last == nil || errors.Is(last, syscall.ECONNREFUSED) // nothing listens: no use waiting
 	})
-	if !ok {
+	if !ok || last != nil {
 		tb.Fatalf("redis cluster at %s is not healthy (%v): "+howToStartTopology, strings.Join(addrs, ","), last,
 			"cluster", "KEEPWARM_REDIS_CLUSTER_ADDRS")
 	}
@@ -77,6 +80,20 @@ func Cluster(tb testing.TB) *redis.ClusterClient {
 func SentinelClient(tb testing.TB) *redis.Client {
 	tb.Helper()
 	addrs := SentinelAddrs()
+	var dialErr error
+	for _, a := range addrs {
+		conn, err := net.DialTimeout("tcp", a, time.Second)
+		if err == nil {
+			conn.Close()
+			dialErr = nil
+			break
+		}
+		dialErr = err
+	}
+	if dialErr != nil { // no Sentinel listens: no use waiting
+		tb.Fatalf("redis sentinel group %q at %s is not reachable (%v): "+howToStartTopology, SentinelMasterName(),
+			strings.Join(addrs, ","), dialErr, "sentinel", "KEEPWARM_REDIS_SENTINEL_ADDRS")
+	}
 	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMasterName(), SentinelAddrs: addrs})
 	tb.Cleanup(func() { _ = c.Close() })
 	var last error
@@ -94,9 +111,9 @@ func SentinelClient(tb testing.TB) *redis.Client {
 		default:
 			last = nil
 		}
-		return last == nil
+		return last == nil || errors.Is(last, syscall.ECONNREFUSED) // nothing listens: no use waiting
 	})
-	if !ok {
+	if !ok || last != nil {
 		tb.Fatalf("redis sentinel group %q at %s is not healthy (%v): "+howToStartTopology, SentinelMasterName(),
 			strings.Join(addrs, ","), last, "sentinel", "KEEPWARM_REDIS_SENTINEL_ADDRS")
 	}
