@@ -92,6 +92,7 @@ type notifier struct {
 
 // nodeSub is the subscription to one node.
 type nodeSub struct {
+	addr   string // state.Addr, readable without the lock
 	c      redis.UniversalClient
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -211,7 +212,7 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 			continue
 		}
 		sctx, cancel := context.WithCancel(ctx)
-		s := &nodeSub{c: c, cancel: cancel, done: make(chan struct{}), state: NotificationNode{Addr: addr}}
+		s := &nodeSub{addr: addr, c: c, cancel: cancel, done: make(chan struct{}), state: NotificationNode{Addr: addr}}
 		if addr == "" {
 			s.runID = runID
 		}
@@ -234,7 +235,7 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 	if len(added) > 0 && len(want) > 1 {
 		addrs := make([]string, 0, len(added))
 		for _, s := range added {
-			addrs = append(addrs, s.state.Addr)
+			addrs = append(addrs, s.addr)
 		}
 		w.log.Info("keyspace notifications: subscribing on masters", "nodes", strings.Join(addrs, ","), "masters", len(want))
 	}
@@ -275,7 +276,7 @@ func (w *Warmer) subscribe(ctx context.Context, s *nodeSub) {
 				w.notify.mu.Unlock()
 				if again {
 					w.log.Info("keyspace notifications: re-subscribed after a lost connection; events in between are lost",
-						"node", s.state.Addr)
+						"node", s.addr)
 				}
 				w.checkFlags(ctx, s)
 				w.notifyHealth()
