@@ -96,7 +96,7 @@ func TestClusterAcrossMasters(t *testing.T) {
 		t.Fatalf("the 60 ids' keys fall on %d masters (%v), want all 3", len(perMaster), perMaster)
 	}
 	ctx := context.Background()
-	cfg := f.config(3*time.Second, 1500*time.Millisecond)
+	cfg := f.config(4*time.Second, 2*time.Second)
 	d := startDaemon(t, cc, cfg)
 	res, err := d.w.Warmup(ctx, "items", warmer.SliceIDs(f.ids), warmer.WarmupOptions{})
 	if err != nil || res.Written+res.SkippedLocked != 60 || res.Failed != 0 {
@@ -209,7 +209,7 @@ func TestClusterSlotMigrationKeyByKey(t *testing.T) {
 	p := testenv.ClusterPrefix(t, cc)
 	f := newFixture(t, cc, 40, p+"item:{${id}}")
 	ctx := context.Background()
-	cfg := f.config(2*time.Second, time.Second)
+	cfg := f.config(4*time.Second, 2*time.Second)
 	d := startDaemon(t, cc, cfg)
 	testenv.Eventually(t, 15*time.Second, "every key written, notifications on at every master", func() bool {
 		return d.refreshed(t) >= 40 && d.metric(t, "keepwarm_warmer_notifications_enabled", nil) == 1
@@ -289,7 +289,7 @@ func TestClusterFailover(t *testing.T) {
 	p := testenv.ClusterPrefix(t, cc)
 	f := newFixture(t, cc, 60, p+"item:{${id}}")
 	ctx := context.Background()
-	cfg := f.config(3*time.Second, 1500*time.Millisecond)
+	cfg := f.config(4*time.Second, 2*time.Second)
 	d := startDaemon(t, cc, cfg)
 	f.bumpEvery(t, 200*time.Millisecond)
 	old, replicas := slotOwner(t, cc, keySlot(t, cc, p+"item:{1}"))

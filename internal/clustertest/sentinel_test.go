@@ -50,7 +50,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	p := testenv.Prefix(t, rdb)
 	f := newFixture(t, rdb, 40, p+"item:${id}")
 	ctx := context.Background()
-	cfg := f.config(3*time.Second, 1500*time.Millisecond)
+	cfg := f.config(4*time.Second, 2*time.Second)
 	d := startDaemon(t, rdb, cfg)
 	f.bumpEvery(t, 200*time.Millisecond)
 	old := sentinelMaster(t)
