@@ -18,7 +18,7 @@ var notifyEvents = []string{"expired", "evicted", "del", "set"}
 // notify-keyspace-events while it listens for keyspace notifications (Config.NodeCheckInterval).
 const DefaultNodeCheckInterval = 5 * time.Second
 
-// notifyFlag is the notify-keyspace-events setting the listener needs: E (keyevent channels) plus x (expired),
+// notifyFlags is the notify-keyspace-events setting the listener needs: E (keyevent channels) plus x (expired),
 // e (evicted), g (generic: del) and $ (string: set). A stands for all the classes, x, e, g and $ among them.
 const notifyFlags = "Exeg$"
 
@@ -371,13 +371,6 @@ func (w *Warmer) notifyHealth() {
 		w.log.Warn("keyspace notifications are off or unconfirmed on some node; PTTL reconciliation alone tracks expiries",
 			"nodes", len(nodes), "subscribed", subscribed)
 	}
-}
-
-// isCluster reports whether the warmer talks to a Redis Cluster, where a "del" keyevent may be a MIGRATE moving
-// the key to another node rather than a deletion (see keyspace.onEvent).
-func (w *Warmer) isCluster() bool {
-	_, ok := w.rdb.(*redis.ClusterClient)
-	return ok
 }
 
 // onEvent handles one keyevent notification for key.
