@@ -92,7 +92,8 @@ type notifier struct {
 
 // nodeSub is the subscription to one node.
 type nodeSub struct {
-	addr   string // state.Addr, readable without the lock
+	check  sync.Mutex // one checkFlags at a time (the periodic check and a re-subscribe's), so each change logs once
+	addr   string     // state.Addr, readable without the lock
 	c      redis.UniversalClient
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -288,6 +289,8 @@ func (w *Warmer) subscribe(ctx context.Context, s *nodeSub) {
 // checkFlags reads the node's notify-keyspace-events and, with AutoNotifyFlags, adds the missing flags. It logs
 // each change of the node's state once.
 func (w *Warmer) checkFlags(ctx context.Context, s *nodeSub) {
+	s.check.Lock()
+	defer s.check.Unlock()
 	n := &w.notify
 	n.mu.Lock()
 	prev := s.state
