@@ -54,7 +54,7 @@ type keyspace struct {
 
 	// Reconciliation (reconcile.go).
 	cq              checkQueue // hot keys by the time of their next PTTL check
-	checkEpoch      uint64     // notifyState.epoch the check times were last planned for
+	checkEpoch      uint64     // trustState.epoch the check times were last planned for
 	reconcileBehind bool       // the last tick found checks overdue by more than ReconcileEvery (logged once)
 
 	// Eviction signals (eviction.go).

@@ -57,6 +57,9 @@ type metrics struct {
 	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
 	rec            reconcileMetrics
 	ev             evictionMetrics
+
+	notificationsOn   prometheus.Gauge // 1 while keyspace notifications are confirmed on every node
+	notificationNodes prometheus.Gauge // nodes subscribed to keyevents
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -145,6 +148,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace", "source"}),
 		rec: newReconcileMetrics(),
 		ev:  newEvictionMetrics(),
+		notificationsOn: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_notifications_enabled",
+			Help: "1 while keyspace notifications are subscribed and notify-keyspace-events has every flag the daemon needs (Exeg$) on every node it listens to (each Cluster master); else 0.",
+		}),
+		notificationNodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_notification_nodes",
+			Help: "Redis nodes the daemon is subscribed to for keyspace notifications (every master of a Cluster, else 1).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -152,7 +163,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range append([]prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.decays, m.invalidIDs}, append(m.rec.collectors(), m.ev.collectors()...)...) {
+		m.persistent, m.queued, m.decays, m.invalidIDs, m.notificationsOn, m.notificationNodes},
+		append(m.rec.collectors(), m.ev.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -3,7 +3,6 @@ package warmer
 import (
 	"container/heap"
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,64 +38,28 @@ func reconcileTick(cfg KeyspaceConfig) time.Duration {
 // (lockstep apps write a key only when it is missing or close to expiry, never just after a refresh).
 const ownSetWindow = 30 * time.Second
 
-// notifyState is whether the daemon can rely on keyspace notifications. epoch changes whenever they may have
-// been missed (a subscription lost, the flags found off), which invalidates every key's trust at once.
-type notifyState struct {
+// trustState is whether the daemon can rely on keyspace notifications, for reconcile.go. healthy mirrors
+// NotificationsHealthy; epoch changes whenever events may have been missed (notifications turned off or
+// unconfirmed, a subscription re-made after a lost connection), which invalidates every key's trust at once.
+type trustState struct {
 	healthy atomic.Bool
 	epoch   atomic.Uint64
-
-	mu      sync.Mutex
-	flagsOK bool // notify-keyspace-events has the flags the warmer needs (or could not be read: assumed)
-	want    int  // subscriptions the listener runs (one per Cluster master)
-	live    int  // of which are confirmed subscribed
 }
 
-// setFlags records whether notify-keyspace-events has the flags the warmer needs.
-func (n *notifyState) setFlags(ok bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.flagsOK = ok
-	n.updateLocked()
-}
-
-// setWant records how many subscriptions the listener runs.
-func (n *notifyState) setWant(want int) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.want = want
-	n.updateLocked()
-}
-
-// subscribed records one subscription confirmed by Redis (after a first connect or a reconnect).
-func (n *notifyState) subscribed() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.live++
-	n.updateLocked()
-}
-
-// lost records one subscription that failed: events may have been missed until it is confirmed again.
-func (n *notifyState) lost() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.live > 0 {
-		n.live--
-	}
-	n.epoch.Add(1)
-	n.updateLocked()
-}
-
-func (n *notifyState) updateLocked() {
-	ok := n.flagsOK && n.want > 0 && n.live >= n.want
-	if n.healthy.Swap(ok) && !ok {
-		n.epoch.Add(1)
+// set records whether notifications are confirmed on every node; turning off bumps the epoch.
+func (t *trustState) set(on bool) {
+	if t.healthy.Swap(on) && !on {
+		t.epoch.Add(1)
 	}
 }
+
+// bump records that events may have been missed (a re-subscribe after a lost connection).
+func (t *trustState) bump() { t.epoch.Add(1) }
 
 // trustedLocked reports whether h's expiry is known without asking Redis: the daemon wrote the value itself and
 // notifications have been healthy since.
 func (k *keyspace) trustedLocked(h *hotState) bool {
-	n := &k.w.notify
+	n := &k.w.trust
 	return h.ownWrite && n.healthy.Load() && h.notifyEpoch == n.epoch.Load()
 }
 
@@ -106,7 +69,7 @@ func (k *keyspace) markOwnWriteLocked(h *hotState, now time.Time) {
 	h.writes++
 	h.ownWrite = true
 	h.ownSetUntil = now.Add(ownSetWindow)
-	h.notifyEpoch = k.w.notify.epoch.Load()
+	h.notifyEpoch = k.w.trust.epoch.Load()
 	k.scheduleCheckLocked(h, now)
 }
 
@@ -138,7 +101,7 @@ func (k *keyspace) reconcileWantedLocked(h *hotState) bool {
 func (k *keyspace) reconcile(ctx context.Context) {
 	now := k.w.now()
 	k.mu.Lock()
-	if ep := k.w.notify.epoch.Load(); ep != k.checkEpoch {
+	if ep := k.w.trust.epoch.Load(); ep != k.checkEpoch {
 		k.checkEpoch = ep
 		iv := k.cfg.ReconcileEvery
 		for _, h := range k.hotSet {

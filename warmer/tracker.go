@@ -24,6 +24,7 @@ type hotState struct {
 
 	expiry      time.Time     // best known expiry of the cache key; zero when unknown or missing
 	needPTTL    bool          // the expiry must be (re)learnt with PTTL before the key is scheduled
+	goneEvent   string        // with needPTTL: the expired, evicted or del event that asked for the PTTL (see onEvent)
 	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
 	inflight    bool          // a refresh batch holds this key
 	missing     bool          // the origin had no row at the last refresh
@@ -40,7 +41,7 @@ type hotState struct {
 	cidx        int       // position in the check queue, -1 when not queued
 	checkAt     time.Time // when its PTTL is next re-checked
 	ownWrite    bool      // the current value is the daemon's own write, so its expiry is known
-	notifyEpoch uint64    // notifyState.epoch when ownWrite was last confirmed: trusted while it is current
+	notifyEpoch uint64    // trustState.epoch when ownWrite was last confirmed: trusted while it is current
 	ownSetUntil time.Time // until then, the first "set" notification is the own write's (see ownSetWindow)
 	writes      uint32    // the daemon's writes of this key so far: a PTTL read before the latest one is stale
 }
