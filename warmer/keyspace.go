@@ -20,6 +20,8 @@ import (
 //   - expiry.go: expiry knowledge (PTTL reads, reconciliation, SLO accounting); notify.go: keyspace notifications;
 //   - refresh.go, pipeline.go, slots.go: dispatching due keys and the refresh pipeline under the token lock;
 //   - outage.go: the origin's and Redis's outages, logged once each.
+//   - reconcile.go: PTTL re-checks within a budget, trusted or not; eviction.go: hot values vanishing in bulk, a
+//     lost access set.
 //
 // Fields above mu are immutable or safe for concurrent use on their own; mu guards the fields below it.
 type keyspace struct {
