@@ -38,6 +38,7 @@ func TestWarmupSpreadIsUniform(t *testing.T) {
 	cfg.TTL = time.Minute
 	cfg.RefreshAhead = 10 * time.Second
 	cfg.BatchSize = 500
+	cfg.KeepMeta = true // the check below reads each write's time from the meta hash (written_ms)
 	spread := 20 * time.Second
 	w := newWarmer(t, f, cfg)
 	ctx := context.Background()

@@ -70,6 +70,7 @@ key = "%sitem:${id}"
 stale = "stale:${key}"
 stale_ttl = "1m"
 meta = "meta:${key}"
+keep_meta = true
 ttl = "2s"
 refresh_ahead = "600ms"
 lock_ttl = "3s"
