@@ -60,8 +60,8 @@ func CheckFeeds(ctx context.Context, pool *pgxpool.Pool, feeds []FeedColumn) (wa
 			continue
 		}
 		rows, err := pool.Query(ctx, `select a.attname::text,
-				coalesce(a.attnum = any((select i.indkey::int2[] from pg_index i where i.indrelid = a.attrelid and
-					((c.relreplident = 'd' and i.indisprimary) or (c.relreplident = 'i' and i.indisreplident)))), false)
+				exists (select 1 from pg_index i where i.indrelid = a.attrelid and a.attnum = any(i.indkey) and
+					((c.relreplident = 'd' and i.indisprimary) or (c.relreplident = 'i' and i.indisreplident)))
 			from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace
 			where n.nspname = $1 and c.relname = $2 and a.attnum > 0 and not a.attisdropped`, schema, name)
 		if err != nil {

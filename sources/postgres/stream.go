@@ -132,12 +132,12 @@ type Stream struct {
 	log *slog.Logger
 	m   *streamMetrics
 
-	mu      sync.Mutex
-	st      StreamStatus
-	acked   pglogrepl.LSN
-	server  pglogrepl.LSN
-	pending  []Txn  // received, not yet applied
-	appliedN int64  // transactions of this session applied
+	mu       sync.Mutex
+	st       StreamStatus
+	acked    pglogrepl.LSN
+	server   pglogrepl.LSN
+	pending  []Txn // received, not yet applied
+	appliedN int64 // transactions of this session applied
 	resync   []string
 }
 
@@ -434,7 +434,9 @@ func execPublication(ctx context.Context, conn *pgconn.PgConn, pub string, table
 	if _, err := conn.Exec(ctx, q).ReadAll(); err != nil {
 		return &fatalError{fmt.Errorf("postgres: %s: %w (a role that owns the tables must run it; docs/operations.md)", q, err)}
 	}
-	log.Info("publication updated", "publication", pub, "tables", tables, "created", !exists)
+	if log != nil {
+		log.Info("publication updated", "publication", pub, "tables", tables, "created", !exists)
+	}
 	return nil
 }
 
@@ -462,7 +464,7 @@ func EnsurePublication(ctx context.Context, dsn, publication string, tables []st
 		return nil
 	}
 	var fe *fatalError
-	if err := execPublication(ctx, conn, publication, missing, exists, slog.Default()); errors.As(err, &fe) {
+	if err := execPublication(ctx, conn, publication, missing, exists, nil); errors.As(err, &fe) {
 		return fe.err
 	} else if err != nil {
 		return err
@@ -588,7 +590,10 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		defer applier.Done()
 		applied <- s.applyLoop(sctx, wake, apply)
 	}()
-	defer applier.Wait()
+	defer func() {
+		cancel() // before the wait: the applier stops when sctx ends
+		applier.Wait()
+	}()
 
 	s.mu.Lock()
 	s.pending, s.appliedN = nil, 0 // the server sends again everything after the acknowledged LSN
