@@ -98,7 +98,7 @@ func b2f(b bool) float64 {
 }
 
 // Run runs fn while this daemon holds the lease, until ctx ends. fn's context ends when the lease is lost (a
-// renewal found another token, or Redis did not answer before the lease would have expired); Run then waits for
+// renewal found another token, or Redis did not answer for half the TTL, before the lease can expire); Run then waits for
 // fn and stands by again. When ctx ends it waits for fn and releases the lease. It returns fn's error if fn
 // fails while the lease is held and ctx is live (a configuration PostgreSQL refuses), else nil.
 func (l *StreamLease) Run(ctx context.Context, fn func(ctx context.Context) error) error {
@@ -129,7 +129,7 @@ func (l *StreamLease) Run(ctx context.Context, fn func(ctx context.Context) erro
 	}
 }
 
-// hold runs fn and renews the lease every ttl/3 until fn returns, the lease is lost, or ctx ends.
+// hold runs fn and renews the lease every ttl/4 until fn returns, the lease is lost, or ctx ends.
 func (l *StreamLease) hold(ctx context.Context, fn func(ctx context.Context) error) error {
 	l.takes.Inc()
 	l.set("holder")
@@ -137,7 +137,7 @@ func (l *StreamLease) hold(ctx context.Context, fn func(ctx context.Context) err
 	fctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- fn(fctx) }()
-	t := time.NewTicker(l.ttl / 3)
+	t := time.NewTicker(l.ttl / 4)
 	defer t.Stop()
 	good := time.Now()
 	var fnErr error
@@ -159,7 +159,8 @@ loop:
 			case err == nil:
 				l.log.Warn("stream lease lost to another daemon; standing by")
 				break loop
-			case time.Since(good) > l.ttl*2/3:
+			case time.Since(good) > l.ttl/2:
+				// Give up well before the lease can expire, so that a standby never streams alongside.
 				l.log.Warn("stream lease: Redis did not answer; it may have expired; standing by", "error", err)
 				break loop
 			}
