@@ -78,7 +78,7 @@ func TestChangesCoalesceAndLeaveUncachedAlone(t *testing.T) {
 	txns = append(txns, warmer.Txn{Commit: time.Now(), Changes: []warmer.RowChange{
 		rowChange("3"), // not cached: left alone
 		{Table: "t.items", Old: map[string]string{"id": "2"}, New: map[string]string{"id": "5"}}, // both ids
-		{Table: "other.table", New: map[string]string{"id": "4"}},                                 // not a feed
+		{Table: "other.table", New: map[string]string{"id": "4"}},                                // not a feed
 	}})
 	if err := c.Apply(ctx, txns); err != nil {
 		t.Fatalf("Apply: %v", err)
