@@ -391,12 +391,13 @@ func (c *Changes) revoke(ctx context.Context, k *keyspace, items []*item) ([]*it
 
 // refreshBatch runs one batch through the pipeline and returns the items to run again (lock revoked under it).
 func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceConfig, batch []*item) ([]*item, error) {
-	if err := k.acquireSlot(ctx); err != nil {
+	if err := k.slots.acquire(ctx); err != nil {
 		return nil, err
 	}
-	p := &pipeline{k: k, cfg: cfg, ttl: func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) }}
+	p := k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
 	err := p.run(ctx, batch)
-	k.releaseSlot()
+	k.slots.release()
+	k.poke() // a refresh batch may be waiting for the slot
 	if err != nil {
 		return nil, err
 	}
@@ -466,7 +467,7 @@ func (c *Changes) noteRefreshed(k *keyspace, p *pipeline, batch []*item) {
 		h.expiry = p.start.Add(it.ttl)
 		h.lastRefresh = p.start
 		h.needPTTL = false
-		h.absent = false
+		h.missing = false
 		k.scheduleLocked(h)
 	}
 }
