@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/statuspage"
 	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
@@ -77,4 +79,29 @@ func (c *changeStream) status() streamStatus {
 	}
 	l, s := c.lease.Status(), c.stream.Status()
 	return streamStatus{Enabled: true, Lease: &l, Stream: &s}
+}
+
+func (c *changeStream) page() *statuspage.Stream {
+	l, s := c.lease.Status(), c.stream.Status()
+	return &statuspage.Stream{Role: l.State, State: s.State, Slot: s.Slot, Publication: s.Publication,
+		AckedLSN: s.AckedLSN, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds, Received: s.Received,
+		Resyncs: s.Resyncs, LastCommit: s.LastCommit, LastError: s.LastError}
+}
+
+// printStream prints the change stream's state for `keepwarm status`.
+func printStream(w io.Writer, st streamStatus) {
+	if !st.Enabled || st.Lease == nil || st.Stream == nil {
+		return
+	}
+	s := st.Stream
+	fmt.Fprintf(w, "\nchange stream: %s (lease %s), slot %s, publication %s\n", s.State, st.Lease.State, s.Slot, s.Publication)
+	last := "never"
+	if !s.LastCommit.IsZero() {
+		last = s.LastCommit.UTC().Format(time.RFC3339Nano)
+	}
+	fmt.Fprintf(w, "  acknowledged %s, server %s, lag %d bytes / %.2fs, %d changes received, %d pending transactions, %d resyncs, last commit applied %s\n",
+		s.AckedLSN, s.ServerLSN, s.LagBytes, s.LagSeconds, s.Received, s.Pending, s.Resyncs, last)
+	if s.LastError != "" {
+		fmt.Fprintf(w, "  last error: %s\n", s.LastError)
+	}
 }

@@ -152,6 +152,12 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 					}
 					return out
 				},
+				Stream: func() *statuspage.Stream {
+					if d.readyWarmer() == nil || d.changes == nil {
+						return nil
+					}
+					return d.changes.page()
+				},
 				Ready: d.readyz, Version: version, Logger: log,
 			}))
 			mux.HandleFunc("GET /debug/stream", func(w http.ResponseWriter, _ *http.Request) {
