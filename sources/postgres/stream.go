@@ -22,6 +22,13 @@ import (
 
 // Defaults of a StreamConfig.
 const (
+	// ReleaseAfter is how long apply may fail in a row before the stream drops its replication connection and
+	// reconnects with back-off. PostgreSQL's shutdown (even -m fast) waits until every logical walsender's client
+	// has confirmed all WAL sent; a client that cannot apply (its origin queries are refused because the server is
+	// shutting down) would otherwise hold the shutdown until wal_sender_timeout or forever. Unacknowledged changes
+	// are sent again after the reconnect.
+	ReleaseAfter = 3 * time.Second
+
 	DefaultStatusInterval = 10 * time.Second // standby status updates when nothing else is sent
 	DefaultMaxBatch       = 5000             // row changes handed to apply at once
 	DefaultGather         = 20 * time.Millisecond
@@ -136,8 +143,9 @@ type Stream struct {
 	st       StreamStatus
 	acked    pglogrepl.LSN
 	server   pglogrepl.LSN
-	pending  []Txn // received, not yet applied
-	appliedN int64 // transactions of this session applied
+	pending  []Txn     // received, not yet applied
+	appliedN int64     // transactions of this session applied
+	failing  time.Time // when apply began failing in a row; zero while it succeeds
 	resync   []string
 }
 
@@ -597,6 +605,7 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 
 	s.mu.Lock()
 	s.pending, s.appliedN = nil, 0 // the server sends again everything after the acknowledged LSN
+	s.failing = time.Time{}
 	s.mu.Unlock()
 	relations := map[uint32]*pglogrepl.RelationMessage{}
 	var cur *Txn
@@ -613,6 +622,10 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		default:
 		}
 		s.mu.Lock()
+		if !s.failing.IsZero() && time.Since(s.failing) > ReleaseAfter {
+			s.mu.Unlock()
+			return fmt.Errorf("applying changes has failed for %v; releasing the slot until it can (changes are sent again)", ReleaseAfter)
+		}
 		if idleEnd > s.acked && s.appliedN >= idleAt && len(s.pending) == 0 && cur == nil {
 			s.acked = idleEnd
 		}
@@ -798,6 +811,9 @@ func (s *Stream) applyLoop(ctx context.Context, wake <-chan struct{}, apply func
 			}
 			s.mu.Lock()
 			s.st.LastError = err.Error()
+			if s.failing.IsZero() {
+				s.failing = time.Now()
+			}
 			s.mu.Unlock()
 			s.m.applyErrors.Inc()
 			select {
@@ -809,6 +825,7 @@ func (s *Stream) applyLoop(ctx context.Context, wake <-chan struct{}, apply func
 		}
 		failures = 0
 		s.mu.Lock()
+		s.failing = time.Time{}
 		last := batch[n-1]
 		s.acked = max(s.acked, pglogrepl.LSN(last.End))
 		s.pending = s.pending[n:]
