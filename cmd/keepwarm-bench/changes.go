@@ -92,10 +92,18 @@ func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer pool.Close()
+	// Updates go to the primary: [changes] dsn when set ([postgres] dsn may be a read replica).
+	wpool := pool
+	if cfg.Changes.DSN != "" {
+		if wpool, err = newPool(ctx, cfg.Changes.DSN, int32(f.workers)); err != nil {
+			return err
+		}
+		defer wpool.Close()
+	}
 	var rep changesReport
 	if !f.verifyOnly {
 		before := daemonMetrics(f.daemon)
-		if err := updateLoop(ctx, f, cfg, rdb, pool, &rep, stderr); err != nil {
+		if err := updateLoop(ctx, f, cfg, rdb, wpool, &rep, stderr); err != nil {
 			return err
 		}
 		select {
