@@ -17,8 +17,9 @@ type FeedColumn struct {
 	Column   string
 }
 
-// CheckFeeds checks feeds against the catalog of pool's database: every table must exist and be an ordinary or
-// partitioned table, and every column must exist in it; the error lists every problem, each naming the keyspace.
+// CheckFeeds checks feeds against the catalog of pool's database: every table must exist, be an ordinary or
+// partitioned table, and have a replica identity (PostgreSQL refuses UPDATE and DELETE on a published table
+// without one), and every column must exist in it; the error lists every problem, each naming the keyspace.
 // It also returns warnings for columns an UPDATE may change whose old value PostgreSQL does not send: a column that
 // is not part of the table's replica identity, unless the table has REPLICA IDENTITY FULL. Then an UPDATE that
 // moves a row from one id to another refreshes only the new id (docs/operations.md, "REPLICA IDENTITY").
@@ -43,9 +44,12 @@ func CheckFeeds(ctx context.Context, pool *pgxpool.Pool, feeds []FeedColumn) (wa
 			continue
 		}
 		var id ident
-		err = pool.QueryRow(ctx, `select c.relkind::text, c.relreplident::text from pg_class c
-			join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname = $2`, schema, name).
-			Scan(&id.kind, &id.replid)
+		var hasIdent bool
+		err = pool.QueryRow(ctx, `select c.relkind::text, c.relreplident::text,
+				c.relreplident = 'f' or exists (select 1 from pg_index i where i.indrelid = c.oid and
+					((c.relreplident = 'd' and i.indisprimary) or (c.relreplident = 'i' and i.indisreplident)))
+			from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = $1 and c.relname = $2`, schema, name).
+			Scan(&id.kind, &id.replid, &hasIdent)
 		if errors.Is(err, pgx.ErrNoRows) {
 			errs = append(errs, fmt.Errorf("keyspace %q: fed_by: table %s does not exist", f.Keyspace, f.Table))
 			tables[f.Table] = nil
@@ -56,6 +60,15 @@ func CheckFeeds(ctx context.Context, pool *pgxpool.Pool, feeds []FeedColumn) (wa
 		}
 		if id.kind != "r" && id.kind != "p" {
 			errs = append(errs, fmt.Errorf("keyspace %q: fed_by: %s is not a table (relkind %s): only tables can be published", f.Keyspace, f.Table, id.kind))
+			tables[f.Table] = nil
+			continue
+		}
+		if !hasIdent {
+			// PostgreSQL refuses UPDATE and DELETE on a published table without a replica identity: publishing it
+			// would break the application's writes.
+			errs = append(errs, fmt.Errorf("keyspace %q: fed_by: table %s has no replica identity (no primary key, REPLICA IDENTITY %s): "+
+				"once published, its UPDATEs and DELETEs would fail; add a primary key or run ALTER TABLE %s REPLICA IDENTITY FULL",
+				f.Keyspace, f.Table, identName(id.replid), f.Table))
 			tables[f.Table] = nil
 			continue
 		}

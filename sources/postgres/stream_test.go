@@ -288,7 +288,8 @@ func TestCheckFeeds(t *testing.T) {
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`create table %[1]s.a (id int primary key, ref int);
 		create table %[1]s.b (id int primary key, ref int); alter table %[1]s.b replica identity full;
-		create view %[1]s.v as select * from %[1]s.a`, schema)); err != nil {
+		create view %[1]s.v as select * from %[1]s.a;
+		create table %[1]s.nokey (id int, ref int)`, schema)); err != nil {
 		t.Fatal(err)
 	}
 	feeds := []postgres.FeedColumn{
@@ -298,13 +299,15 @@ func TestCheckFeeds(t *testing.T) {
 		{Keyspace: "k4", Table: schema + ".a", Column: "nope"},    // error
 		{Keyspace: "k5", Table: schema + ".missing", Column: "x"}, // error
 		{Keyspace: "k6", Table: schema + ".v", Column: "id"},      // error: a view
+		{Keyspace: "k7", Table: schema + ".nokey", Column: "id"},  // error: no replica identity
 	}
 	warnings, err := postgres.CheckFeeds(ctx, pool, feeds)
 	if err == nil {
-		t.Fatal("CheckFeeds: got no error, want three")
+		t.Fatal("CheckFeeds: got no error, want four")
 	}
 	for _, want := range []string{`keyspace "k4": fed_by: table ` + schema + `.a has no column "nope"`,
-		`keyspace "k5": fed_by: table ` + schema + `.missing does not exist`, `keyspace "k6"`} {
+		`keyspace "k5": fed_by: table ` + schema + `.missing does not exist`, `keyspace "k6"`,
+		`keyspace "k7": fed_by: table ` + schema + `.nokey has no replica identity`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not contain %q", err, want)
 		}
