@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
@@ -55,5 +57,47 @@ lease_ttl = "2s"`, table, name, name))
 	}
 	if code := stop(); code != 0 {
 		t.Errorf("exit code %d, want 0\n%s", code, logs)
+	}
+}
+
+// TestMigrateChanges: `keepwarm migrate up` with the change stream on checks the fed_by tables against the
+// catalog (an error naming them when they are missing), creates the publication, and with
+// --replica-identity-full sets REPLICA IDENTITY FULL where an id column is not in the identity.
+func TestMigrateChanges(t *testing.T) {
+	dsn := testenv.Database(t)
+	t.Setenv("KEEPWARM_POSTGRES_DSN", dsn)
+	_, stderr, code := keepwarm(t, "migrate", "up", "--config", demoConfig)
+	if code == 0 || !strings.Contains(stderr, `keyspace "track": fed_by: table public.track does not exist`) {
+		t.Fatalf("migrate up without the demo tables: exit %d, stderr %q; want an error naming public.track", code, stderr)
+	}
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	// In public: the first migrate up created schema keepwarm, which comes first in the search path ("$user").
+	if _, err := pool.Exec(ctx, `create table public.album (album_id int primary key, title text);
+		create table public.track (track_id int primary key, name text, album_id int, genre_id int)`); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := keepwarm(t, "migrate", "up", "--replica-identity-full", "--config", demoConfig)
+	if code != 0 {
+		t.Fatalf("migrate up: exit %d, stderr %s", code, stderr)
+	}
+	for _, want := range []string{"changes: publication keepwarm covers [public.track public.album]",
+		`changes: alter table "public"."track" replica identity full`} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("migrate up: got\n%s\nwant it to contain %q", stdout, want)
+		}
+	}
+	var tables int
+	var ident string
+	if err := pool.QueryRow(ctx, `select (select count(*) from pg_publication_tables where pubname = 'keepwarm'),
+		(select relreplident::text from pg_class where relname = 'track')`).Scan(&tables, &ident); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 2 || ident != "f" {
+		t.Errorf("after migrate up: %d published tables, track replica identity %q; want 2 and f", tables, ident)
 	}
 }

@@ -17,9 +17,9 @@ import (
 // migrateChanges is the change stream's part of `keepwarm migrate up`: it checks the fed_by tables and columns
 // against the catalog, creates the publication (or adds missing tables to it), and with identityFull sets
 // REPLICA IDENTITY FULL on the tables whose id columns are not in their replica identity (otherwise it prints
-// the statement). It does nothing when no keyspace is fed.
+// the statement). It does nothing unless the change stream is on ([changes] enabled and some keyspace fed).
 func migrateChanges(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool, identityFull bool, stdout io.Writer) error {
-	if len(cfg.FeedingTables()) == 0 {
+	if !cfg.Streamed() {
 		return nil
 	}
 	warnings, err := postgres.CheckFeeds(ctx, pool, wire.FeedColumns(cfg))
