@@ -55,6 +55,9 @@ type metrics struct {
 	queued         *prometheus.GaugeVec     // keyspace
 	decays         *prometheus.CounterVec   // keyspace
 	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
+
+	notificationsOn   prometheus.Gauge // 1 while keyspace notifications are confirmed on every node
+	notificationNodes prometheus.Gauge // nodes subscribed to keyevents
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -141,6 +144,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Ids skipped because they are not valid ids (invalid UTF-8, empty, too long), by source: access_set " +
 				"(members, removed from the set) or lfu (cache keys found by the LFU scan, left alone).",
 		}, []string{"keyspace", "source"}),
+		notificationsOn: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_notifications_enabled",
+			Help: "1 while keyspace notifications are subscribed and notify-keyspace-events has every flag the daemon needs (Exeg$) on every node it listens to (each Cluster master); else 0.",
+		}),
+		notificationNodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_notification_nodes",
+			Help: "Redis nodes the daemon is subscribed to for keyspace notifications (every master of a Cluster, else 1).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -148,7 +159,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.decays, m.invalidIDs} {
+		m.persistent, m.queued, m.decays, m.invalidIDs, m.notificationsOn, m.notificationNodes} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -348,8 +348,10 @@ func (d *daemon) run(ctx context.Context) error {
 	// warmer.Checker): a keyspace whose check fails (a table renamed by a migration) is retried with back-off and
 	// named by /readyz and the status page, while the others run. Exiting here would crash-loop under systemd.
 	d.w, err = warmer.New(d.rdb, warmer.Config{
-		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg, Notifications: true,
-		DB: d.cfg.Redis.DB,
+		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg,
+		Notifications:   d.cfg.Redis.Notifications != config.NotificationsOff,
+		AutoNotifyFlags: d.cfg.Redis.Notifications == config.NotificationsAuto,
+		DB:              d.cfg.Redis.DB,
 	})
 	if err != nil {
 		return err

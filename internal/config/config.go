@@ -31,6 +31,15 @@ const (
 	// ...): one definition each, on warmer.KeyspaceConfig.
 )
 
+// Keyspace notifications settings ([redis] notifications).
+const (
+	NotificationsOn   = "on"   // subscribe, check notify-keyspace-events and report it (the default)
+	NotificationsAuto = "auto" // as on, and add the missing flags with CONFIG SET where the ACL allows
+	NotificationsOff  = "off"  // do not subscribe: PTTL reconciliation alone tracks expiries
+
+	DefaultNotifications = NotificationsOn
+)
+
 // Redis modes.
 const (
 	ModeSingle   = "single"
@@ -72,6 +81,10 @@ type Redis struct {
 	DialTimeout      time.Duration // default DefaultRedisDialTimeout
 	ReadTimeout      time.Duration // default DefaultRedisReadTimeout
 	WriteTimeout     time.Duration // default DefaultRedisWriteTimeout
+	// Notifications is NotificationsOn (default), NotificationsAuto or NotificationsOff: whether the daemon
+	// subscribes to keyspace notifications (on every Cluster master), and whether it sets the notify-keyspace-events
+	// flags it needs itself (warmer.Config.Notifications and AutoNotifyFlags).
+	Notifications string
 }
 
 // TLS is the [redis.tls] section. File paths are absolute after Load.

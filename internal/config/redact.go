@@ -124,6 +124,7 @@ func (c *Config) Redacted() string {
 	w("dial_timeout", c.Redis.DialTimeout)
 	w("read_timeout", c.Redis.ReadTimeout)
 	w("write_timeout", c.Redis.WriteTimeout)
+	w("notifications", c.Redis.Notifications)
 	b.WriteString("\n[redis.tls]\n")
 	t := c.Redis.TLS
 	w("enabled", t.Enabled)
