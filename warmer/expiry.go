@@ -60,7 +60,7 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	k.mu.Lock()
 	var hs []*hotState
 	for _, h := range k.adopt {
-		if h.e.hot == h && h.needPTTL && !h.inflight {
+		if h.e.hot == h && h.needPTTL && !h.inflight && k.ownsLocked(h.id) {
 			hs = append(hs, h)
 		}
 	}
@@ -79,7 +79,7 @@ func (k *keyspace) reconcile(ctx context.Context) {
 	k.mu.Lock()
 	hs := make([]*hotState, 0, len(k.hotSet))
 	for _, h := range k.hotSet {
-		if !h.inflight {
+		if !h.inflight && k.ownsLocked(h.id) {
 			hs = append(hs, h)
 		}
 	}
@@ -115,6 +115,7 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 			continue
 		}
 		h.needPTTL = false
+		k.noteHandoverLocked(h, ttls[i], now)
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
 	}
 	return true
@@ -288,7 +289,7 @@ func (k *keyspace) onEvent(event, key string) bool {
 		return false
 	}
 	h := k.hotSet[id]
-	if h == nil || h.inflight || h.persistent {
+	if h == nil || h.inflight || h.persistent || !k.ownsLocked(id) {
 		return true
 	}
 	now := k.w.now()

@@ -46,6 +46,7 @@ type keyspace struct {
 	lfu            lfuState
 	invalid        invalidIDs // skipped ids not yet reported in the log
 	p95            rebuildWindow
+	view           *fleetView // the fleet's members as last read; nil when sharing is off (see fleet.go)
 }
 
 func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
@@ -61,6 +62,9 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		hotSet:  make(map[string]*hotState),
 		rnd:     w.newRand(),
 		results: map[string]*atomic.Int64{},
+	}
+	if w.fleet != nil {
+		k.view = w.fleet.current()
 	}
 	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultLockGone, ResultTooLarge, ResultError} {
 		k.results[r] = new(atomic.Int64)
@@ -187,9 +191,12 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 	now := k.w.now()
 	cfg := k.cfg
 	for k.running < cfg.MaxOriginConcurrency && ctx.Err() == nil {
-		batch := k.q.popDue(now.Add(cfg.GatherWindow), cfg.BatchSize)
+		batch := k.q.popDue(now.Add(k.gatherWindowLocked()), cfg.BatchSize)
 		if len(batch) == 0 {
 			break
+		}
+		if batch = slices.DeleteFunc(batch, func(h *hotState) bool { return !k.ownsLocked(h.id) }); len(batch) == 0 {
+			continue
 		}
 		for _, h := range batch {
 			h.inflight = true
@@ -242,7 +249,7 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 		if e == nil {
 			e = k.tr.observe(id, 0, now)
 		}
-		h := &hotState{id: id, e: e, idx: -1, needPTTL: true}
+		h := &hotState{id: id, e: e, idx: -1, needPTTL: true, hotSince: k.w.now()}
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)
@@ -261,11 +268,12 @@ func (k *keyspace) gaugesLocked() {
 	k.w.m.hot.WithLabelValues(k.cfg.Name).Set(float64(len(k.hotSet)))
 	k.w.m.tracked.WithLabelValues(k.cfg.Name).Set(float64(len(k.tr.entries)))
 	k.w.m.persistent.WithLabelValues(k.cfg.Name).Set(float64(persistent))
+	k.w.m.owned.WithLabelValues(k.cfg.Name).Set(float64(k.ownedLocked()))
 }
 
 // scheduleLocked queues h for its next refresh given its known expiry.
 func (k *keyspace) scheduleLocked(h *hotState) {
-	if h.e.hot != h || h.persistent {
+	if h.e.hot != h || h.persistent || !k.ownsLocked(h.id) {
 		return
 	}
 	now := k.w.now()
@@ -293,7 +301,7 @@ func (k *keyspace) leadLocked(h *hotState) time.Duration {
 
 // retryLocked queues h for another attempt after retryDelayLocked.
 func (k *keyspace) retryLocked(h *hotState, base time.Duration) {
-	if h.e.hot != h {
+	if h.e.hot != h || !k.ownsLocked(h.id) {
 		return
 	}
 	k.q.schedule(h, k.w.now().Add(k.retryDelayLocked(h, base)))
