@@ -86,7 +86,15 @@ func DefaultFleetKey(templates []string) string {
 	return DefaultFleetKeyPrefix + strconv.FormatUint(d.Sum64(), 16)
 }
 
-func (c FleetConfig) withDefaults() (FleetConfig, error) {
+// FleetFieldError is one invalid field of a FleetConfig: `fleet: heartbeat_ttl: ...`. Field is the config
+// file's key.
+type FleetFieldError struct{ Field, Msg string }
+
+func (e *FleetFieldError) Error() string { return "fleet: " + e.Field + ": " + e.Msg }
+
+// Resolve returns c with its defaults filled in, or every invalid field as a *FleetFieldError (joined). A
+// zero Key (sharing off) resolves to itself.
+func (c FleetConfig) Resolve() (FleetConfig, error) {
 	if c.Key == "" {
 		return c, nil
 	}
@@ -101,11 +109,14 @@ func (c FleetConfig) withDefaults() (FleetConfig, error) {
 	}
 	var errs []error
 	if c.HeartbeatInterval < 10*time.Millisecond {
-		errs = append(errs, fmt.Errorf("fleet: heartbeat_interval: %v is below 10ms", c.HeartbeatInterval))
+		errs = append(errs, &FleetFieldError{"heartbeat_interval", fmt.Sprintf("%v is below 10ms", c.HeartbeatInterval)})
 	}
 	if c.HeartbeatTTL < 2*c.HeartbeatInterval {
-		errs = append(errs, fmt.Errorf("fleet: heartbeat_ttl: %v is below 2 × heartbeat_interval (%v): one slow heartbeat would drop the replica",
-			c.HeartbeatTTL, c.HeartbeatInterval))
+		errs = append(errs, &FleetFieldError{"heartbeat_ttl", fmt.Sprintf("%v is below 2 × heartbeat_interval (%v): one slow heartbeat would drop the replica",
+			c.HeartbeatTTL, c.HeartbeatInterval)})
+	}
+	if len(c.ReplicaID) > 200 {
+		errs = append(errs, &FleetFieldError{"replica_id", "longer than 200 bytes"})
 	}
 	return c, errors.Join(errs...)
 }

@@ -77,7 +77,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 		cfg.Now = time.Now
 	}
 	spaces, err := validate(cfg.Keyspaces)
-	fleetCfg, ferr := cfg.Fleet.withDefaults()
+	fleetCfg, ferr := cfg.Fleet.Resolve()
 	if err = errors.Join(err, ferr); err != nil {
 		return nil, err
 	}
