@@ -115,8 +115,11 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 			continue
 		}
 		h.needPTTL = false
-		k.noteHandoverLocked(h, ttls[i], now)
+		handover := k.noteHandoverLocked(h, ttls[i], now)
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
+		if handover {
+			h.shortNotice = false // the fleet had the notice: its previous owner did
+		}
 	}
 	return true
 }

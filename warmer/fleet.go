@@ -444,20 +444,23 @@ func (k *keyspace) ownedLocked() int {
 	return n
 }
 
-// noteHandoverLocked checks the first PTTL reading of a key adopted from another replica: missing means its
-// previous owner (dead, or late) let it expire, which is counted as an SLO miss. A key hot for less than one
+// noteHandoverLocked checks the first PTTL reading of a key adopted from another replica, and reports whether it
+// was one: missing means its previous owner (dead, or late) let it expire, which is counted as an SLO miss; a
+// key found close to its expiry is not "late notice" (the fleet had the notice), so if it expires before this
+// replica refreshes it (for example because the dead owner still holds its lock), that is an SLO miss too. A key hot for less than one
 // TTL is not counted: its previous owner may not have written it yet. Otherwise this is conservative: a key that
 // an app deleted, or that the origin lacks, at that moment is counted too.
-func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.Time) {
+func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.Time) bool {
 	if !h.handover {
-		return
+		return false
 	}
 	h.handover = false
 	if pttl != pttlGone || h.absent || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
-		return
+		return true
 	}
 	h.counted = true
 	k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
 	k.hotExpired.Add(1)
 	k.log.Warn("hot key taken over from another replica had expired", "id", h.id, "fleet_key", k.w.fleet.cfg.Key)
+	return true
 }
