@@ -455,7 +455,7 @@ func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.
 		return false
 	}
 	h.handover = false
-	if pttl != pttlGone || h.absent || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
+	if pttl != pttlGone || h.missing || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
 		return true
 	}
 	h.counted = true

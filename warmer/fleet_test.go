@@ -15,8 +15,8 @@ import (
 )
 
 const (
-	fleetInterval = 100 * time.Millisecond
-	fleetTTL      = 400 * time.Millisecond
+	fleetInterval = 150 * time.Millisecond
+	fleetTTL      = 600 * time.Millisecond
 )
 
 // replica is one warmer of a test fleet, with its own Redis client and its own counting source.
@@ -34,9 +34,10 @@ func startReplica(t *testing.T, f *fixture, rdb redis.UniversalClient, id string
 	cfg := f.config(pinned...)
 	cfg.TopN = 0
 	cfg.Src = r.src
-	// A dead replica's in-flight keys stay locked until their lease ends: with a lock TTL below the lead, the
-	// others can still refresh them in time (see docs/operations.md, "Replicas share the work").
-	cfg.LockTTL, cfg.RefreshAhead = 600*time.Millisecond, 900*time.Millisecond
+	// Leads long enough for four warmers under -race on a loaded 2-core machine (the fixture's 600 ms lost keys
+	// there, with or without a fleet). A dead replica's in-flight keys stay locked until their lease ends: with a
+	// lock TTL below the lead, the others can still refresh them in time (see docs/operations.md).
+	cfg.TTL, cfg.RefreshAhead, cfg.LockTTL = 4*time.Second, 2*time.Second, time.Second
 	r.w, r.reg, r.stop = start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
 		Fleet: warmer.FleetConfig{Key: f.prefix + "fleet", ReplicaID: id, HeartbeatInterval: fleetInterval, HeartbeatTTL: fleetTTL}})
 	return r
@@ -101,8 +102,16 @@ func TestFleetSharesKeys(t *testing.T) {
 		return sum == len(ids)
 	})
 	time.Sleep(2 * fleetInterval) // let batches started under the old member list finish
+	changes := func() float64 {
+		sum := 0.0
+		for _, r := range rs {
+			sum += counter(t, r.reg, "keepwarm_warmer_fleet_ownership_changes_total", nil)
+		}
+		return sum
+	}
+	changesBefore := changes()
 	before := snapshot(rs, ids)
-	testenv.Eventually(t, 20*time.Second, "every key refreshed twice more", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every key refreshed twice more", func() bool {
 		now := snapshot(rs, ids)
 		for _, id := range ids {
 			sum := 0
@@ -116,16 +125,31 @@ func TestFleetSharesKeys(t *testing.T) {
 		return true
 	})
 	after := snapshot(rs, ids)
+	// A heartbeat delayed past 1.5 intervals (a starved process) makes a member late for a moment and moves its
+	// keys; the lock keeps that safe, but then two replicas may each refresh a key once. Strict only when no
+	// replica saw the owners change.
+	quiet := changes() == changesBefore
+	shared := 0
 	for _, id := range ids {
-		by := 0
+		by, sum := 0, 0
 		for i := range rs {
 			if after[id][i] > before[id][i] {
 				by++
 			}
+			sum += after[id][i] - before[id][i]
 		}
 		if by != 1 {
-			t.Errorf("id %s queried by %d replicas after the fleet settled (%v → %v), want 1", id, by, before[id], after[id])
+			shared++
+			if quiet {
+				t.Errorf("id %s queried by %d replicas after the fleet settled (%v → %v), want 1", id, by, before[id], after[id])
+			}
 		}
+		if sum > 3 {
+			t.Errorf("id %s queried %d times while every key needed 2 refreshes: rebuilt twice for one value?", id, sum)
+		}
+	}
+	if !quiet {
+		t.Logf("owners changed during the window (a late heartbeat): %d of %d ids refreshed by two replicas", shared, len(ids))
 	}
 	for _, r := range rs {
 		t.Logf("%s owns %d: %s", r.id, owned(r.w), members(r.w))

@@ -175,3 +175,44 @@ func (k *keyspace) decay(ctx context.Context, cfg KeyspaceConfig) {
 }
 
 func formatScore(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// setHotLocked applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
+// leave the queue but stay tracked.
+func (k *keyspace) setHotLocked(hot map[string]bool) {
+	for id, h := range k.hotSet {
+		if !hot[id] {
+			k.q.remove(h)
+			h.e.hot = nil
+			delete(k.hotSet, id)
+		}
+	}
+	now := k.w.now().Unix()
+	for id := range hot {
+		if _, ok := k.hotSet[id]; ok {
+			continue
+		}
+		e := k.tr.entries[id]
+		if e == nil {
+			e = k.tr.observe(id, 0, now)
+		}
+		h := &hotState{id: id, e: e, idx: -1, needPTTL: true, hotSince: k.w.now()}
+		e.hot = h
+		k.hotSet[id] = h
+		k.adopt = append(k.adopt, h)
+	}
+	k.gaugesLocked()
+}
+
+// gaugesLocked updates the keyspace's gauges.
+func (k *keyspace) gaugesLocked() {
+	persistent := 0
+	for _, h := range k.hotSet {
+		if h.persistent {
+			persistent++
+		}
+	}
+	k.w.m.hot.WithLabelValues(k.cfg.Name).Set(float64(len(k.hotSet)))
+	k.w.m.tracked.WithLabelValues(k.cfg.Name).Set(float64(len(k.tr.entries)))
+	k.w.m.persistent.WithLabelValues(k.cfg.Name).Set(float64(persistent))
+	k.w.m.owned.WithLabelValues(k.cfg.Name).Set(float64(k.ownedLocked()))
+}
