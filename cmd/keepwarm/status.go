@@ -138,7 +138,11 @@ func printFleet(w io.Writer, f warmer.FleetStatus) {
 		fmt.Fprintf(w, "fleet: off (this replica refreshes every hot key)\n\n")
 		return
 	}
-	fmt.Fprintf(w, "fleet %s: %d members, heartbeat every %v, TTL %v", f.Key, len(f.Members), f.HeartbeatInterval, f.HeartbeatTTL)
+	members := "members"
+	if len(f.Members) == 1 {
+		members = "member"
+	}
+	fmt.Fprintf(w, "fleet %s: %d %s, heartbeat every %v, TTL %v", f.Key, len(f.Members), members, f.HeartbeatInterval, f.HeartbeatTTL)
 	if f.LastError != "" {
 		fmt.Fprintf(w, "; last heartbeat failed: %s", f.LastError)
 	}
