@@ -58,7 +58,7 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	k.mu.Lock()
 	var hs []*hotState
 	for _, h := range k.adopt {
-		if h.e.hot == h && h.needPTTL && !h.inflight {
+		if h.e.hot == h && h.needPTTL && !h.inflight && k.ownsLocked(h.id) {
 			hs = append(hs, h)
 		}
 	}
@@ -93,7 +93,7 @@ func (k *keyspace) reconcile(ctx context.Context) {
 	k.mu.Lock()
 	hs := make([]*hotState, 0, len(k.hotSet))
 	for _, h := range k.hotSet {
-		if !h.inflight {
+		if !h.inflight && k.ownsLocked(h.id) {
 			hs = append(hs, h)
 		}
 	}
@@ -132,7 +132,11 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 			h.expiry = minTime(h.expiry, now) // Redis expired it: an SLO miss even if the estimate was later
 		}
 		h.needPTTL, h.goneEvent = false, ""
+		handover := k.noteHandoverLocked(h, ttls[i], now)
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
+		if handover {
+			h.shortNotice = false // the fleet had the notice: its previous owner did
+		}
 	}
 	return true
 }

@@ -195,7 +195,7 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 		if e == nil {
 			e = k.tr.observe(id, 0, now)
 		}
-		h := &hotState{id: id, e: e, idx: -1, needPTTL: true}
+		h := &hotState{id: id, e: e, idx: -1, needPTTL: true, hotSince: k.w.now()}
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)
@@ -214,4 +214,5 @@ func (k *keyspace) gaugesLocked() {
 	k.w.m.hot.WithLabelValues(k.cfg.Name).Set(float64(len(k.hotSet)))
 	k.w.m.tracked.WithLabelValues(k.cfg.Name).Set(float64(len(k.tr.entries)))
 	k.w.m.persistent.WithLabelValues(k.cfg.Name).Set(float64(persistent))
+	k.w.m.owned.WithLabelValues(k.cfg.Name).Set(float64(k.ownedLocked()))
 }

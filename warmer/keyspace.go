@@ -51,6 +51,7 @@ type keyspace struct {
 	lfu      lfuState             // whether Redis LFU counters can be read
 	invalid  invalidIDs           // skipped ids not yet reported in the log
 	p95      rebuildWindow        // recent rebuild durations, for keys not rebuilt yet
+	view     *fleetView           // the fleet's members as last read; nil when sharing is off (fleet.go)
 }
 
 // lockedRand is a *rand.Rand safe for concurrent use: the keyspace's jitter and XFetch draws, seeded per
@@ -81,6 +82,9 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		tr:      newTracker(c.MaxTracked),
 		hotSet:  make(map[string]*hotState),
 		results: map[string]*atomic.Int64{},
+	}
+	if w.fleet != nil {
+		k.view = w.fleet.current()
 	}
 	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultLockGone, ResultTooLarge, ResultError} {
 		k.results[r] = new(atomic.Int64)

@@ -53,6 +53,7 @@ type metrics struct {
 	hot            *prometheus.GaugeVec     // keyspace
 	persistent     *prometheus.GaugeVec     // keyspace
 	queued         *prometheus.GaugeVec     // keyspace
+	owned          *prometheus.GaugeVec     // keyspace
 	decays         *prometheus.CounterVec   // keyspace
 	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
 
@@ -135,6 +136,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "keepwarm_warmer_keys_due",
 			Help: "Hot keys whose refresh is due now but not yet started (waiting for origin budget).",
 		}, []string{"keyspace"}),
+		owned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_keys_owned",
+			Help: "Hot keys this replica owns and refreshes; the fleet's other replicas own the rest (equal to keys_hot without a fleet).",
+		}, []string{"keyspace"}),
 		decays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_access_decays_total",
 			Help: "Decays of the access sorted set performed by this daemon.",
@@ -159,7 +164,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.decays, m.invalidIDs, m.notificationsOn, m.notificationNodes} {
+		m.persistent, m.queued, m.owned, m.decays, m.invalidIDs, m.notificationsOn, m.notificationNodes} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -172,7 +177,7 @@ func (m *metrics) forget(ks string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice, m.originQueries, m.originRows,
-		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays,
+		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.owned, m.decays,
 		m.invalidIDs} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
 	}

@@ -53,7 +53,9 @@ type KeyspaceStatus struct {
 	KeyTemplate string `json:"key_template"`
 	Tracked     int    `json:"tracked"`
 	Hot         int    `json:"hot"`
-	Due         int    `json:"due"`
+	// Owned is how many of the hot keys this replica refreshes; the fleet's other replicas own the rest.
+	Owned int `json:"owned"`
+	Due   int `json:"due"`
 	// Refreshes counts refresh attempts since start by result (ok, fresh, locked, missing, lock_lost, error).
 	Refreshes map[string]int64 `json:"refreshes"`
 	// HotExpired is the SLO counter: hot keys that expired before their refresh. It should stay at 0.
@@ -93,7 +95,7 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	defer k.mu.Unlock()
 	st := KeyspaceStatus{Name: k.cfg.Name, KeyTemplate: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
 		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load(),
-		LFU: k.lfu.enabled}
+		LFU: k.lfu.enabled, Owned: k.ownedLocked()}
 	for r, n := range k.results {
 		st.Refreshes[r] = n.Load()
 	}

@@ -36,6 +36,8 @@ type hotState struct {
 	staleSince  time.Time // when the fail-safe first kept this value past its TTL, in the current outage
 	counted     bool      // this expiry was already counted as an SLO miss
 	shortNotice bool      // the expiry was learnt less than one lead before it: no time to refresh
+	handover    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
+	hotSince    time.Time // when the id became hot
 }
 
 // observeRebuild folds d into the key's rebuild estimate: it rises at once to a slower rebuild and decays by 1/16

@@ -168,6 +168,14 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 				w.Header().Set("Content-Type", "application/json")
 				_ = json.NewEncoder(w).Encode(st)
 			})
+			mux.HandleFunc("GET /debug/fleet", func(w http.ResponseWriter, _ *http.Request) {
+				st := warmer.FleetStatus{Members: []warmer.FleetMember{}}
+				if wr := d.readyWarmer(); wr != nil {
+					st = wr.Fleet()
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(st)
+			})
 			mux.HandleFunc("GET /debug/schedules", func(w http.ResponseWriter, _ *http.Request) {
 				sched := []warmer.ScheduleStatus{}
 				if d.readyWarmer() != nil {
@@ -340,6 +348,9 @@ func (d *daemon) run(ctx context.Context) error {
 	}
 	defer d.rdb.Close()
 	defer d.pool.Close()
+	if err := countRedisCommands(d.rdb, d.reg); err != nil {
+		return err
+	}
 	srcs, err := wire.Sources(d.pool, d.cfg, postgres.WithRegisterer(d.reg))
 	if err != nil {
 		return err
@@ -351,7 +362,7 @@ func (d *daemon) run(ctx context.Context) error {
 		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg,
 		Notifications:   d.cfg.Redis.Notifications != config.NotificationsOff,
 		AutoNotifyFlags: d.cfg.Redis.Notifications == config.NotificationsAuto,
-		DB:              d.cfg.Redis.DB,
+		DB:              d.cfg.Redis.DB, Fleet: wire.Fleet(d.cfg),
 	})
 	if err != nil {
 		return err
@@ -433,8 +444,8 @@ func (d *daemon) reload(reason string, final bool) error {
 		d.log.Warn("config: " + n)
 	}
 	if !reflect.DeepEqual(cfg.Redis, d.cfg.Redis) || !reflect.DeepEqual(cfg.Postgres, d.cfg.Postgres) ||
-		cfg.Daemon.Listen != d.cfg.Daemon.Listen {
-		d.log.Warn("config reload: [redis], [postgres] and daemon.listen changes take effect after a restart")
+		cfg.Daemon.Listen != d.cfg.Daemon.Listen || cfg.Fleet != d.cfg.Fleet {
+		d.log.Warn("config reload: [redis], [postgres], [fleet] and daemon.listen changes take effect after a restart")
 	}
 	srcs, err := wire.Sources(d.pool, cfg, postgres.WithRegisterer(d.reg))
 	if err == nil {

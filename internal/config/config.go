@@ -56,6 +56,7 @@ type Config struct {
 	Redis     Redis
 	Postgres  Postgres
 	Daemon    Daemon
+	Fleet     Fleet       // [fleet]
 	Keyspaces []*Keyspace // [[keyspace]], in file order
 	Hotkeys   []*Hotkeys  // [[hotkeys]], in file order
 	Schedules []*Schedule // [[schedule]], in file order

@@ -168,6 +168,7 @@ func decode(d *decoder, abs string, raw map[string]any) *Config {
 	decodePostgres(pt, &c.Postgres)
 	dt := root.sub("daemon")
 	decodeDaemon(dt, &c.Daemon)
+	decodeFleet(root.sub("fleet"), &c.Fleet)
 
 	names := map[string]bool{}
 	keyTemplates := map[string]string{}
