@@ -46,6 +46,7 @@ type keyspace struct {
 	lfu            lfuState
 	invalid        invalidIDs // skipped ids not yet reported in the log
 	p95            rebuildWindow
+	waste          wasteRatio // the refresh feedback's wasted share (selection.go)
 }
 
 func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
@@ -57,7 +58,7 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		limiter: rate.NewLimiter(limit(c.OriginRate), burst(c.OriginRate)),
 		wake:    make(chan struct{}, 1),
 		cfg:     c,
-		tr:      newTracker(c.MaxTracked),
+		tr:      newTracker(c.MaxTracked, c.DecayHalfLife),
 		hotSet:  make(map[string]*hotState),
 		rnd:     w.newRand(),
 		results: map[string]*atomic.Int64{},
@@ -102,13 +103,14 @@ func (k *keyspace) update(c KeyspaceConfig) {
 	k.mu.Lock()
 	k.cfg = c
 	k.tr.max = c.MaxTracked
+	k.tr.halfLife = c.DecayHalfLife
 	k.tr.setPinned(c.Pinned, k.w.now().Unix())
 	// Apply pin changes now rather than at the next poll: an id pinned before a promotion is warmed at once.
 	cands := make([]string, 0, len(k.hotSet))
 	for id := range k.hotSet {
 		cands = append(cands, id)
 	}
-	k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore))
+	k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore, k.w.now().Unix()))
 	k.mu.Unlock()
 	k.limiter.SetLimit(limit(c.OriginRate))
 	k.limiter.SetBurst(burst(c.OriginRate))
@@ -230,6 +232,7 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 		if !hot[id] {
 			k.q.remove(h)
 			h.e.hot = nil
+			h.e.leftHot()
 			delete(k.hotSet, id)
 		}
 	}
