@@ -123,4 +123,3 @@ func (t *tracker) trim() int {
 	}
 	return over
 }
-
