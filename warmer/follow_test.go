@@ -19,7 +19,7 @@ import (
 // offsetClock is time.Now plus an offset the test advances.
 type offsetClock struct{ off atomic.Int64 }
 
-func (c *offsetClock) now() time.Time           { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *offsetClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *offsetClock) advance(d time.Duration) { c.off.Add(int64(d)) }
 
 // reader stands for the apps' access recording: it adds 1 to each id's access score every 20 ms until stopped.
