@@ -327,7 +327,7 @@ func (c *Client) rebuild(ctx context.Context, ks KeySet, token string, refresh b
 		err = fmt.Errorf("lockstep: load %s %q: %w", c.keyspace, ks.ID, err)
 		result := ResultError
 		if errors.Is(err, ErrNotFound) {
-			result = ResultNotFound
+			result = ResultMissing
 			if refresh {
 				perr := c.call(ctx, func(ctx context.Context) error {
 					return Publish(ctx, c.rdb, Write{Keys: ks, Token: token, Delete: true})
@@ -472,7 +472,7 @@ func (c *Client) wait(ctx context.Context, ks KeySet) (filled, error) {
 			done(WaitHit)
 			return filled{val: v}, nil
 		case !errors.Is(err, redis.Nil):
-			done(WaitCanceled)
+			done(WaitError)
 			err = fmt.Errorf("lockstep: wait for %q: %w", ks.Cache, err)
 			if replyError(err) || ctx.Err() != nil {
 				return filled{}, err
@@ -490,7 +490,7 @@ func (c *Client) wait(ctx context.Context, ks KeySet) (filled, error) {
 				done(WaitStale)
 				return filled{val: v, stale: true}, nil
 			case !errors.Is(err, redis.Nil):
-				done(WaitCanceled)
+				done(WaitError)
 				return filled{}, fmt.Errorf("lockstep: get stale %q: %w", ks.Stale, err)
 			}
 		}

@@ -6,7 +6,7 @@ import "time"
 const (
 	ResultOK       = "ok"        // loaded and published
 	ResultLockLost = "lock_lost" // loaded, but the lock expired before the publish (nothing written)
-	ResultNotFound = "not_found" // the loader returned an error wrapping ErrNotFound
+	ResultMissing  = "missing"   // the origin has no such record: the loader returned an error wrapping ErrNotFound
 	ResultError    = "error"     // the loader or Redis failed
 )
 
@@ -15,7 +15,8 @@ const (
 	WaitHit      = "hit"      // another process published the value in time
 	WaitStale    = "stale"    // the wait ended; the stale copy was served
 	WaitTimeout  = "timeout"  // the wait ended with nothing to serve (ErrRebuildTimeout)
-	WaitCanceled = "canceled" // the wait ended early: context done or a Redis error
+	WaitCanceled = "canceled" // the wait ended early: its context ended or the Client was closed
+	WaitError    = "error"    // a read during the wait failed (Redis unreachable, or an error reply)
 )
 
 // Recorder receives the Client's events, for metrics. keyspace is the Client's keyspace name; implementations
@@ -29,13 +30,13 @@ type Recorder interface {
 	// StaleServe counts a Get answered with the stale copy after its wait ended.
 	StaleServe(keyspace string)
 	// Rebuild records one loader call under the lock (on a miss or an XFetch early refresh): its duration d
-	// (loader plus publish) and its result (ResultOK, ResultLockLost, ResultNotFound, ResultError).
+	// (loader plus publish) and its result (ResultOK, ResultLockLost, ResultMissing, ResultError).
 	Rebuild(keyspace string, d time.Duration, result string)
 	// LockContention counts a lock found held by another token (the caller became a follower, or skipped a
 	// background refresh).
 	LockContention(keyspace string)
 	// Wait records how long a follower waited for another process's rebuild, and how it ended (WaitHit,
-	// WaitStale, WaitTimeout, WaitCanceled).
+	// WaitStale, WaitTimeout, WaitCanceled, WaitError).
 	Wait(keyspace string, d time.Duration, result string)
 	// EarlyRefresh counts an XFetch decision to refresh a hit ahead of its expiry (the refresh itself may still
 	// find the lock held and skip).

@@ -1,13 +1,8 @@
 // Package sources documents where keepwarm's values come from: the origin that a hot key is rebuilt from.
 //
-// Each backend is its own package (sources/postgres). The interface lives where it is consumed: the warmer
-// declares
-//
-//	type Source interface {
-//		Fetch(ctx context.Context, ids []string) (values map[string][]byte, missing []string, err error)
-//	}
-//
-// and any backend with that method fits. The contract, which sources/sourcetest checks on every backend:
+// Each backend is its own package (sources/postgres). The interface lives where it is consumed, as
+// warmer.Source (Fetch(ctx, ids) (values map[string][]byte, missing []string, err error)), and any backend with
+// that method fits. This is the one statement of its contract, which sources/sourcetest checks on every backend:
 //
 //   - Fetch returns, for a batch of ids, the value of every id the origin has (values[id], the exact bytes to
 //     write to Redis) and the ids it does not have (missing). Every distinct requested id is in exactly one of

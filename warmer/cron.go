@@ -39,12 +39,6 @@ type ScheduleConfig struct {
 	RunSkipped bool
 }
 
-// RunRecorder records warmup runs (internal/runs writes them to keepwarm.warmup_runs).
-type RunRecorder interface {
-	Start(ctx context.Context, name, trigger, keyspace string) (int64, error)
-	Finish(ctx context.Context, id int64, res WarmupResult, err error) error
-}
-
 // ScheduleStatus is one schedule's state for the status page and `keepwarm status`.
 type ScheduleStatus struct {
 	Name       string    `json:"name"`
@@ -359,7 +353,7 @@ func (c *Cron) runOnce(ctx context.Context, cfg ScheduleConfig, at, wall time.Ti
 	}
 	var runID int64
 	if c.rec != nil {
-		if runID, err = c.rec.Start(ctx, cfg.Name, "cron", cfg.Keyspace); err != nil {
+		if runID, err = c.rec.Start(ctx, cfg.Name, TriggerCron, cfg.Keyspace); err != nil {
 			c.log.Warn("schedule: run not recorded", "schedule", cfg.Name, "error", err)
 		}
 	}
@@ -370,13 +364,7 @@ func (c *Cron) runOnce(ctx context.Context, cfg ScheduleConfig, at, wall time.Ti
 			c.log.Warn("schedule: run end not recorded", "schedule", cfg.Name, "error", ferr)
 		}
 	}
-	result := "ok"
-	switch {
-	case res.Interrupted:
-		result = "interrupted"
-	case err != nil || res.Failed > 0:
-		result = "failed"
-	}
+	result := RunStatus(res, err)
 	c.count(cfg.Name, result, res.Written)
 	c.log.Info("schedule: warmup done", "schedule", cfg.Name, "result", result, "requested", res.Requested,
 		"written", res.Written, "skipped_locked", res.SkippedLocked, "missing", res.Missing, "failed", res.Failed,

@@ -2,7 +2,9 @@ package warmer
 
 import (
 	"container/heap"
+	"github.com/keepwarm/keepwarm/internal/backoff"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -77,6 +79,11 @@ func (q dueQueue) peek() *hotState {
 	return q[0]
 }
 
+// peekDue reports whether the first key is due at or before until.
+func (q dueQueue) peekDue(until time.Time) bool {
+	return len(q) > 0 && !q[0].due.After(until)
+}
+
 // popDue removes and returns up to n keys due at or before until, in queue order.
 func (q *dueQueue) popDue(until time.Time, n int) []*hotState {
 	var out []*hotState
@@ -89,4 +96,76 @@ func (q *dueQueue) popDue(until time.Time, n int) []*hotState {
 		out = append(out, h)
 	}
 	return out
+}
+
+// scheduleLocked queues h for its next refresh given its known expiry.
+func (k *keyspace) scheduleLocked(h *hotState) {
+	if h.e.hot != h || h.persistent {
+		return
+	}
+	now := k.w.now()
+	if h.expiry.IsZero() {
+		k.q.schedule(h, now)
+		return
+	}
+	k.q.schedule(h, dueAt(h.expiry, k.leadLocked(h), k.rebuildEstimateLocked(h), 1-k.rnd.Float64()))
+}
+
+// rebuildEstimateLocked is h's rebuild p95, or the keyspace's for a key not rebuilt yet.
+func (k *keyspace) rebuildEstimateLocked(h *hotState) time.Duration {
+	if h.rebuildP95 > 0 {
+		return h.rebuildP95
+	}
+	return k.p95.p95()
+}
+
+// leadLocked is how long before its expiry h is refreshed: the one place where the lead is computed (see
+// KeyspaceConfig.Lead), used by the scheduler, the re-check under the lock, the short-notice test and the
+// fail-safe alike.
+func (k *keyspace) leadLocked(h *hotState) time.Duration {
+	return k.cfg.Lead(k.rebuildEstimateLocked(h))
+}
+
+// retryLocked queues h for another attempt after retryDelayLocked.
+func (k *keyspace) retryLocked(h *hotState, base time.Duration) {
+	if h.e.hot != h {
+		return
+	}
+	k.q.schedule(h, k.w.now().Add(k.retryDelayLocked(h, base)))
+}
+
+// retryDelayLocked is the back-off before another attempt at h (backoff.Delay, the daemon's one formula): in
+// [base, 2·base) doubled per consecutive error of h, capped at max(TTL/2, 1s), jittered so that keys that failed
+// together (and replicas) do not retry in step.
+func (k *keyspace) retryDelayLocked(h *hotState, base time.Duration) time.Duration {
+	return backoff.Delay(h.errors+1, base, max(k.cfg.TTL/2, time.Second), k.rnd.Float64())
+}
+
+// rebuildWindow keeps the last rebuild durations of a keyspace for a keyspace-wide p95, used for keys that have
+// not been rebuilt yet.
+type rebuildWindow struct {
+	buf    [128]time.Duration
+	n, i   int
+	cached time.Duration
+	dirty  bool
+}
+
+func (r *rebuildWindow) add(d time.Duration) {
+	r.buf[r.i] = d
+	r.i = (r.i + 1) % len(r.buf)
+	if r.n < len(r.buf) {
+		r.n++
+	}
+	r.dirty = true
+}
+
+func (r *rebuildWindow) p95() time.Duration {
+	if r.n == 0 || !r.dirty {
+		return r.cached
+	}
+	s := make([]time.Duration, r.n)
+	copy(s, r.buf[:r.n])
+	slices.Sort(s)
+	r.cached, r.dirty = s[(len(s)*95)/100], false
+	return r.cached
 }

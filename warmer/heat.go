@@ -69,7 +69,7 @@ func (k *keyspace) poll(ctx context.Context) {
 	k.tr.halfLife = cfg.DecayHalfLife
 	// The hot set is frozen while the origin fails: the fail-safe keeps every hot value alive, and a key that
 	// dropped out at the top_n cut-off now would expire into the outage (issue 13 §5). Pins still apply (update).
-	if !k.origin.active {
+	if !k.origin.ongoing() {
 		k.setHotLocked(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore, unix))
 	}
 	k.tr.trim()
@@ -177,3 +177,44 @@ func (k *keyspace) decay(ctx context.Context, cfg KeyspaceConfig) {
 }
 
 func formatScore(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+
+// setHotLocked applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
+// leave the queue but stay tracked.
+func (k *keyspace) setHotLocked(hot map[string]bool) {
+	for id, h := range k.hotSet {
+		if !hot[id] {
+			k.q.remove(h)
+			h.e.hot = nil
+			h.e.leftHot()
+			delete(k.hotSet, id)
+		}
+	}
+	now := k.w.now().Unix()
+	for id := range hot {
+		if _, ok := k.hotSet[id]; ok {
+			continue
+		}
+		e := k.tr.entries[id]
+		if e == nil {
+			e = k.tr.observe(id, 0, now)
+		}
+		h := &hotState{id: id, e: e, idx: -1, needPTTL: true}
+		e.hot = h
+		k.hotSet[id] = h
+		k.adopt = append(k.adopt, h)
+	}
+	k.gaugesLocked()
+}
+
+// gaugesLocked updates the keyspace's gauges.
+func (k *keyspace) gaugesLocked() {
+	persistent := 0
+	for _, h := range k.hotSet {
+		if h.persistent {
+			persistent++
+		}
+	}
+	k.w.m.hot.WithLabelValues(k.cfg.Name).Set(float64(len(k.hotSet)))
+	k.w.m.tracked.WithLabelValues(k.cfg.Name).Set(float64(len(k.tr.entries)))
+	k.w.m.persistent.WithLabelValues(k.cfg.Name).Set(float64(persistent))
+}

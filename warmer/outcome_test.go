@@ -62,7 +62,7 @@ func TestLockedKeyRecheckedWithinTheLead(t *testing.T) {
 	h := k.hotSet["1"]
 	h.expiry = now.Add(2 * time.Second)
 	k.mu.Unlock()
-	k.settle(&pipeline{k: k, cfg: k.config()}, []*item{{id: "1", h: h, result: ResultLocked}}, nil)
+	k.settle(k.newPipeline(k.config(), nil), []*item{{id: "1", h: h, result: ResultLocked}}, nil)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if lead, got := k.leadLocked(h), h.due.Sub(now); got <= 0 || got > lead/8 {

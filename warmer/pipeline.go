@@ -44,7 +44,7 @@ type item struct {
 	err         error
 	ttl         time.Duration // the TTL written
 	prevTTL     time.Duration // the cache key's TTL just before the publish (lockstep.PrevGone: it had expired)
-	absent      bool          // the origin had no row: the missing policy applied
+	missing     bool          // the origin had no row: the missing policy applied
 	rescheduled bool          // the daemon's fail-safe already rescheduled this key
 	delete      bool          // the missing policy deleted the key
 }
@@ -68,11 +68,14 @@ func (it *item) fail(reason string, err error) {
 //  6. release every lock still held, even when ctx was cancelled; after a transport error, every lock the batch
 //     may hold, retried until Redis answers (the release is token-checked, so this is always safe).
 type pipeline struct {
-	k     *keyspace
+	k     *keyspace // for its origin budget (limiter), logger and outage notes
+	rdb   redis.UniversalClient
+	m     *metrics
+	now   func() time.Time
 	cfg   KeyspaceConfig
 	token string
-	// ttl returns the TTL of one written value: jittered for refreshes, spread for warmups. It is called with
-	// the keyspace's lock held (which guards k.rnd).
+	// ttl returns the TTL of one written value: jittered for refreshes, spread for warmups. It must be safe
+	// for concurrent use.
 	ttl func() time.Duration
 	// recheck, when set, sees the owned items under their locks and returns those that still need the origin;
 	// it settles the others itself.
@@ -85,9 +88,18 @@ type pipeline struct {
 		WaitN(ctx context.Context, n int) error
 	}
 
-	rebuild    time.Duration // duration of the origin query, once run
-	start      time.Time     // when publishing began: a written key expires no earlier than start + ttl
-	leaseUntil time.Time     // the batch's locks cannot have expired before this (guarded by k.mu)
+	rebuild time.Duration // duration of the origin query, once run
+	start   time.Time     // when publishing began: a written key expires no earlier than start + ttl
+
+	// mu guards what the lease goroutine (extendLeases) shares with the batch: leaseUntil, and the items'
+	// owned, lost and result fields.
+	mu         sync.Mutex
+	leaseUntil time.Time // the batch's locks cannot have expired before this
+}
+
+// newPipeline returns a pipeline for one batch of k under cfg, writing values with the TTLs that ttl returns.
+func (k *keyspace) newPipeline(cfg KeyspaceConfig, ttl func() time.Duration) *pipeline {
+	return &pipeline{k: k, rdb: k.w.rdb, m: k.w.m, now: k.w.now, cfg: cfg, ttl: ttl}
 }
 
 // run sends items through the pipeline. It returns an error, with the unsettled items, only when the batch as a
@@ -127,19 +139,19 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 	for i, it := range items {
 		locks[i] = it.ks.Lock
 	}
-	sent := p.k.w.now()
-	ok, err := lockstep.AcquireMany(ctx, p.k.w.rdb, locks, p.token, p.cfg.LockTTL)
+	sent := p.now()
+	ok, err := lockstep.AcquireMany(ctx, p.rdb, locks, p.token, p.cfg.LockTTL)
 	var replies lockstep.ReplyErrors
 	if err != nil && !errors.As(err, &replies) {
-		p.k.mu.Lock()
+		p.mu.Lock()
 		for _, it := range items {
 			it.owned = true // maybe: the commands may run late
 		}
-		p.k.mu.Unlock()
+		p.mu.Unlock()
 		return nil, err
 	}
 	var owned []*item
-	p.k.mu.Lock()
+	p.mu.Lock()
 	p.leaseUntil = sent.Add(p.cfg.LockTTL)
 	for i, it := range items {
 		switch {
@@ -152,7 +164,7 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 			it.result = ResultLocked
 		}
 	}
-	p.k.mu.Unlock()
+	p.mu.Unlock()
 	var refused []*item
 	for _, it := range items {
 		if it.result == ResultError {
@@ -160,8 +172,8 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 		}
 	}
 	p.k.warnRefused("lock refused by Redis; retrying with back-off", refused)
-	p.k.w.m.locks.WithLabelValues(p.cfg.Name, "acquired").Add(float64(len(owned)))
-	p.k.w.m.locks.WithLabelValues(p.cfg.Name, "held").Add(float64(len(items) - len(owned) - len(replies)))
+	p.m.locks.WithLabelValues(p.cfg.Name, "acquired").Add(float64(len(owned)))
+	p.m.locks.WithLabelValues(p.cfg.Name, "held").Add(float64(len(items) - len(owned) - len(replies)))
 	return owned, nil
 }
 
@@ -176,17 +188,17 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	// never past that bound.
 	qctx, cancel := context.WithTimeout(ctx, cfg.queryBound())
 	stopLease := p.extendLeases(qctx, items)
-	qstart := p.k.w.now()
+	qstart := p.now()
 	values, missing, err := cfg.Src.Fetch(qctx, ids)
-	p.rebuild = p.k.w.now().Sub(qstart)
+	p.rebuild = p.now().Sub(qstart)
 	cancel()
 	stopLease()
-	p.k.w.m.originSeconds.WithLabelValues(cfg.Name).Observe(p.rebuild.Seconds())
+	p.m.originSeconds.WithLabelValues(cfg.Name).Observe(p.rebuild.Seconds())
 	if err != nil && ctx.Err() != nil {
 		return ctx.Err() // shutdown or an interrupted warmup: not the origin's failure
 	}
 	if err != nil {
-		p.k.w.m.originQueries.WithLabelValues(cfg.Name, "error").Inc()
+		p.m.originQueries.WithLabelValues(cfg.Name, "error").Inc()
 		reason := originReason(err)
 		for _, it := range items {
 			it.fail(reason, err)
@@ -200,14 +212,14 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		}
 		return nil
 	}
-	p.k.w.m.originQueries.WithLabelValues(cfg.Name, "ok").Inc()
-	p.k.w.m.originRows.WithLabelValues(cfg.Name).Add(float64(len(values)))
+	p.m.originQueries.WithLabelValues(cfg.Name, "ok").Inc()
+	p.m.originRows.WithLabelValues(cfg.Name).Add(float64(len(values)))
 	p.k.originOK()
 	_ = missing // every id not in values is missing (the Source contract)
 
 	var writes []lockstep.Write
 	var witems, large []*item
-	p.k.mu.Lock()
+	p.mu.Lock()
 	for _, it := range items {
 		if it.lost {
 			it.result = ResultLockLost
@@ -225,7 +237,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 				StaleTTL: cfg.StaleTTL, Rebuild: p.rebuild})
 			witems = append(witems, it)
 		default: // missing: the origin has no row (or a NULL value)
-			it.absent = true
+			it.missing = true
 			switch cfg.Missing {
 			case MissingDelete:
 				it.delete = true
@@ -241,7 +253,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 			}
 		}
 	}
-	p.k.mu.Unlock()
+	p.mu.Unlock()
 	for _, it := range large {
 		p.k.log.Warn("refusing value", "id", it.id, "key", it.ks.Cache, "error", it.err)
 	}
@@ -251,12 +263,12 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	if len(writes) == 0 {
 		return nil
 	}
-	p.start = p.k.w.now()
-	results, err := lockstep.PublishMany(ctx, p.k.w.rdb, writes)
+	p.start = p.now()
+	results, err := lockstep.PublishMany(ctx, p.rdb, writes)
 	if err != nil {
 		return err // the items stay owned: releaseOwned releases whatever the scripts left
 	}
-	p.k.mu.Lock()
+	p.mu.Lock()
 	var replies []*item
 	for i, it := range witems {
 		r := results[i]
@@ -265,7 +277,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		case r.Err == nil:
 			it.owned = false // the script deleted the lock
 			it.result = ResultOK
-			if it.absent {
+			if it.missing {
 				it.result = ResultMissing
 			}
 		case errors.Is(r.Err, lockstep.ErrLockGone) && p.start.Before(p.leaseUntil):
@@ -279,7 +291,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 			replies = append(replies, it)
 		}
 	}
-	p.k.mu.Unlock()
+	p.mu.Unlock()
 	p.k.warnRefused("publish refused by Redis; lock released, retrying with back-off", replies)
 	return nil
 }
@@ -288,7 +300,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 // statement timeout plus a margin) ends or the returned stop is called. A key whose extension fails has lost
 // its lock; its result is dropped (the publish script would refuse it anyway).
 func (p *pipeline) extendLeases(ctx context.Context, items []*item) (stop func()) {
-	k, cfg := p.k, p.cfg
+	cfg := p.cfg
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -305,33 +317,33 @@ func (p *pipeline) extendLeases(ctx context.Context, items []*item) (stop func()
 			case <-t.C:
 			}
 			var live []*item
-			k.mu.Lock()
+			p.mu.Lock()
 			for _, it := range items {
 				if !it.lost {
 					live = append(live, it)
 				}
 			}
-			k.mu.Unlock()
+			p.mu.Unlock()
 			locks := make([]string, len(live))
 			for i, it := range live {
 				locks[i] = it.ks.Lock
 			}
-			sent := k.w.now()
-			ok, err := lockstep.ExtendMany(ctx, k.w.rdb, locks, p.token, cfg.LockTTL)
+			sent := p.now()
+			ok, err := lockstep.ExtendMany(ctx, p.rdb, locks, p.token, cfg.LockTTL)
 			if err != nil {
 				continue // Redis trouble: the publish's token check still guards correctness
 			}
-			k.mu.Lock()
+			p.mu.Lock()
 			p.leaseUntil = sent.Add(cfg.LockTTL)
 			for i, it := range live {
 				if ok[i] {
-					k.w.m.leaseExtends.WithLabelValues(cfg.Name, "ok").Inc()
+					p.m.leaseExtends.WithLabelValues(cfg.Name, "ok").Inc()
 					continue
 				}
 				it.lost = true
-				k.w.m.leaseExtends.WithLabelValues(cfg.Name, "lost").Inc()
+				p.m.leaseExtends.WithLabelValues(cfg.Name, "lost").Inc()
 			}
-			k.mu.Unlock()
+			p.mu.Unlock()
 		}
 	}()
 	return func() {
@@ -346,18 +358,18 @@ func (p *pipeline) extendLeases(ctx context.Context, items []*item) (stop func()
 // freeze run when Redis wakes and would leave locks nobody releases.
 func (p *pipeline) releaseOwned(ctx context.Context, items []*item) {
 	var locks []string
-	p.k.mu.Lock()
+	p.mu.Lock()
 	for _, it := range items {
 		if it.owned {
 			locks = append(locks, it.ks.Lock)
 			it.owned = false
 		}
 	}
-	p.k.mu.Unlock()
+	p.mu.Unlock()
 	if len(locks) == 0 {
 		return
 	}
-	if err := releaseLocks(ctx, p.k.w.rdb, locks, p.token); err != nil {
+	if err := releaseLocks(ctx, p.rdb, locks, p.token); err != nil {
 		p.k.log.Warn("release locks failed; they expire by themselves", "count", len(locks), "lock_ttl", p.cfg.LockTTL,
 			"error", err)
 	}

@@ -24,6 +24,44 @@ const tryAgainDelay = 100 * time.Millisecond
 // not a refresh and is not counted.
 const resultSettled = "settled"
 
+// dispatch starts refresh batches for the due keys while the origin budget has room, and returns how long to
+// sleep until the next key falls due.
+func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now := k.w.now()
+	cfg := k.cfg
+	for ctx.Err() == nil && k.q.peekDue(now.Add(cfg.GatherWindow)) && k.slots.tryAcquire() {
+		batch := k.q.popDue(now.Add(cfg.GatherWindow), cfg.BatchSize)
+		for _, h := range batch {
+			h.inflight = true
+		}
+		k.batches.Add(1)
+		go func() {
+			defer k.batches.Done()
+			k.refresh(workCtx, batch)
+			k.slots.release()
+			k.poke()
+		}()
+	}
+	due := 0
+	for _, h := range k.q {
+		if !h.due.After(now) {
+			due++
+		}
+	}
+	k.w.m.queued.WithLabelValues(cfg.Name).Set(float64(due))
+	next := k.q.peek()
+	if next == nil {
+		return time.Hour
+	}
+	if d := next.due.Sub(now); d > 0 {
+		return d
+	}
+	// Due now but no budget: a finishing batch pokes the loop; re-check soon in any case.
+	return 50 * time.Millisecond
+}
+
 // refresh runs one batch of due hot keys through the pipeline (see pipeline) with the daemon's two additions:
 // under the locks it re-reads PTTL so a key someone else just rebuilt is not rebuilt again, and when a key
 // cannot be refreshed (origin failure, value too large) it keeps the current value alive (fail-safe). Then it
@@ -46,11 +84,9 @@ func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
 		items = append(items, &item{id: h.id, ks: ks, h: h})
 	}
 	var p *pipeline
-	p = &pipeline{k: k, cfg: cfg,
-		ttl:      func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) },
-		recheck:  k.recheck,
-		failSafe: func(ctx context.Context, items []*item) { k.failSafe(ctx, p.cfg, p.token, items) },
-	}
+	p = k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
+	p.recheck = k.recheck
+	p.failSafe = func(ctx context.Context, items []*item) { k.failSafe(ctx, p.cfg, p.token, items) }
 	err := p.run(ctx, items)
 	if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 		k.redisError(ctx, "refresh", err)
@@ -108,7 +144,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 			}
 			k.retryLocked(h, retryBase)
 		case ResultMissing:
-			h.absent = true
+			h.missing = true
 			h.lastErr = ""
 			h.lastRefresh = p.start
 			if it.delete || cfg.Missing == MissingKeep {
@@ -131,7 +167,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 			h.counted = false
 			h.shortNotice = false
 			h.needPTTL = false
-			h.absent = false
+			h.missing = false
 			h.observeRebuild(p.rebuild)
 			k.p95.add(p.rebuild)
 			h.expiry = p.start.Add(it.ttl)
@@ -177,7 +213,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 		case it.pttl == pttlPersistent:
 			it.result = resultSettled
 			k.applyPTTLLocked(h, it.pttl, now, false)
-		case it.pttl > ld+ld/2 && !h.absent:
+		case it.pttl > ld+ld/2 && !h.missing:
 			// Someone else refreshed it since we last looked: do not rebuild it twice within one TTL.
 			it.result = ResultFresh
 			k.count(ResultFresh)
@@ -248,46 +284,5 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	for _, it := range items {
 		it.rescheduled = true
 		k.retryLocked(it.h, retryBase)
-	}
-}
-
-// originFailed notes a failed origin query and logs, once per outage, that the fail-safe is serving current
-// values. A client-side timeout alone (reason origin_timeout) does not begin an outage until a second batch in a
-// row fails: a daemon that was paused (SIGSTOP, a stalled VM) past a query's deadline sees its own timer fire on
-// resume although PostgreSQL answered long ago. Errors that come from the origin itself begin it at once.
-//
-// paused marks a query whose deadline fired well after it was due: the process itself was paused, so it does
-// not count towards an outage at all.
-func (k *keyspace) originFailed(cfg KeyspaceConfig, reason string, paused bool, cause error) {
-	if paused {
-		k.log.Info("origin query deadline fired late: this process was paused; not counted as an origin failure",
-			"error", cause)
-		return
-	}
-	k.mu.Lock()
-	k.originFailures++
-	first := false
-	if reason != ReasonOriginTimeout || k.originFailures >= 2 {
-		first = k.origin.fail(k.w.now())
-	}
-	k.mu.Unlock()
-	if first {
-		msg := "origin failing; serving current values past their TTL (fail-safe)"
-		if reason == ReasonPoolExhausted {
-			msg = "origin busy: no connection free within pool_wait_timeout; serving current values past their TTL (fail-safe)"
-		}
-		k.log.Error(msg, "reason", reason, "max_stale", cfg.MaxStale, "error", cause)
-	}
-}
-
-// originOK notes a successful origin query; the outage, if any, ends once outageSettle has passed without a
-// failure.
-func (k *keyspace) originOK() {
-	k.mu.Lock()
-	k.originFailures = 0
-	ends, n := k.origin.ok(k.w.now())
-	k.mu.Unlock()
-	if ends {
-		k.log.Info("origin recovered; refreshes resumed", "failures", n)
 	}
 }

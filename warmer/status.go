@@ -15,13 +15,13 @@ type KeyStatus struct {
 	Key         string        `json:"key"`
 	Pinned      bool          `json:"pinned"`
 	Score       float64       `json:"score"`
-	TTL         time.Duration `json:"ttl_ns"`       // TTL left by the daemon's estimate; 0 when unknown or absent
+	TTL         time.Duration `json:"ttl_ns"`       // TTL left by the daemon's estimate; 0 when unknown or missing
 	NextRefresh time.Time     `json:"next_refresh"` // zero when not queued
 	LastRefresh time.Time     `json:"last_refresh"` // zero before the daemon's first refresh
 	LastRebuild time.Duration `json:"last_rebuild_ns"`
 	Refreshing  bool          `json:"refreshing"` // a refresh batch holds the key right now
 	Persistent  bool          `json:"persistent"` // the key has no TTL and is left alone
-	Absent      bool          `json:"absent"`     // the origin had no row at the last refresh
+	Missing     bool          `json:"missing"`    // the origin had no row at the last refresh
 	LastError   string        `json:"last_error,omitempty"`
 }
 
@@ -101,7 +101,7 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	for id, h := range k.hotSet {
 		ks := KeyStatus{ID: id, Key: k.cfg.Keys.Cache.Expand(id, ""), Pinned: h.e.pinned, Score: h.e.score,
 			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Refreshing: h.inflight, Persistent: h.persistent,
-			Absent:    h.absent,
+			Missing:   h.missing,
 			LastError: h.lastErr}
 		if !h.expiry.IsZero() {
 			ks.TTL = max(h.expiry.Sub(now), 0)

@@ -26,11 +26,11 @@ type hotState struct {
 	idx int       // position in the due queue, -1 when not queued
 	due time.Time // when the next refresh is due
 
-	expiry      time.Time     // best known expiry of the cache key; zero when unknown or absent
+	expiry      time.Time     // best known expiry of the cache key; zero when unknown or missing
 	needPTTL    bool          // the expiry must be (re)learnt with PTTL before the key is scheduled
 	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
 	inflight    bool          // a refresh batch holds this key
-	absent      bool          // the origin had no row at the last refresh
+	missing     bool          // the origin had no row at the last refresh
 	lastRebuild time.Duration // duration of the last successful rebuild (origin query)
 	rebuildP95  time.Duration // decayed-maximum estimate of the rebuild p95
 	lastRefresh time.Time

@@ -42,16 +42,18 @@ type Config struct {
 // expire, and refreshes them from their Source shortly before, under the lockstep token lock. Build it with
 // New and start it with Run; Update swaps the keyspace configuration while it runs.
 type Warmer struct {
-	rdb   redis.UniversalClient
-	cfg   Config
-	log   *slog.Logger
-	m     *metrics
-	now   func() time.Time
-	seed  atomic.Uint64
-	notes chan update
+	rdb  redis.UniversalClient
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	now  func() time.Time
+	seed atomic.Uint64
 
 	mu     sync.Mutex
 	spaces map[string]*keyspace
+	// startLoop starts a keyspace's scheduler loop while Run runs (nil otherwise), so that Update starts the
+	// keyspaces it adds.
+	startLoop func(*keyspace)
 
 	progress atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
 	running  atomic.Bool
@@ -80,7 +82,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("warmer: register metrics: %w", err)
 	}
-	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now, notes: make(chan update),
+	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now,
 		spaces: make(map[string]*keyspace)}
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
@@ -111,12 +113,6 @@ func validate(cfgs []KeyspaceConfig) ([]KeyspaceConfig, error) {
 	return out, errors.Join(errs...)
 }
 
-// update is a validated keyspace set on its way to Run, which closes done once it is applied.
-type update struct {
-	spaces []KeyspaceConfig
-	done   chan struct{}
-}
-
 // Update replaces the keyspace configuration of a running (or not yet running) Warmer, and returns once it is
 // in force. It validates first and changes nothing on error. Keyspaces whose key templates are unchanged keep
 // their tracked state; new ones start; removed ones stop after their in-flight refreshes.
@@ -125,21 +121,10 @@ func (w *Warmer) Update(cfgs []KeyspaceConfig) error {
 	if err != nil {
 		return err
 	}
-	u := update{spaces: spaces, done: make(chan struct{})}
-	for {
-		if !w.running.Load() {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			w.applyLocked(spaces, nil)
-			return nil
-		}
-		select {
-		case w.notes <- u:
-			<-u.done
-			return nil
-		case <-time.After(10 * time.Millisecond): // Run may be stopping: look again
-		}
-	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.applyLocked(spaces, w.startLoop)
+	return nil
 }
 
 // Progress returns when a scheduler loop last completed a pass. A systemd watchdog uses it to stop pinging
@@ -164,8 +149,9 @@ func (w *Warmer) Run(ctx context.Context) error {
 	defer workCancel()
 	var loops sync.WaitGroup
 	w.mu.Lock()
+	w.startLoop = func(k *keyspace) { w.startKeyspace(ctx, workCtx, &loops, k) }
 	for _, k := range w.spaces {
-		w.startKeyspace(ctx, workCtx, &loops, k)
+		w.startLoop(k)
 	}
 	w.mu.Unlock()
 	if w.cfg.Notifications {
@@ -188,6 +174,9 @@ func (w *Warmer) Run(ctx context.Context) error {
 			w.mu.Unlock()
 		case <-ctx.Done():
 			w.log.Info("warmer stopping: waiting for in-flight refreshes", "grace", w.cfg.Grace)
+			w.mu.Lock()
+			w.startLoop = nil // an Update from now on starts no loop
+			w.mu.Unlock()
 			loops.Wait()
 			w.mu.Lock()
 			spaces := make([]*keyspace, 0, len(w.spaces))
@@ -210,11 +199,6 @@ func (w *Warmer) Run(ctx context.Context) error {
 				<-done
 			}
 			return nil
-		case u := <-w.notes:
-			w.mu.Lock()
-			w.applyLocked(u.spaces, func(k *keyspace) { w.startKeyspace(ctx, workCtx, &loops, k) })
-			w.mu.Unlock()
-			close(u.done)
 		}
 	}
 }

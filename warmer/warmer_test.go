@@ -393,14 +393,17 @@ func TestFailSafeKeepsHotKeysReadable(t *testing.T) {
 	cfg := f.config("1", "2")
 	cfg.Src = sw
 	cfg.MaxStale = time.Minute
+	// A 2 s lead (TTL/2) rather than the fixture's 1 s: on a busy machine a failing batch (lock, re-check,
+	// refused connection, extension) can take most of a second, and this test is about the fail-safe, not speed.
+	cfg.TTL, cfg.RefreshAhead = 4*time.Second, 2*time.Second
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 	testenv.Eventually(t, 3*time.Second, "keys written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1"), f.key("2")).Result()
 		return n == 2
 	})
 	sw.isDown.Store(true)
-	// For three TTLs with the origin down, the hot keys stay readable.
-	deadline := time.Now().Add(3 * cfg.TTL)
+	// For two TTLs with the origin down, the hot keys stay readable.
+	deadline := time.Now().Add(2 * cfg.TTL)
 	for time.Now().Before(deadline) {
 		if n, _ := f.rdb.Exists(ctx, f.key("1"), f.key("2")).Result(); n != 2 {
 			t.Fatalf("a hot key expired while the origin was down (fail-safe failed)")
@@ -479,8 +482,10 @@ func TestReconciliationAloneKeepsKeysWarm(t *testing.T) {
 	f := newFixture(t, 10)
 	ctx := context.Background()
 	// Keys written by an app with short TTLs, before the daemon knows them; notifications off.
+	// 3 s: the daemon must learn them (PTTL) and refresh them one lead (1 s) before, with 2 s to spare for its
+	// start-up on a busy machine.
 	for _, id := range []string{"1", "2", "3"} {
-		f.rdb.Set(ctx, f.key(id), "app", 1200*time.Millisecond)
+		f.rdb.Set(ctx, f.key(id), "app", 3*time.Second)
 	}
 	cfg := f.config("1", "2", "3")
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: false})

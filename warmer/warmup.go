@@ -112,8 +112,8 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 		hi = cfg.TTL + opt.Spread
 	}
 	res.TTLs = newHistogram(cfg.TTL, hi, HistogramBins)
-	var mu sync.Mutex             // guards res and rnd draws for dry runs
-	ttl := func() time.Duration { // called with k.mu held by the pipeline, or with mu in a dry run
+	var mu sync.Mutex             // guards res
+	ttl := func() time.Duration { // safe for concurrent use: k.rnd has its own lock
 		if opt.Spread > 0 {
 			return cfg.TTL + time.Duration(k.rnd.Float64()*float64(opt.Spread))
 		}
@@ -138,26 +138,25 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 				if opt.DryRun {
 					mu.Lock()
 					res.Batches++
-					k.mu.Lock()
 					for range batch {
 						res.TTLs.add(ttl())
 					}
-					k.mu.Unlock()
 					mu.Unlock()
 					continue
 				}
 				items, invalid := warmItems(cfg, batch)
 				var runErr error
 				if len(items) > 0 {
-					if err := k.acquireSlot(ctx); err != nil {
+					if err := k.slots.acquire(ctx); err != nil {
 						runErr = err
 					} else {
-						p := &pipeline{k: k, cfg: cfg, ttl: ttl}
+						p := k.newPipeline(cfg, ttl)
 						if extra != nil {
 							p.extra = extra
 						}
 						runErr = p.run(ctx, items)
-						k.releaseSlot()
+						k.slots.release()
+						k.poke() // a refresh batch may be waiting for the slot
 						if runErr == nil {
 							k.checkKept(ctx, items)
 						}
@@ -269,32 +268,6 @@ func (r *WarmupResult) add(items []*item, invalid map[string]error, runErr error
 			fail(it.id, err)
 		}
 	}
-}
-
-// acquireSlot takes one of the keyspace's origin-concurrency slots, shared with the daemon's refreshes, waiting
-// until one is free or ctx ends.
-func (k *keyspace) acquireSlot(ctx context.Context) error {
-	for {
-		k.mu.Lock()
-		if k.running < k.cfg.MaxOriginConcurrency {
-			k.running++
-			k.mu.Unlock()
-			return nil
-		}
-		k.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-}
-
-func (k *keyspace) releaseSlot() {
-	k.mu.Lock()
-	k.running--
-	k.mu.Unlock()
-	k.poke()
 }
 
 // resultNotKept marks a warmup item that was written and then evicted at once.

@@ -112,7 +112,7 @@ func printStatus(w io.Writer, spaces []warmer.KeyspaceStatus, now time.Time) {
 			switch {
 			case k.Persistent:
 				note = "no TTL: left alone"
-			case k.Absent:
+			case k.Missing:
 				note = "missing at origin"
 			case k.LastError != "":
 				note = "error: " + k.LastError

@@ -119,7 +119,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		for _, ks := range spaces {
 			n := 0
 			for _, k := range ks.Keys {
-				if k.TTL > 0 && !k.Absent {
+				if k.TTL > 0 && !k.Missing {
 					n++
 				}
 			}

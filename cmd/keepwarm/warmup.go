@@ -126,7 +126,7 @@ func cmdWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	runID := int64(0)
 	if !*dryRun {
 		rec = runs.New(pool, "")
-		if runID, err = rec.Start(ctx, *name, runs.TriggerCLI, ks.Name); err != nil {
+		if runID, err = rec.Start(ctx, *name, warmer.TriggerCLI, ks.Name); err != nil {
 			fmt.Fprintf(stderr, "keepwarm: warning: %v; the warmup goes on unrecorded\n", err)
 			rec = nil
 		}

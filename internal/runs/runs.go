@@ -14,22 +14,8 @@ import (
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
-// Triggers, the values of warmup_runs.trigger.
-const (
-	TriggerCLI  = "cli"
-	TriggerCron = "cron"
-	TriggerAPI  = "api"
-)
-
-// Statuses, the values of warmup_runs.status.
-const (
-	StatusRunning     = "running"
-	StatusOK          = "ok"
-	StatusFailed      = "failed"
-	StatusInterrupted = "interrupted"
-)
-
-// Recorder writes warmup runs to PostgreSQL.
+// Recorder writes warmup runs to PostgreSQL; it implements warmer.RunRecorder. The trigger and status values
+// are warmer's (warmer.TriggerX, warmer.RunStatus).
 type Recorder struct {
 	pool *pgxpool.Pool
 	host string
@@ -55,17 +41,6 @@ func (r *Recorder) Start(ctx context.Context, name, trigger, keyspace string) (i
 	return id, nil
 }
 
-// Status returns the status a finished run is recorded with.
-func Status(res warmer.WarmupResult, err error) string {
-	switch {
-	case res.Interrupted:
-		return StatusInterrupted
-	case err != nil || res.Failed > 0:
-		return StatusFailed
-	}
-	return StatusOK
-}
-
 // Finish completes row id with res's counts and status. It uses its own deadline, so that an interrupted run is
 // still recorded as such.
 func (r *Recorder) Finish(ctx context.Context, id int64, res warmer.WarmupResult, runErr error) error {
@@ -79,7 +54,7 @@ func (r *Recorder) Finish(ctx context.Context, id int64, res warmer.WarmupResult
 	_, err := r.pool.Exec(ctx, `update keepwarm.warmup_runs
 		set finished_at = now(), status = $2, requested = $3, written = $4, skipped_locked = $5, missing = $6,
 		    failed = $7, error = $8
-		where id = $1`, id, Status(res, runErr), res.Requested, res.Written, res.SkippedLocked, res.Missing,
+		where id = $1`, id, warmer.RunStatus(res, runErr), res.Requested, res.Written, res.SkippedLocked, res.Missing,
 		res.Failed, errText)
 	if err != nil {
 		return fmt.Errorf("record end of warmup run %d: %w", id, err)

@@ -20,7 +20,7 @@ type histogram struct {
 	Ticks         []tick
 	Max           int // the tallest bar's count
 	Keys          int // keys with a known TTL
-	Unknown       int // hot keys with no known expiry (absent, persistent, not yet seen)
+	Unknown       int // hot keys with no known expiry (missing at the origin, persistent, not yet seen)
 	Width, Height float64
 	Left, PlotH   float64
 	Span          string

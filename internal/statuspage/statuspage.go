@@ -260,7 +260,7 @@ func viewKey(k warmer.KeyStatus, now time.Time) keyView {
 		v.Note, v.NoteClass = "error: "+Printable(k.LastError), "bad"
 	case k.Persistent:
 		v.Note, v.NoteClass = "no TTL: left alone", "warn"
-	case k.Absent:
+	case k.Missing:
 		v.Note, v.NoteClass = "missing at origin", "warn"
 	case k.Pinned:
 		v.Note = "pinned"

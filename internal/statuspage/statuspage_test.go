@@ -74,7 +74,7 @@ func TestPageSections(t *testing.T) {
 		{ID: "1", Key: "track:1", TTL: 1200 * time.Millisecond, Score: 12.5, NextRefresh: now.Add(200 * time.Millisecond),
 			LastRebuild: 3 * time.Millisecond, LastRefresh: now.Add(-8 * time.Second), Pinned: true},
 		{ID: "2", Key: "track:2", TTL: 9 * time.Second, Score: 3},
-		{ID: "3", Key: "track:3", Absent: true},
+		{ID: "3", Key: "track:3", Missing: true},
 	}
 	status := func(int) []warmer.KeyspaceStatus {
 		return []warmer.KeyspaceStatus{

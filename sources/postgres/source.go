@@ -121,8 +121,8 @@ func New(pool *pgxpool.Pool, cfg Config, opts ...Option) (*Source, error) {
 // Keyspace returns the keyspace's name.
 func (s *Source) Keyspace() string { return s.cfg.Keyspace }
 
-// Fetch runs the keyspace's query once for ids, bound as $1 (text[]), and returns the value of each id the query
-// returned and the ids it did not return (or returned with a NULL value). Duplicate ids are fetched once.
+// Fetch runs the keyspace's query once for ids, bound as $1 (text[]), following the Source contract of package
+// sources: the value of each id the query returned, and the ids it did not return (or returned NULL for).
 //
 // It waits at most PoolWaitTimeout for a pool connection, then fails with an error wrapping ErrPoolExhausted
 // that says "pool exhausted (max_conns N)". The query runs under StatementTimeout, enforced by the server (see
