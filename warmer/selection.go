@@ -14,9 +14,9 @@ import (
 // for nothing, until it decays away. Three rules, taken from the published answers to scan pollution, keep them
 // out:
 //
-//   - Admission needs a second read (a doorkeeper). An id's entry counts the polls that saw evidence of a read:
-//     its first sighting, and every poll that found its score higher than the last one read (only reads raise a
-//     score; the decay and the trim only lower it). An id becomes hot only after two. This is TinyLFU's
+//   - Admission needs a second read (a doorkeeper). An id's entry counts the evidence of reads: its first
+//     sighting, and every poll that found its score higher than the last one read (only reads raise a score; the
+//     decay and the trim only lower it), two for a rise of 2 or more. An id becomes hot only after two. This is TinyLFU's
 //     doorkeeper (Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM ToS
 //     2017) and 2Q's probationary queue; ARC (Megiddo and Modha, FAST 2003) likewise keeps ids seen once (its T1)
 //     apart from ids seen at least twice (T2).
@@ -61,15 +61,17 @@ func (f entryFlags) reads() int { return int((f & readMask) / readOne) }
 
 func (e *entry) setReads(n int) { e.flags = e.flags&^readMask | entryFlags(min(n, 3))*readOne }
 
-// noteRead records evidence of a read of the entry's id.
-func (e *entry) noteRead() {
-	e.setReads(e.flags.reads() + 1)
+// noteRead records evidence of n reads of the entry's id.
+func (e *entry) noteRead(n int) {
+	e.setReads(e.flags.reads() + n)
 	e.wasted = 0
 	e.flags |= flagReadSince
 }
 
 // observe records the access set's score of id, creating the entry if needed. A new entry, or a score higher than
-// the last one seen, is evidence of a read.
+// the last one seen, is evidence of a read; of two when it rose by 2 or more (apps add 1 per read, or 1/rate per
+// sampled read: the score is an estimate of reads). So an id read twice between two polls, or found with a score
+// of 2 or more when the daemon starts, is admitted at once, and one read once is not.
 func (t *tracker) observe(id string, score float64, now int64) *entry {
 	e := t.entries[id]
 	if e == nil {
@@ -77,7 +79,7 @@ func (t *tracker) observe(id string, score float64, now int64) *entry {
 		t.entries[id] = e
 	}
 	if score > e.score {
-		e.noteRead()
+		e.noteRead(min(max(int(score-e.score), 1), admitReads))
 	}
 	e.flags |= flagAccess
 	e.score = score
@@ -94,7 +96,7 @@ func (t *tracker) observeLFU(id string, f uint8, now int64) {
 		t.entries[id] = e
 	}
 	if f > e.lfu {
-		e.noteRead()
+		e.noteRead(1)
 	}
 	e.setReads(max(e.flags.reads(), admitReads))
 	e.lfu = f
