@@ -136,7 +136,7 @@ func TestOutageFreezesHotSet(t *testing.T) {
 	cfg := f.config()
 	cfg.Src = sw
 	cfg.TopN, cfg.DecayHalfLife, cfg.MaxStale = 2, time.Minute, time.Hour
-	cfg.TTL, cfg.RefreshAhead = 4*time.Second, 1200*time.Millisecond // room for the fail-safe on a loaded machine
+	cfg.TTL, cfg.RefreshAhead = 4*time.Second, 2*time.Second // room for the fail-safe on a loaded machine (as TestFailSafeKeepsHotKeysReadable)
 	var clock offsetClock
 	reader(t, f, cfg.AccessKey, "1", "1", "2") // 1 is read twice as often as 2, the key at the cut-off
 	w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Now: clock.now})

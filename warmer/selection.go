@@ -198,8 +198,10 @@ func (t *tracker) selectHot(candidates []string, topN int, minScore float64, now
 // wasteRatio is a keyspace's share of judged refreshes that were wasted, over a window that fades with the
 // keyspace's decay_half_life: the number an operator tunes top_n and min_score with.
 type wasteRatio struct {
-	judged, wasted float64
-	at             time.Time
+	judged, wasted           float64 // faded sums
+	at                       time.Time
+	ratio                    float64 // the last add's result
+	totalJudged, totalWasted int64   // since start
 }
 
 // add folds in judged refreshes, wasted of them, at now, and returns the ratio (0 before any was judged).
@@ -212,10 +214,13 @@ func (w *wasteRatio) add(now time.Time, judged, wasted int, halfLife time.Durati
 	w.at = now
 	w.judged += float64(judged)
 	w.wasted += float64(wasted)
-	if w.judged == 0 {
-		return 0
+	w.totalJudged += int64(judged)
+	w.totalWasted += int64(wasted)
+	w.ratio = 0
+	if w.judged > 0 {
+		w.ratio = w.wasted / w.judged
 	}
-	return w.wasted / w.judged
+	return w.ratio
 }
 
 // judgeLocked runs the refresh feedback for a refresh of h published at now (see tracker.refreshed), before

@@ -288,6 +288,9 @@ type replayResult struct {
 	PGSSApp         int64     `json:"pg_stat_statements_app"`
 	PGSSDaemon      int64     `json:"pg_stat_statements_daemon"`
 	HotExpired      int64     `json:"hot_expired"`
+	FeedbackJudged  int64     `json:"feedback_judged"` // the daemon's own refresh feedback (KeyspaceStatus)
+	FeedbackWasted  int64     `json:"feedback_wasted"`
+	MeanHot         float64   `json:"mean_hot"` // the hot set's size, averaged over the replay's samples of it
 	WarmByBucket    []float64 `json:"warm_by_bucket"`
 	BucketSeconds   float64   `json:"bucket_s"`
 	Latency         latencySummary
@@ -621,7 +624,23 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 			}
 		}()
 	}
+	// The hot set's size, sampled every second while the readers run (top_n is a ceiling, not a target).
+	sampleDone := make(chan struct{})
+	var hotSum, hotN float64
+	go func() {
+		defer close(sampleDone)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for next.Load() < int64(n) && ctx.Err() == nil {
+			<-tick.C
+			if st := wm.Status(1); len(st) == 1 {
+				hotSum += float64(st[0].Hot)
+				hotN++
+			}
+		}
+	}()
 	wg.Wait()
+	<-sampleDone
 	elapsed := time.Since(start)
 	endNs := int64(time.Since(rl.start))
 	var st []warmer.KeyspaceStatus
@@ -641,6 +660,8 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 	}
 	if len(st) == 1 {
 		res.HotExpired = st[0].HotExpired
+		res.FeedbackJudged, res.FeedbackWasted = st[0].RefreshesJudged, st[0].RefreshesWasted
+		res.MeanHot = hotSum / max(hotN, 1)
 		res.daemonRefreshes = st[0].Refreshes
 	}
 	res.PGSSApp = e.pgss(ctx, e.table) - pgssApp0
@@ -767,7 +788,8 @@ func printReplay(w io.Writer, rep *replayReport, e *replayEnv) {
 		if r.FirstError != "" {
 			fmt.Fprintf(w, "%s: first error: %s\n", r.Mode, r.FirstError)
 		}
-		fmt.Fprintf(w, "%s: the warmer's refreshes by result: %v\n", r.Mode, r.daemonRefreshes)
+		fmt.Fprintf(w, "%s: the warmer's refreshes by result: %v; its own refresh feedback judged %d, wasted %d (%.1f%%); hot set %.0f keys on average\n",
+			r.Mode, r.daemonRefreshes, r.FeedbackJudged, r.FeedbackWasted, 100*float64(r.FeedbackWasted)/float64(max(r.FeedbackJudged, 1)), r.MeanHot)
 	}
 	var kw, or *replayResult
 	for i := range rep.Results {
@@ -781,6 +803,7 @@ func printReplay(w io.Writer, rep *replayReport, e *replayEnv) {
 	if kw != nil && or != nil {
 		ratio := kw.warm() / or.warm()
 		fmt.Fprintf(w, "\ntargets: warm fraction keepwarm/oracle = %.2f%% / %.2f%% = %.3f (want >= 0.95) %s", 100*kw.warm(), 100*or.warm(), ratio, mark(ratio >= 0.95))
+		fmt.Fprintf(w, "; wasted refreshes keepwarm %d <= oracle %d %s", kw.Wasted, or.Wasted, mark(kw.Wasted <= or.Wasted))
 		if ra := rep.RefreshAll; ra != nil {
 			fmt.Fprintf(w, "; wasted refreshes keepwarm %d < refresh-all %d %s", kw.Wasted, ra.Wasted, mark(kw.Wasted < ra.Wasted))
 		}
