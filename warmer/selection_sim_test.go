@@ -449,6 +449,11 @@ func BenchmarkSelectionSimulated(b *testing.B) {
 				}
 				c.lead = max(c.ttl/5, min(2, c.ttl/4)+0.5) // refresh_ahead raised to statement_timeout + pool_wait_timeout
 				kw := simulate(seq, nids, c)
+				if os.Getenv("SIM_ONLY_KEEPWARM") != "" {
+					b.Logf("%s: keepwarm warm %.2f%% refreshes %d wasted %d of %d (feedback judged %d wasted %d, mean hot %.0f)",
+						w.name, 100*kw.warm, kw.refreshes, kw.wasted, kw.judged, kw.feedbackJudged, kw.feedbackWasted, kw.meanHot)
+					continue
+				}
 				c.oracle = simOracle(seq, nids, c.topN)
 				or := simulate(seq, nids, c)
 				c.late = true
