@@ -15,7 +15,8 @@ import (
 // keyspace is the state and scheduler loop of one keyspace. Its concepts live in their own files:
 //
 //   - keyspace.go: identity, configuration and the scheduler loop (this file);
-//   - heat.go, tracker.go, lfu.go, invalid.go: the hot set (access-set and LFU signals, the tracker, skipped ids);
+//   - heat.go, tracker.go, selection.go, lfu.go, invalid.go: the hot set (access-set and LFU signals, the tracker,
+//     admission, refresh feedback and the cut at top_n, skipped ids);
 //   - duequeue.go: the due queue, and when each hot key falls due (lead, XFetch offset, back-off);
 //   - expiry.go: expiry knowledge (PTTL reads, reconciliation, SLO accounting); notify.go: keyspace notifications;
 //   - refresh.go, pipeline.go, slots.go: dispatching due keys and the refresh pipeline under the token lock;
