@@ -7,14 +7,25 @@ export KEEPWARM_REDIS_URL ?= redis://127.0.0.1:16379/0
 export KEEPWARM_POSTGRES_URL ?= postgres://keepwarm@127.0.0.1:15432/keepwarm?sslmode=disable
 # PgBouncer in transaction mode in front of that PostgreSQL (opt-in: `make pgbouncer`; `make test` starts it).
 export KEEPWARM_PGBOUNCER_URL ?= postgres://keepwarm@127.0.0.1:16432/keepwarm?sslmode=disable&default_query_exec_mode=exec
+# A 3-master Redis Cluster and a Sentinel group (opt-in: `make cluster sentinel`; `make test` starts both for the
+# tests of internal/clustertest).
+export KEEPWARM_REDIS_CLUSTER_ADDRS ?= 127.0.0.1:27001,127.0.0.1:27002,127.0.0.1:27003,127.0.0.1:27004,127.0.0.1:27005,127.0.0.1:27006
+export KEEPWARM_REDIS_SENTINEL_ADDRS ?= 127.0.0.1:27021,127.0.0.1:27022,127.0.0.1:27023
+export KEEPWARM_REDIS_SENTINEL_MASTER_NAME ?= keepwarm
 
-.PHONY: services services-down pgbouncer test vet build
+.PHONY: services services-down pgbouncer cluster sentinel test vet build
 
 services:
 	scripts/services up
 
 pgbouncer: services
 	scripts/services up pgbouncer
+
+cluster:
+	scripts/services up cluster
+
+sentinel:
+	scripts/services up sentinel
 
 services-down:
 	scripts/services down
@@ -25,7 +36,7 @@ build:
 vet:
 	$(GO) vet ./...
 
-test: services pgbouncer test-deps
+test: services pgbouncer cluster sentinel test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
@@ -36,7 +47,7 @@ KEEPWARM_CHINOOK_DSN ?= postgres://keepwarm@127.0.0.1:15432/chinook?sslmode=disa
 .PHONY: demo-data
 demo-data: services
 	$(GO) run ./examples/chinook/load -dsn '$(KEEPWARM_CHINOOK_DSN)'
-	KEEPWARM_POSTGRES_DSN='$(KEEPWARM_CHINOOK_DSN)' $(GO) run ./cmd/keepwarm migrate up --config config.toml
+	KEEPWARM_POSTGRES_DSN='$(KEEPWARM_CHINOOK_DSN)' $(GO) run ./cmd/keepwarm migrate up --replica-identity-full --config config.toml
 
 # The main job: the local services, the Chinook demo data and keepwarm's schema, then the daemon in the
 # foreground on config.toml (Ctrl-C stops it cleanly).

@@ -3,6 +3,7 @@ package warmer
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -63,10 +64,26 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	}
 	k.adopt = k.adopt[:0]
 	k.mu.Unlock()
-	if !k.readPTTLs(ctx, hs, "read PTTL of new hot keys", false) {
-		k.mu.Lock()
-		k.adopt = append(k.adopt, hs...) // try again on the next pass
-		k.mu.Unlock()
+	// Keys of an expired, evicted or del event (onEvent) are read like a reconciliation, so that a key really
+	// gone counts as expired or vanished, and a key that MIGRATE moved to another node, or that a stale node
+	// reported, counts as nothing.
+	var deleted []*hotState
+	hs = slices.DeleteFunc(hs, func(h *hotState) bool {
+		if h.goneEvent != "" {
+			deleted = append(deleted, h)
+			return true
+		}
+		return false
+	})
+	for _, batch := range []struct {
+		hs          []*hotState
+		reconciling bool
+	}{{hs, false}, {deleted, true}} {
+		if !k.readPTTLs(ctx, batch.hs, "read PTTL of new hot keys", batch.reconciling) {
+			k.mu.Lock()
+			k.adopt = append(k.adopt, batch.hs...) // try again on the next pass
+			k.mu.Unlock()
+		}
 	}
 }
 
@@ -111,7 +128,10 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 		if h.e.hot != h || h.inflight {
 			continue
 		}
-		h.needPTTL = false
+		if h.goneEvent == "expired" && ttls[i] == pttlGone && !h.expiry.IsZero() {
+			h.expiry = minTime(h.expiry, now) // Redis expired it: an SLO miss even if the estimate was later
+		}
+		h.needPTTL, h.goneEvent = false, ""
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
 	}
 	return true

@@ -58,6 +58,9 @@ type metrics struct {
 	judged         *prometheus.CounterVec   // keyspace: refreshes the refresh feedback judged (selection.go)
 	wasted         *prometheus.CounterVec   // keyspace: of those, refreshes no read followed
 	wasteRatio     *prometheus.GaugeVec     // keyspace: wasted / judged over a window of decay_half_life
+
+	notificationsOn   prometheus.Gauge // 1 while keyspace notifications are confirmed on every node
+	notificationNodes prometheus.Gauge // nodes subscribed to keyevents
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -156,6 +159,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "keepwarm_warmer_wasted_refresh_ratio",
 			Help: "Share of judged refreshes that were wasted, over a window that fades with decay_half_life (0..1). High: lower top_n or raise min_score.",
 		}, []string{"keyspace"}),
+		notificationsOn: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_notifications_enabled",
+			Help: "1 while keyspace notifications are subscribed and notify-keyspace-events has every flag the daemon needs (Exeg$) on every node it listens to (each Cluster master); else 0.",
+		}),
+		notificationNodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_notification_nodes",
+			Help: "Redis nodes the daemon is subscribed to for keyspace notifications (every master of a Cluster, else 1).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -163,7 +174,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.decays, m.invalidIDs, m.judged, m.wasted, m.wasteRatio} {
+		m.persistent, m.queued, m.decays, m.invalidIDs, m.judged, m.wasted, m.wasteRatio, m.notificationsOn, m.notificationNodes} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -28,6 +28,7 @@ type hotState struct {
 
 	expiry      time.Time     // best known expiry of the cache key; zero when unknown or missing
 	needPTTL    bool          // the expiry must be (re)learnt with PTTL before the key is scheduled
+	goneEvent   string        // with needPTTL: the expired, evicted or del event that asked for the PTTL (see onEvent)
 	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
 	inflight    bool          // a refresh batch holds this key
 	missing     bool          // the origin had no row at the last refresh

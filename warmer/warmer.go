@@ -23,9 +23,17 @@ type Config struct {
 	// Grace bounds how long in-flight refreshes may finish after Run's context ends; default DefaultGrace.
 	// Every lock they hold is released either way.
 	Grace time.Duration
-	// Notifications subscribes to Redis keyspace notifications (expired, evicted, del, set) for early notice.
-	// PTTL reconciliation runs either way and is the ground truth; notifications are lost across reconnects.
+	// Notifications subscribes to Redis keyspace notifications (expired, evicted, del, set) for early notice, on
+	// every master of a Cluster. PTTL reconciliation runs either way and is the ground truth; notifications are
+	// lost across reconnects. See Warmer.NotificationsHealthy.
 	Notifications bool
+	// AutoNotifyFlags: with Notifications, add the notify-keyspace-events flags the warmer needs ("Exeg$", see
+	// MissingNotifyFlags) to each node's setting with CONFIG SET, after every (re)subscribe and check, where the
+	// ACL allows (+config|set); a refusal is logged once per node. The config's notifications = "auto".
+	AutoNotifyFlags bool
+	// NodeCheckInterval is how often, with Notifications, the warmer re-reads the Cluster's masters and every
+	// node's notify-keyspace-events; default DefaultNodeCheckInterval.
+	NodeCheckInterval time.Duration
 	// DB is the Redis database number, used to match keyspace-notification channels; default 0.
 	DB int
 	// Logger defaults to slog.Default().
@@ -58,6 +66,7 @@ type Warmer struct {
 	progress atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
 	running  atomic.Bool
 	checks   checks // keyspaces whose source check has not passed yet (see Checker)
+	notify   notifier
 }
 
 // New validates cfg and returns a Warmer. The error names every invalid field of every keyspace.

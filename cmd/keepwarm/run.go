@@ -78,6 +78,7 @@ type daemon struct {
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec
 	skipped *skippedIDs   // bad lines of hot-key list files, reported at each load
+	changes *changeStream // change-driven refresh; nil when [changes] is off
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
 	readyAt time.Time     // when ready was closed; written before the close
 	// connectErr is the last failed attempt to reach Redis or PostgreSQL at start-up, for /readyz.
@@ -151,8 +152,22 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 					}
 					return out
 				},
+				Stream: func() *statuspage.Stream {
+					if d.readyWarmer() == nil || d.changes == nil {
+						return nil
+					}
+					return d.changes.page()
+				},
 				Ready: d.readyz, Version: version, Logger: log,
 			}))
+			mux.HandleFunc("GET /debug/stream", func(w http.ResponseWriter, _ *http.Request) {
+				st := streamStatus{}
+				if d.readyWarmer() != nil {
+					st = d.changes.status()
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(st)
+			})
 			mux.HandleFunc("GET /debug/schedules", func(w http.ResponseWriter, _ *http.Request) {
 				sched := []warmer.ScheduleStatus{}
 				if d.readyWarmer() != nil {
@@ -333,8 +348,10 @@ func (d *daemon) run(ctx context.Context) error {
 	// warmer.Checker): a keyspace whose check fails (a table renamed by a migration) is retried with back-off and
 	// named by /readyz and the status page, while the others run. Exiting here would crash-loop under systemd.
 	d.w, err = warmer.New(d.rdb, warmer.Config{
-		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg, Notifications: true,
-		DB: d.cfg.Redis.DB,
+		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg,
+		Notifications:   d.cfg.Redis.Notifications != config.NotificationsOff,
+		AutoNotifyFlags: d.cfg.Redis.Notifications == config.NotificationsAuto,
+		DB:              d.cfg.Redis.DB,
 	})
 	if err != nil {
 		return err
@@ -348,12 +365,18 @@ func (d *daemon) run(ctx context.Context) error {
 	if d.watch, err = reload.New(d.log, watchedFiles(d.cfg)); err != nil {
 		return fmt.Errorf("watch config: %w", err)
 	}
+	if d.changes, err = d.newChangeStream(gctx); err != nil {
+		return err
+	}
 	keyspaces := len(d.cfg.Keyspaces) // read before the watcher starts: a reload replaces d.cfg
 	d.readyAt = time.Now()
 	close(d.ready)
 	g.Go(func() error { return d.w.Run(gctx) })
 	g.Go(func() error { return d.cron.Run(gctx) })
 	g.Go(func() error { return d.watch.Run(gctx, d.reload) })
+	if d.changes != nil {
+		g.Go(func() error { return d.changes.run(gctx) })
+	}
 	d.log.Info("keepwarm running", "keyspaces", keyspaces, "listen", d.srv.Addr())
 	// systemd (Type=notify): READY=1 now, STOPPING=1 when shutdown begins, and watchdog pings while the
 	// scheduler makes progress. Each is a no-op outside systemd.
@@ -419,6 +442,9 @@ func (d *daemon) reload(reason string, final bool) error {
 	}
 	if err == nil {
 		err = d.cron.Update(wire.Schedules(cfg, srcs))
+	}
+	if err == nil && d.changes != nil {
+		err = d.changes.changes.Update(cfg.ChangeKeyspaces()) // [changes] itself takes effect after a restart
 	}
 	if err != nil {
 		d.reloads.WithLabelValues("error").Inc()

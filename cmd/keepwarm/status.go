@@ -43,9 +43,14 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := getJSON(ctx, fmt.Sprintf("http://%s/debug/schedules", target), &scheds); err != nil {
 		return err
 	}
+	var stream streamStatus
+	if err := getJSON(ctx, fmt.Sprintf("http://%s/debug/stream", target), &stream); err != nil {
+		return err
+	}
 	now := time.Now()
 	printStatus(stdout, spaces, now)
 	printSchedules(stdout, scheds, now)
+	printStream(stdout, stream)
 	return nil
 }
 

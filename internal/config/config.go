@@ -31,6 +31,15 @@ const (
 	// ...): one definition each, on warmer.KeyspaceConfig.
 )
 
+// Keyspace notifications settings ([redis] notifications).
+const (
+	NotificationsOn   = "on"   // subscribe, check notify-keyspace-events and report it (the default)
+	NotificationsAuto = "auto" // as on, and add the missing flags with CONFIG SET where the ACL allows
+	NotificationsOff  = "off"  // do not subscribe: PTTL reconciliation alone tracks expiries
+
+	DefaultNotifications = NotificationsOn
+)
+
 // Redis modes.
 const (
 	ModeSingle   = "single"
@@ -50,6 +59,7 @@ type Config struct {
 	Keyspaces []*Keyspace // [[keyspace]], in file order
 	Hotkeys   []*Hotkeys  // [[hotkeys]], in file order
 	Schedules []*Schedule // [[schedule]], in file order
+	Changes   Changes     // [changes]
 	// Notes says which of two sources of a setting won, e.g. "redis: url from KEEPWARM_REDIS_URL replaces the
 	// file's addresses (...)". `validate` prints them and `run` logs them.
 	Notes []string
@@ -71,6 +81,10 @@ type Redis struct {
 	DialTimeout      time.Duration // default DefaultRedisDialTimeout
 	ReadTimeout      time.Duration // default DefaultRedisReadTimeout
 	WriteTimeout     time.Duration // default DefaultRedisWriteTimeout
+	// Notifications is NotificationsOn (default), NotificationsAuto or NotificationsOff: whether the daemon
+	// subscribes to keyspace notifications (on every Cluster master), and whether it sets the notify-keyspace-events
+	// flags it needs itself (warmer.Config.Notifications and AutoNotifyFlags).
+	Notifications string
 }
 
 // TLS is the [redis.tls] section. File paths are absolute after Load.
@@ -146,6 +160,11 @@ type Keyspace struct {
 	MaxTracked           int           // warmer.KeyspaceConfig.MaxTracked
 	DecayHalfLife        time.Duration // warmer.KeyspaceConfig.DecayHalfLife
 	LFU                  bool          // also use Redis's OBJECT FREQ (needs an LFU maxmemory-policy); default false
+
+	// OnChange is what a change to a feeding row does: warmer.OnChangeRefresh (default) or
+	// warmer.OnChangeInvalidate. FedBy lists the feeding tables and id columns (see [changes]).
+	OnChange string
+	FedBy    []Feed
 
 	keys *lockstep.Keys
 }

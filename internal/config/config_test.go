@@ -134,6 +134,7 @@ func TestDefaults(t *testing.T) {
 	}{
 		{"redis.mode", c.Redis.Mode, config.ModeSingle},
 		{"redis.dial_timeout", c.Redis.DialTimeout, config.DefaultRedisDialTimeout},
+		{"redis.notifications", c.Redis.Notifications, config.NotificationsOn},
 		{"postgres.max_conns", c.Postgres.MaxConns, int32(config.DefaultPostgresMaxConns)},
 		{"postgres.statement_timeout", c.Postgres.StatementTimeout, config.DefaultPostgresStatementTimeout},
 		{"postgres.pool_wait_timeout", c.Postgres.PoolWaitTimeout, time.Second},
@@ -277,6 +278,8 @@ func TestBadConfigs(t *testing.T) {
 			`schedule "s": ids_query: keyspace "track" has no ids_query`},
 		{"redis mode", cfg(map[string]string{"REDIS": `mode = "clustr"`}), nil,
 			`redis: mode: "clustr" is not a mode`},
+		{"redis notifications", cfg(map[string]string{"REDIS": `notifications = "yes"`}), nil,
+			`redis: notifications: "yes" is not a setting: want "on", "auto" or "off"`},
 		{"redis url and addresses", cfg(map[string]string{"REDIS": `addresses = ["127.0.0.1:6379"]`}), nil,
 			`redis: set addresses or url, not both`},
 		{"redis sentinel without master", strings.Replace(cfg(map[string]string{"REDIS": "mode = \"sentinel\"\naddresses = [\"h:26379\"]"}), `url = "redis://127.0.0.1:16379/0"`, "", 1), nil,

@@ -124,6 +124,7 @@ func (c *Config) Redacted() string {
 	w("dial_timeout", c.Redis.DialTimeout)
 	w("read_timeout", c.Redis.ReadTimeout)
 	w("write_timeout", c.Redis.WriteTimeout)
+	w("notifications", c.Redis.Notifications)
 	b.WriteString("\n[redis.tls]\n")
 	t := c.Redis.TLS
 	w("enabled", t.Enabled)
@@ -144,6 +145,18 @@ func (c *Config) Redacted() string {
 	w("listen", c.Daemon.Listen)
 	w("log_level", strings.ToLower(c.Daemon.LogLevel.String()))
 	w("log_format", c.Daemon.LogFormat)
+
+	b.WriteString("\n[changes]\n")
+	w("enabled", c.Changes.Enabled)
+	if c.Changes.DSN != "" {
+		w("dsn", c.Changes.RedactedDSN())
+	}
+	w("slot", c.Changes.Slot)
+	w("publication", c.Changes.Publication)
+	w("create_publication", c.Changes.CreatePublication)
+	w("replay_timeout", c.Changes.ReplayTimeout)
+	w("lease_ttl", c.Changes.LeaseTTL)
+	w("gather", c.Changes.Gather)
 
 	for _, ks := range c.Keyspaces {
 		b.WriteString("\n[[keyspace]]\n")
@@ -178,6 +191,14 @@ func (c *Config) Redacted() string {
 		w("max_tracked", ks.MaxTracked)
 		w("decay_half_life", ks.DecayHalfLife)
 		w("lfu", ks.LFU)
+		if len(ks.FedBy) > 0 {
+			w("on_change", ks.OnChange)
+			var feeds []string
+			for _, f := range ks.FedBy {
+				feeds = append(feeds, fmt.Sprintf("{ table = %s, id = %s }", tomlValue(f.Table), tomlValue(f.ID)))
+			}
+			b.WriteString("fed_by = [" + strings.Join(feeds, ", ") + "]\n")
+		}
 	}
 	for _, h := range c.Hotkeys {
 		b.WriteString("\n[[hotkeys]]\n")

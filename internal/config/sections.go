@@ -41,6 +41,8 @@ func decodeRedis(t *table, dir string, r *Redis) {
 	t.duration("dial_timeout", &r.DialTimeout)
 	t.duration("read_timeout", &r.ReadTimeout)
 	t.duration("write_timeout", &r.WriteTimeout)
+	r.Notifications = DefaultNotifications
+	t.str("notifications", &r.Notifications)
 	tt := t.sub("tls")
 	tlsSet := decodeTLS(tt, dir, &r.TLS)
 	tt.done()
@@ -49,6 +51,10 @@ func decodeRedis(t *table, dir string, r *Redis) {
 		return // only recording the keys
 	}
 
+	if !oneOf(r.Notifications, NotificationsOn, NotificationsAuto, NotificationsOff) {
+		t.problem("notifications", "%q is not a setting: want %q, %q or %q", r.Notifications, NotificationsOn,
+			NotificationsAuto, NotificationsOff)
+	}
 	if !oneOf(r.Mode, ModeSingle, ModeSentinel, ModeCluster) {
 		t.problem("mode", "%q is not a mode: want %q, %q or %q", r.Mode, ModeSingle, ModeSentinel, ModeCluster)
 	}
@@ -317,6 +323,7 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 	hasMaxTracked := t.integer("max_tracked", &ks.MaxTracked)
 	t.duration("decay_half_life", &ks.DecayHalfLife)
 	t.boolean("lfu", &ks.LFU)
+	decodeKeyspaceChanges(t, ks)
 	t.done()
 
 	// Templates.

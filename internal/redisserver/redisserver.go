@@ -25,7 +25,9 @@ type Server struct {
 	// Process is the redis-server process, for tests that freeze (SIGSTOP) and thaw (SIGCONT) it.
 	Process *os.Process
 
-	stop func()
+	port int
+	dir  string
+	stop func() // stops the current process
 }
 
 // Start starts a private redis-server on a free loopback port and waits until it answers PING (up to about 5 s).
@@ -44,41 +46,57 @@ func Start(ctx context.Context) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("make redis-server directory: %w", err)
 	}
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--dir", dir, "--logfile", "")
+	s := &Server{URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), port: port, dir: dir}
+	if err := s.start(ctx); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// start runs redis-server on s.port and waits until it answers PING.
+func (s *Server) start(ctx context.Context) error {
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--dir", s.dir, "--logfile", "")
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start redis-server (run `scripts/services up`, which installs it, or apt-get install redis-server): %w", err)
+		return fmt.Errorf("start redis-server (run `scripts/services up`, which installs it, or apt-get install redis-server): %w", err)
 	}
-	s := &Server{
-		URL:     fmt.Sprintf("redis://127.0.0.1:%d/0", port),
-		Process: cmd.Process,
-		stop: func() {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			_ = cmd.Wait()
-			os.RemoveAll(dir)
-		},
+	s.Process = cmd.Process
+	s.stop = func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
 	}
-	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.port), MaxRetries: -1})
 	defer c.Close()
 	for i := 0; ; i++ {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := c.Ping(pctx).Err()
 		cancel()
 		if err == nil {
-			return s, nil
+			return nil
 		}
 		if i > 50 {
-			s.Stop()
-			return nil, fmt.Errorf("private redis-server on port %d did not answer: %w", port, err)
+			s.stop()
+			return fmt.Errorf("private redis-server on port %d did not answer: %w", s.port, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
+// Restart stops the server and starts a new one on the same port, as a crash or a deploy would: every setting
+// changed with CONFIG SET is back at its default, every key is gone (no persistence) and every client connection
+// is closed. It returns once the new server answers PING.
+func (s *Server) Restart(ctx context.Context) error {
+	s.stop()
+	return s.start(ctx)
+}
+
 // Stop stops the server (SIGTERM, then waits for it to exit) and removes its directory.
-func (s *Server) Stop() { s.stop() }
+func (s *Server) Stop() {
+	s.stop()
+	os.RemoveAll(s.dir)
+}
 
 // globEscaper escapes the characters that SCAN MATCH's glob-style patterns treat specially.
 var globEscaper = strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`)

@@ -64,3 +64,16 @@ func (r *FreezableRedis) Thaw(tb testing.TB) {
 		tb.Errorf("thaw redis-server: %v", err)
 	}
 }
+
+// RestartableRedis starts a private redis-server for this test (see redisserver.Start), stopped on cleanup, for
+// tests that restart it (Server.Restart) as a crash or a deploy would. It fails the test, saying what to install,
+// when redis-server cannot start. Clients are the test's to make, from Server.URL.
+func RestartableRedis(tb testing.TB) *redisserver.Server {
+	tb.Helper()
+	srv, err := redisserver.Start(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(srv.Stop)
+	return srv
+}
