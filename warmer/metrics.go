@@ -56,6 +56,9 @@ type metrics struct {
 	owned          *prometheus.GaugeVec     // keyspace
 	decays         *prometheus.CounterVec   // keyspace
 	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
+	judged         *prometheus.CounterVec   // keyspace: refreshes the refresh feedback judged (selection.go)
+	wasted         *prometheus.CounterVec   // keyspace: of those, refreshes no read followed
+	wasteRatio     *prometheus.GaugeVec     // keyspace: wasted / judged over a window of decay_half_life
 
 	notificationsOn   prometheus.Gauge // 1 while keyspace notifications are confirmed on every node
 	notificationNodes prometheus.Gauge // nodes subscribed to keyevents
@@ -149,6 +152,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Ids skipped because they are not valid ids (invalid UTF-8, empty, too long), by source: access_set " +
 				"(members, removed from the set) or lfu (cache keys found by the LFU scan, left alone).",
 		}, []string{"keyspace", "source"}),
+		judged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_refreshes_judged_total",
+			Help: "Published refreshes of hot keys that the access set names, judged at the key's next refresh: was it read in between?",
+		}, []string{"keyspace"}),
+		wasted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_refreshes_wasted_total",
+			Help: "Judged refreshes that no read followed before the key's next refresh (the access set's score did not rise).",
+		}, []string{"keyspace"}),
+		wasteRatio: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_wasted_refresh_ratio",
+			Help: "Share of judged refreshes that were wasted, over a window that fades with decay_half_life (0..1). High: lower top_n or raise min_score.",
+		}, []string{"keyspace"}),
 		notificationsOn: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keepwarm_warmer_notifications_enabled",
 			Help: "1 while keyspace notifications are subscribed and notify-keyspace-events has every flag the daemon needs (Exeg$) on every node it listens to (each Cluster master); else 0.",
@@ -164,7 +179,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.owned, m.decays, m.invalidIDs, m.notificationsOn, m.notificationNodes} {
+		m.persistent, m.queued, m.owned, m.decays, m.invalidIDs, m.judged, m.wasted, m.wasteRatio, m.notificationsOn,
+		m.notificationNodes} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -178,7 +194,7 @@ func (m *metrics) forget(ks string) {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice, m.originQueries, m.originRows,
 		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.owned, m.decays,
-		m.invalidIDs} {
+		m.invalidIDs, m.judged, m.wasted, m.wasteRatio} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
 	}
 }

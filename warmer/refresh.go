@@ -166,6 +166,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 				k.noteGoneLocked(h, now)
 			}
 			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
+			k.judgeLocked(h, p.start)
 			h.lastRefresh = p.start
 			h.lastErr = ""
 			h.errors = 0
