@@ -47,7 +47,7 @@ KEEPWARM_CHINOOK_DSN ?= postgres://keepwarm@127.0.0.1:15432/chinook?sslmode=disa
 .PHONY: demo-data
 demo-data: services
 	$(GO) run ./examples/chinook/load -dsn '$(KEEPWARM_CHINOOK_DSN)'
-	KEEPWARM_POSTGRES_DSN='$(KEEPWARM_CHINOOK_DSN)' $(GO) run ./cmd/keepwarm migrate up --config config.toml
+	KEEPWARM_POSTGRES_DSN='$(KEEPWARM_CHINOOK_DSN)' $(GO) run ./cmd/keepwarm migrate up --replica-identity-full --config config.toml
 
 # The main job: the local services, the Chinook demo data and keepwarm's schema, then the daemon in the
 # foreground on config.toml (Ctrl-C stops it cleanly).

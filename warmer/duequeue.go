@@ -100,7 +100,7 @@ func (q *dueQueue) popDue(until time.Time, n int) []*hotState {
 
 // scheduleLocked queues h for its next refresh given its known expiry.
 func (k *keyspace) scheduleLocked(h *hotState) {
-	if h.e.hot != h || h.persistent {
+	if h.e.hot != h || h.persistent || !k.ownsLocked(h.id) {
 		return
 	}
 	now := k.w.now()
@@ -128,7 +128,7 @@ func (k *keyspace) leadLocked(h *hotState) time.Duration {
 
 // retryLocked queues h for another attempt after retryDelayLocked.
 func (k *keyspace) retryLocked(h *hotState, base time.Duration) {
-	if h.e.hot != h {
+	if h.e.hot != h || !k.ownsLocked(h.id) {
 		return
 	}
 	k.q.schedule(h, k.w.now().Add(k.retryDelayLocked(h, base)))

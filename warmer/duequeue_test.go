@@ -151,12 +151,13 @@ func TestRebuildEstimate(t *testing.T) {
 }
 
 func TestTrackerSelectAndTrim(t *testing.T) {
-	tr := newTracker(5)
+	tr := newTracker(5, time.Minute)
 	tr.setPinned([]string{"p"}, 0)
 	for i, s := range []float64{1, 50, 3, 40, 0.5, 30} {
+		tr.observe(fmt.Sprintf("k%d", i), s/2, 0) // two polls that saw the score rise: admitted
 		tr.observe(fmt.Sprintf("k%d", i), s, 0)
 	}
-	hot := tr.selectHot([]string{"k0", "k1", "k2", "k3", "k4", "k5"}, 2, 2)
+	hot := tr.selectHot([]string{"k0", "k1", "k2", "k3", "k4", "k5"}, 2, 2, 0)
 	want := map[string]bool{"p": true, "k1": true, "k3": true}
 	if fmt.Sprint(hot) != fmt.Sprint(want) {
 		t.Errorf("hot = %v, want %v", hot, want)

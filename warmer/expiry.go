@@ -58,7 +58,7 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	k.mu.Lock()
 	var hs []*hotState
 	for _, h := range k.adopt {
-		if h.e.hot == h && h.needPTTL && !h.inflight {
+		if h.e.hot == h && h.needPTTL && !h.inflight && k.ownsLocked(h.id) {
 			hs = append(hs, h)
 		}
 	}
@@ -126,6 +126,11 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 			h.expiry = minTime(h.expiry, now) // Redis expired it: an SLO miss even if the estimate was later
 		}
 		h.needPTTL, h.goneEvent = false, ""
+		handover := k.noteHandoverLocked(h, ttls[i], now)
+		k.applyPTTLLocked(h, ttls[i], now, reconciling)
+		if handover {
+			h.shortNotice = false // the fleet had the notice: its previous owner did
+		}
 		prev := h.expiry
 		k.applyPTTLLocked(h, ttls[i], now, reconciling)
 		if h.ownWrite && ttls[i] > 0 && absDur(h.expiry.Sub(prev)) <= expiryTolerance {

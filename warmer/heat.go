@@ -57,21 +57,23 @@ func (k *keyspace) poll(ctx context.Context) {
 	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
 	for _, z := range zs {
 		if id, ok := z.Member.(string); ok {
-			k.tr.observe(id, z.Score+float64(lfu[id]), unix)
+			k.tr.observe(id, z.Score, unix)
 			cands = append(cands, id)
 		}
 	}
 	for id, f := range lfu {
-		e := k.tr.entries[id]
-		if e == nil || e.seen != unix {
-			k.tr.observe(id, float64(f), unix)
-		}
+		k.tr.observeLFU(id, f, unix)
 		cands = append(cands, id)
 	}
 	for id := range k.hotSet {
 		cands = append(cands, id)
 	}
-	k.setHotLocked(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore))
+	k.tr.halfLife = cfg.DecayHalfLife
+	// The hot set is frozen while the origin fails: the fail-safe keeps every hot value alive, and a key that
+	// dropped out at the top_n cut-off now would expire into the outage (issue 13 §5). Pins still apply (update).
+	if !k.origin.ongoing() {
+		k.setHotLocked(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore, unix))
+	}
 	k.tr.trim()
 	k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
 	k.mu.Unlock()
@@ -99,7 +101,7 @@ func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[str
 					bad = append(bad, id)
 					continue
 				}
-				k.tr.observe(id, z.Score+float64(lfu[id]), unix)
+				k.tr.observe(id, z.Score, unix)
 			}
 		}
 		k.mu.Unlock()
@@ -186,6 +188,7 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 			k.q.remove(h)
 			k.cq.remove(h)
 			h.e.hot = nil
+			h.e.leftHot()
 			delete(k.hotSet, id)
 		}
 	}
@@ -198,7 +201,7 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 		if e == nil {
 			e = k.tr.observe(id, 0, now)
 		}
-		h := &hotState{id: id, e: e, idx: -1, cidx: -1, needPTTL: true}
+		h := &hotState{id: id, e: e, idx: -1, cidx: -1, needPTTL: true, hotSince: k.w.now()}
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)
@@ -217,4 +220,5 @@ func (k *keyspace) gaugesLocked() {
 	k.w.m.hot.WithLabelValues(k.cfg.Name).Set(float64(len(k.hotSet)))
 	k.w.m.tracked.WithLabelValues(k.cfg.Name).Set(float64(len(k.tr.entries)))
 	k.w.m.persistent.WithLabelValues(k.cfg.Name).Set(float64(persistent))
+	k.w.m.owned.WithLabelValues(k.cfg.Name).Set(float64(k.ownedLocked()))
 }

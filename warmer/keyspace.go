@@ -15,7 +15,8 @@ import (
 // keyspace is the state and scheduler loop of one keyspace. Its concepts live in their own files:
 //
 //   - keyspace.go: identity, configuration and the scheduler loop (this file);
-//   - heat.go, tracker.go, lfu.go, invalid.go: the hot set (access-set and LFU signals, the tracker, skipped ids);
+//   - heat.go, tracker.go, selection.go, lfu.go, invalid.go: the hot set (access-set and LFU signals, the tracker,
+//     admission, refresh feedback and the cut at top_n, skipped ids);
 //   - duequeue.go: the due queue, and when each hot key falls due (lead, XFetch offset, back-off);
 //   - expiry.go: expiry knowledge (PTTL reads, reconciliation, SLO accounting); notify.go: keyspace notifications;
 //   - refresh.go, pipeline.go, slots.go: dispatching due keys and the refresh pipeline under the token lock;
@@ -53,6 +54,8 @@ type keyspace struct {
 	lfu      lfuState             // whether Redis LFU counters can be read
 	invalid  invalidIDs           // skipped ids not yet reported in the log
 	p95      rebuildWindow        // recent rebuild durations, for keys not rebuilt yet
+	view     *fleetView           // the fleet's members as last read; nil when sharing is off (fleet.go)
+	waste    wasteRatio           // the refresh feedback's wasted share (selection.go)
 
 	// Reconciliation (reconcile.go).
 	cq              checkQueue // hot keys by the time of their next PTTL check
@@ -89,9 +92,12 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		rnd:     &lockedRand{r: w.newRand()},
 		wake:    make(chan struct{}, 1),
 		cfg:     c,
-		tr:      newTracker(c.MaxTracked),
+		tr:      newTracker(c.MaxTracked, c.DecayHalfLife),
 		hotSet:  make(map[string]*hotState),
 		results: map[string]*atomic.Int64{},
+	}
+	if w.fleet != nil {
+		k.view = w.fleet.current()
 	}
 	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultLockGone, ResultTooLarge, ResultError} {
 		k.results[r] = new(atomic.Int64)
@@ -133,13 +139,14 @@ func (k *keyspace) update(c KeyspaceConfig) {
 	k.mu.Lock()
 	k.cfg = c
 	k.tr.max = c.MaxTracked
+	k.tr.halfLife = c.DecayHalfLife
 	k.tr.setPinned(c.Pinned, k.w.now().Unix())
 	// Apply pin changes now rather than at the next poll: an id pinned before a promotion is warmed at once.
 	cands := make([]string, 0, len(k.hotSet))
 	for id := range k.hotSet {
 		cands = append(cands, id)
 	}
-	k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore))
+	k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore, k.w.now().Unix()))
 	k.mu.Unlock()
 	k.slots.setLimit(c.MaxOriginConcurrency)
 	k.limiter.SetLimit(limit(c.OriginRate))

@@ -53,8 +53,12 @@ type metrics struct {
 	hot            *prometheus.GaugeVec     // keyspace
 	persistent     *prometheus.GaugeVec     // keyspace
 	queued         *prometheus.GaugeVec     // keyspace
+	owned          *prometheus.GaugeVec     // keyspace
 	decays         *prometheus.CounterVec   // keyspace
 	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
+	judged         *prometheus.CounterVec   // keyspace: refreshes the refresh feedback judged (selection.go)
+	wasted         *prometheus.CounterVec   // keyspace: of those, refreshes no read followed
+	wasteRatio     *prometheus.GaugeVec     // keyspace: wasted / judged over a window of decay_half_life
 	rec            reconcileMetrics
 	ev             evictionMetrics
 
@@ -137,6 +141,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "keepwarm_warmer_keys_due",
 			Help: "Hot keys whose refresh is due now but not yet started (waiting for origin budget).",
 		}, []string{"keyspace"}),
+		owned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_keys_owned",
+			Help: "Hot keys this replica owns and refreshes; the fleet's other replicas own the rest (equal to keys_hot without a fleet).",
+		}, []string{"keyspace"}),
 		decays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_access_decays_total",
 			Help: "Decays of the access sorted set performed by this daemon.",
@@ -146,6 +154,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Ids skipped because they are not valid ids (invalid UTF-8, empty, too long), by source: access_set " +
 				"(members, removed from the set) or lfu (cache keys found by the LFU scan, left alone).",
 		}, []string{"keyspace", "source"}),
+		judged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_refreshes_judged_total",
+			Help: "Published refreshes of hot keys that the access set names, judged at the key's next refresh: was it read in between?",
+		}, []string{"keyspace"}),
+		wasted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_refreshes_wasted_total",
+			Help: "Judged refreshes that no read followed before the key's next refresh (the access set's score did not rise).",
+		}, []string{"keyspace"}),
+		wasteRatio: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_wasted_refresh_ratio",
+			Help: "Share of judged refreshes that were wasted, over a window that fades with decay_half_life (0..1). High: lower top_n or raise min_score.",
+		}, []string{"keyspace"}),
 		rec: newReconcileMetrics(),
 		ev:  newEvictionMetrics(),
 		notificationsOn: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -163,8 +183,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	var errs []error
 	for _, c := range append([]prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
-		m.persistent, m.queued, m.decays, m.invalidIDs, m.notificationsOn, m.notificationNodes},
-		append(m.rec.collectors(), m.ev.collectors()...)...) {
+		m.persistent, m.queued, m.owned, m.decays, m.invalidIDs, m.judged, m.wasted, m.wasteRatio, m.notificationsOn,
+		m.notificationNodes}, append(m.rec.collectors(), m.ev.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -177,8 +197,8 @@ func (m *metrics) forget(ks string) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice, m.originQueries, m.originRows,
-		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.decays,
-		m.invalidIDs} {
+		m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot, m.persistent, m.queued, m.owned, m.decays,
+		m.invalidIDs, m.judged, m.wasted, m.wasteRatio} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
 	}
 	for _, c := range append(m.rec.collectors(), m.ev.collectors()...) {

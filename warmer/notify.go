@@ -406,7 +406,7 @@ func (k *keyspace) onEvent(event, key string) bool {
 		return false
 	}
 	h := k.hotSet[id]
-	if h == nil || h.inflight || h.persistent {
+	if h == nil || h.inflight || h.persistent || !k.ownsLocked(id) {
 		return true
 	}
 	now := k.w.now()

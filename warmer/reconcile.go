@@ -88,10 +88,10 @@ func (k *keyspace) scheduleCheckLocked(h *hotState, now time.Time) {
 	k.cq.schedule(h, now.Add(iv/2+time.Duration(k.rnd.Float64()*float64(iv/2))))
 }
 
-// reconcileWantedLocked reports whether h is re-checked at all: the one place where a per-key filter goes (for
-// instance, only the keys this replica owns).
+// reconcileWantedLocked reports whether h is re-checked at all: the one place where a per-key filter goes: only
+// the keys this replica owns (fleet sharing).
 func (k *keyspace) reconcileWantedLocked(h *hotState) bool {
-	return h.e.hot == h
+	return h.e.hot == h && k.ownsLocked(h.id)
 }
 
 // reconcile re-checks the hot keys whose check is due, at most ReconcileBudget × reconcileTick of them (the

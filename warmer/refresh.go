@@ -3,6 +3,7 @@ package warmer
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/backoff"
@@ -31,8 +32,13 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 	defer k.mu.Unlock()
 	now := k.w.now()
 	cfg := k.cfg
-	for ctx.Err() == nil && k.q.peekDue(now.Add(cfg.GatherWindow)) && k.slots.tryAcquire() {
-		batch := k.q.popDue(now.Add(cfg.GatherWindow), cfg.BatchSize)
+	gather := k.gatherWindowLocked()
+	for ctx.Err() == nil && k.q.peekDue(now.Add(gather)) && k.slots.tryAcquire() {
+		batch := k.q.popDue(now.Add(gather), cfg.BatchSize)
+		if batch = slices.DeleteFunc(batch, func(h *hotState) bool { return !k.ownsLocked(h.id) }); len(batch) == 0 {
+			k.slots.release() // only keys another replica owns now: dropped from the queue
+			continue
+		}
 		for _, h := range batch {
 			h.inflight = true
 		}
@@ -161,6 +167,7 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 				k.noteGoneLocked(h, now)
 			}
 			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
+			k.judgeLocked(h, p.start)
 			h.lastRefresh = p.start
 			h.lastErr = ""
 			h.errors = 0

@@ -53,11 +53,19 @@ type KeyspaceStatus struct {
 	KeyTemplate string `json:"key_template"`
 	Tracked     int    `json:"tracked"`
 	Hot         int    `json:"hot"`
-	Due         int    `json:"due"`
+	// Owned is how many of the hot keys this replica refreshes; the fleet's other replicas own the rest.
+	Owned int `json:"owned"`
+	Due   int `json:"due"`
 	// Refreshes counts refresh attempts since start by result (ok, fresh, locked, missing, lock_lost, error).
 	Refreshes map[string]int64 `json:"refreshes"`
 	// HotExpired is the SLO counter: hot keys that expired before their refresh. It should stay at 0.
 	HotExpired int64 `json:"hot_expired"`
+	// RefreshesJudged and RefreshesWasted count, since start, the refreshes the refresh feedback judged at the
+	// key's next refresh and those no read followed (selection.go); WastedRatio is wasted / judged over a window
+	// that fades with decay_half_life, as the metric keepwarm_warmer_wasted_refresh_ratio.
+	RefreshesJudged int64   `json:"refreshes_judged"`
+	RefreshesWasted int64   `json:"refreshes_wasted"`
+	WastedRatio     float64 `json:"wasted_ratio"`
 	// LFU is true while the LFU signal is on: the keyspace asks for it and Redis's maxmemory-policy, as last
 	// checked, is an LFU policy.
 	LFU bool `json:"lfu"`
@@ -93,7 +101,8 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	defer k.mu.Unlock()
 	st := KeyspaceStatus{Name: k.cfg.Name, KeyTemplate: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
 		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load(),
-		LFU: k.lfu.enabled}
+		LFU: k.lfu.enabled, Owned: k.ownedLocked(), RefreshesJudged: k.waste.totalJudged,
+		RefreshesWasted: k.waste.totalWasted, WastedRatio: k.waste.ratio}
 	for r, n := range k.results {
 		st.Refreshes[r] = n.Load()
 	}

@@ -6,12 +6,16 @@ import (
 )
 
 // entry is one tracked id. Cold entries cost only this struct and the map slot; hot ones also carry a hotState.
-// The tracked set is bounded by MaxTracked; when it is full the coldest entry leaves first.
+// The tracked set is bounded by MaxTracked; when it is full the coldest entry leaves first. The fields are laid
+// out so that an entry is 32 bytes (see selection.go for what reads, lfu and flags mean).
 type entry struct {
-	score  float64   // decayed access score plus LFU frequency
-	seen   int64     // unix seconds of the last poll that saw the id in a signal
-	hot    *hotState // non-nil while the id is hot
-	mark   uint32    // tracker.gen of the last selectHot that took this entry as a candidate
+	score  float64    // the access set's decayed score at the last poll that read the id
+	seen   int64      // unix seconds of the last poll that saw the id in a signal
+	hot    *hotState  // non-nil while the id is hot
+	mark   uint32     // tracker.gen of the last selectHot that took this entry as a candidate
+	lfu    uint8      // Redis's LFU counter above lfuInitVal at the last scan that saw the key; 0 when none
+	wasted uint8      // refreshes in a row that no read followed (the refresh feedback); saturates at 255
+	flags  entryFlags // admission and refresh-feedback state, and the reads seen
 	pinned bool
 }
 
@@ -36,6 +40,8 @@ type hotState struct {
 	staleSince  time.Time // when the fail-safe first kept this value past its TTL, in the current outage
 	counted     bool      // this expiry was already counted as an SLO miss
 	shortNotice bool      // the expiry was learnt less than one lead before it: no time to refresh
+	handover    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
+	hotSince    time.Time // when the id became hot
 
 	// Reconciliation (reconcile.go).
 	cidx        int       // position in the check queue, -1 when not queued
@@ -59,26 +65,15 @@ func (h *hotState) observeRebuild(d time.Duration) {
 
 // tracker holds one keyspace's tracked ids. It is not safe for concurrent use: the keyspace's mutex guards it.
 type tracker struct {
-	entries map[string]*entry
-	pinned  map[string]bool
-	max     int
-	gen     uint32 // bumped by each selectHot, to skip duplicate candidates without a set of its own
+	entries  map[string]*entry
+	pinned   map[string]bool
+	max      int
+	gen      uint32        // bumped by each selectHot, to skip duplicate candidates without a set of its own
+	halfLife time.Duration // decay_half_life: how fast an id's score fades once no signal names it any more
 }
 
-func newTracker(maxTracked int) *tracker {
-	return &tracker{entries: make(map[string]*entry), pinned: make(map[string]bool), max: maxTracked}
-}
-
-// observe records a score for id, creating the entry if needed.
-func (t *tracker) observe(id string, score float64, now int64) *entry {
-	e := t.entries[id]
-	if e == nil {
-		e = &entry{}
-		t.entries[id] = e
-	}
-	e.score = score
-	e.seen = now
-	return e
+func newTracker(maxTracked int, halfLife time.Duration) *tracker {
+	return &tracker{entries: make(map[string]*entry), pinned: make(map[string]bool), max: maxTracked, halfLife: halfLife}
 }
 
 // setPinned replaces the set of pinned ids. It returns the entries that are no longer pinned.
@@ -120,7 +115,7 @@ func (t *tracker) trim() int {
 		if e.pinned || e.hot != nil {
 			continue
 		}
-		cands = append(cands, cand{id, e.score})
+		cands = append(cands, cand{id, e.score + float64(e.lfu)})
 	}
 	if over > len(cands) {
 		over = len(cands)
@@ -138,45 +133,4 @@ func (t *tracker) trim() int {
 		delete(t.entries, c.id)
 	}
 	return over
-}
-
-// selectHot returns the ids that should be hot: every pinned id, plus the topN best-scored candidates whose score
-// is at least minScore. Candidates are the ids the latest signals named and the currently hot ids, so the work is
-// proportional to the hot set, not to the tracked set.
-func (t *tracker) selectHot(candidates []string, topN int, minScore float64) map[string]bool {
-	hot := make(map[string]bool, topN+len(t.pinned))
-	for id := range t.pinned {
-		hot[id] = true
-	}
-	type cand struct {
-		id    string
-		score float64
-	}
-	// Candidates repeat (an id can be in the access set's top, the LFU sample and the hot set at once); marking
-	// the entries with this call's generation skips repeats without building a map of every candidate per poll.
-	t.gen++
-	cs := make([]cand, 0, len(candidates))
-	for _, id := range candidates {
-		e := t.entries[id]
-		if e == nil || e.mark == t.gen || e.pinned {
-			continue
-		}
-		e.mark = t.gen
-		if e.score >= minScore && e.score > 0 {
-			cs = append(cs, cand{id, e.score})
-		}
-	}
-	slices.SortFunc(cs, func(a, b cand) int {
-		switch {
-		case a.score > b.score:
-			return -1
-		case a.score < b.score:
-			return 1
-		}
-		return 0
-	})
-	for i := 0; i < len(cs) && i < topN; i++ {
-		hot[cs[i].id] = true
-	}
-	return hot
 }

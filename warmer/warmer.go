@@ -44,6 +44,9 @@ type Config struct {
 	Now func() time.Time
 	// Seed seeds jitter and XFetch draws; 0 seeds from the runtime's random source.
 	Seed uint64
+	// Fleet makes several replicas share the hot keys, each refreshing the ones it owns (see FleetConfig); the
+	// zero value shares nothing.
+	Fleet FleetConfig
 }
 
 // Warmer keeps the hot keys of its keyspaces warm: it tracks which ids are hot, learns when their cache keys
@@ -67,6 +70,7 @@ type Warmer struct {
 	running  atomic.Bool
 	checks   checks // keyspaces whose source check has not passed yet (see Checker)
 	notify   notifier
+	fleet    *fleet     // nil when sharing is off
 	trust    trustState // for the reconciliation (reconcile.go)
 }
 
@@ -85,15 +89,22 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 		cfg.Now = time.Now
 	}
 	spaces, err := validate(cfg.Keyspaces)
-	if err != nil {
+	fleetCfg, ferr := cfg.Fleet.Resolve()
+	if err = errors.Join(err, ferr); err != nil {
 		return nil, err
 	}
+	cfg.Fleet = fleetCfg
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("warmer: register metrics: %w", err)
 	}
 	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now,
 		spaces: make(map[string]*keyspace)}
+	if cfg.Fleet.Key != "" {
+		if w.fleet, err = newFleet(w, cfg.Fleet, cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("warmer: register metrics: %w", err)
+		}
+	}
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
 	}
@@ -158,6 +169,16 @@ func (w *Warmer) Run(ctx context.Context) error {
 	workCtx, workCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer workCancel()
 	var loops sync.WaitGroup
+	if w.fleet != nil {
+		// The first heartbeat comes before any keyspace starts, so that a replica joining a fleet does not
+		// begin by refreshing every key; if it fails, this replica owns every key until one succeeds.
+		w.fleet.heartbeatOnce(ctx)
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			w.fleet.run(ctx)
+		}()
+	}
 	w.mu.Lock()
 	w.startLoop = func(k *keyspace) { w.startKeyspace(ctx, workCtx, &loops, k) }
 	for _, k := range w.spaces {

@@ -39,6 +39,7 @@ commands:
   zipf      the same as trace on a synthetic Zipf workload (--skew)
   warmup    keepwarm warmup --query over 1,000,000 generated rows vs a naive warmer and the machine's limits
   scale     the warmer itself: memory per tracked key, refresh throughput, Redis commands per refresh, idle CPU
+  changes   update track rows at a rate; time commit-to-Redis; check cached keys against the origin
   meta      Redis memory, CPU and warmup keys/s per cached key, meta hash on and off, vs a plain SET and redis-benchmark
   plot      redraw a benchmark's SVG from the JSON its --json flag wrote
 
@@ -63,6 +64,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runZipf(ctx, args[1:], stdout, stderr)
 	case "scale":
 		return runScale(ctx, args[1:], stdout, stderr)
+	case "changes":
+		return runChanges(ctx, args[1:], stdout, stderr)
 	case "meta":
 		return runMeta(ctx, args[1:], stdout, stderr)
 	case "plot":

@@ -38,6 +38,7 @@ type replayConfig struct {
 	kind       string // "trace" or "zipf"
 	tracePath  string
 	skew       float64
+	scan       float64
 	keys       int
 	reads      int
 	limit      int
@@ -97,6 +98,7 @@ func parseReplay(kind string, args []string, stderr io.Writer) (replayConfig, er
 		fs.Float64Var(&c.skew, "skew", 1.1, "Zipf exponent s (> 1)")
 		fs.IntVar(&c.keys, "keys", 186880, "distinct ids")
 		fs.IntVar(&c.reads, "reads", 914145, "reads to generate")
+		fs.Float64Var(&c.scan, "scan", 0, "fraction of reads, in [0, 1), that are a sequential sweep of ids read once and never again (scan pollution)")
 	}
 	fs.IntVar(&c.limit, "limit", 0, "replay only the first N reads (0: all)")
 	fs.Float64Var(&c.rate, "rate", 3000, "reads per second (planned; the achieved rate is reported)")
@@ -122,8 +124,8 @@ func parseReplay(kind string, args []string, stderr io.Writer) (replayConfig, er
 	switch {
 	case c.rate <= 0 || c.goroutines < 1 || c.clients < 1 || c.topK < 1:
 		return c, usageError{errors.New("--rate, --goroutines, --clients and --top-k must be > 0")}
-	case kind == "zipf" && (c.skew <= 1 || c.keys < 2 || c.reads < 1):
-		return c, usageError{errors.New("--skew must be > 1, --keys >= 2, --reads >= 1")}
+	case kind == "zipf" && (c.skew <= 1 || c.keys < 2 || c.reads < 1 || !(c.scan >= 0 && c.scan < 1)):
+		return c, usageError{errors.New("--skew must be > 1, --keys >= 2, --reads >= 1, --scan in [0, 1)")}
 	}
 	return c, nil
 }
@@ -199,18 +201,31 @@ func loadTrace(path string, limit int) (*workload, error) {
 }
 
 // zipfWorkload draws reads from a Zipf(s) distribution over keys ids; popularity is shuffled over the ids so it
-// does not follow id order.
-func zipfWorkload(skew float64, keys, reads int, seed uint64) *workload {
+// does not follow id order. With scan > 0, each read is instead, with probability scan, the next id of a
+// sequential sweep over ids keys, keys+1, ... that are read once and never again: a batch job or a crawler
+// interleaved with the Zipf traffic, the scan pollution that ARC (Megiddo and Modha, FAST 2003) and TinyLFU
+// (Einziger et al., ACM ToS 2017) resist.
+func zipfWorkload(skew float64, keys, reads int, scan float64, seed uint64) *workload {
 	r := rand.New(rand.NewPCG(seed, 7))
 	z := rand.NewZipf(r, skew, 1, uint64(keys-1))
 	perm := r.Perm(keys)
-	w := &workload{name: fmt.Sprintf("zipf s=%g", skew), ids: make([]string, keys), seq: make([]int32, reads)}
+	name := fmt.Sprintf("zipf s=%g", skew)
+	if scan > 0 {
+		name += fmt.Sprintf(" scan=%g", scan)
+	}
+	w := &workload{name: name, ids: make([]string, keys), seq: make([]int32, reads)}
 	for i := range w.ids {
 		w.ids[i] = strconv.Itoa(i)
 	}
 	seen := make([]bool, keys)
-	distinct := 0
+	distinct, scanned := 0, 0
 	for i := range w.seq {
+		if scan > 0 && r.Float64() < scan {
+			w.seq[i] = int32(len(w.ids))
+			w.ids = append(w.ids, strconv.Itoa(len(w.ids)))
+			scanned++
+			continue
+		}
 		id := int32(perm[z.Uint64()])
 		w.seq[i] = id
 		if !seen[id] {
@@ -218,7 +233,8 @@ func zipfWorkload(skew float64, keys, reads int, seed uint64) *workload {
 			distinct++
 		}
 	}
-	w.note = fmt.Sprintf("zipf s=%g: %d reads over %d ids (%d distinct ids read)", skew, reads, keys, distinct)
+	w.note = fmt.Sprintf("%s: %d reads over %d ids (%d distinct ids read); %d reads of a sequential scan, each of an id read once",
+		name, reads, len(w.ids), distinct+scanned, scanned)
 	return w
 }
 
@@ -272,6 +288,9 @@ type replayResult struct {
 	PGSSApp         int64     `json:"pg_stat_statements_app"`
 	PGSSDaemon      int64     `json:"pg_stat_statements_daemon"`
 	HotExpired      int64     `json:"hot_expired"`
+	FeedbackJudged  int64     `json:"feedback_judged"` // the daemon's own refresh feedback (KeyspaceStatus)
+	FeedbackWasted  int64     `json:"feedback_wasted"`
+	MeanHot         float64   `json:"mean_hot"` // the hot set's size, averaged over the replay's samples of it
 	WarmByBucket    []float64 `json:"warm_by_bucket"`
 	BucketSeconds   float64   `json:"bucket_s"`
 	Latency         latencySummary
@@ -329,7 +348,7 @@ func replay(ctx context.Context, c replayConfig, stdout, stderr io.Writer) (*rep
 		if c.limit > 0 {
 			n = min(n, c.limit)
 		}
-		w = zipfWorkload(c.skew, c.keys, n, c.seed)
+		w = zipfWorkload(c.skew, c.keys, n, c.scan, c.seed)
 	}
 	e := &replayEnv{c: c, w: w, run: strconv.FormatInt(time.Now().UnixNano(), 36), log: slog.New(slog.DiscardHandler), stderr: stderr}
 	e.duration = time.Duration(float64(len(w.seq)) / c.rate * float64(time.Second))
@@ -605,7 +624,23 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 			}
 		}()
 	}
+	// The hot set's size, sampled every second while the readers run (top_n is a ceiling, not a target).
+	sampleDone := make(chan struct{})
+	var hotSum, hotN float64
+	go func() {
+		defer close(sampleDone)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for next.Load() < int64(n) && ctx.Err() == nil {
+			<-tick.C
+			if st := wm.Status(1); len(st) == 1 {
+				hotSum += float64(st[0].Hot)
+				hotN++
+			}
+		}
+	}()
 	wg.Wait()
+	<-sampleDone
 	elapsed := time.Since(start)
 	endNs := int64(time.Since(rl.start))
 	var st []warmer.KeyspaceStatus
@@ -625,6 +660,8 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 	}
 	if len(st) == 1 {
 		res.HotExpired = st[0].HotExpired
+		res.FeedbackJudged, res.FeedbackWasted = st[0].RefreshesJudged, st[0].RefreshesWasted
+		res.MeanHot = hotSum / max(hotN, 1)
 		res.daemonRefreshes = st[0].Refreshes
 	}
 	res.PGSSApp = e.pgss(ctx, e.table) - pgssApp0
@@ -751,7 +788,8 @@ func printReplay(w io.Writer, rep *replayReport, e *replayEnv) {
 		if r.FirstError != "" {
 			fmt.Fprintf(w, "%s: first error: %s\n", r.Mode, r.FirstError)
 		}
-		fmt.Fprintf(w, "%s: the warmer's refreshes by result: %v\n", r.Mode, r.daemonRefreshes)
+		fmt.Fprintf(w, "%s: the warmer's refreshes by result: %v; its own refresh feedback judged %d, wasted %d (%.1f%%); hot set %.0f keys on average\n",
+			r.Mode, r.daemonRefreshes, r.FeedbackJudged, r.FeedbackWasted, 100*float64(r.FeedbackWasted)/float64(max(r.FeedbackJudged, 1)), r.MeanHot)
 	}
 	var kw, or *replayResult
 	for i := range rep.Results {
@@ -765,6 +803,7 @@ func printReplay(w io.Writer, rep *replayReport, e *replayEnv) {
 	if kw != nil && or != nil {
 		ratio := kw.warm() / or.warm()
 		fmt.Fprintf(w, "\ntargets: warm fraction keepwarm/oracle = %.2f%% / %.2f%% = %.3f (want >= 0.95) %s", 100*kw.warm(), 100*or.warm(), ratio, mark(ratio >= 0.95))
+		fmt.Fprintf(w, "; wasted refreshes keepwarm %d <= oracle %d %s", kw.Wasted, or.Wasted, mark(kw.Wasted <= or.Wasted))
 		if ra := rep.RefreshAll; ra != nil {
 			fmt.Fprintf(w, "; wasted refreshes keepwarm %d < refresh-all %d %s", kw.Wasted, ra.Wasted, mark(kw.Wasted < ra.Wasted))
 		}

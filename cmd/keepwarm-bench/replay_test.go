@@ -94,3 +94,31 @@ func TestRefreshAll(t *testing.T) {
 		t.Errorf("got %+v, want 2 refreshes, 1 wasted, warm 0.5", *st)
 	}
 }
+
+func TestZipfScan(t *testing.T) {
+	w := zipfWorkload(1.1, 1000, 20000, 0.1, 1)
+	seen := map[int32]int{}
+	scans := 0
+	last := int32(999)
+	for _, i := range w.seq {
+		seen[i]++
+		if i >= 1000 {
+			scans++
+			if i != last+1 {
+				t.Fatalf("scan id %d follows %d: want a sequential sweep", i, last)
+			}
+			last = i
+		}
+	}
+	for i := int32(1000); i < int32(len(w.ids)); i++ {
+		if seen[i] != 1 {
+			t.Errorf("scan id %d read %d times, want once", i, seen[i])
+		}
+	}
+	if got := float64(scans) / float64(len(w.seq)); got < 0.09 || got > 0.11 {
+		t.Errorf("scan share: got %.3f, want about 0.1", got)
+	}
+	if len(w.ids) != 1000+scans {
+		t.Errorf("ids: got %d, want %d", len(w.ids), 1000+scans)
+	}
+}

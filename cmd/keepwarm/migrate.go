@@ -21,6 +21,8 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "config.toml", "config file (TOML); its [postgres] dsn names the database")
+	identityFull := fs.Bool("replica-identity-full", false,
+		"up: also set REPLICA IDENTITY FULL on fed_by tables whose id column is not in their replica identity")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: keepwarm migrate up|down|status [--config config.toml]")
 		fs.PrintDefaults()
@@ -66,6 +68,9 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer db.Close()
 	if err := apply(ctx, db, stdout); err != nil {
 		return fmt.Errorf("postgres %s: %w", cfg.Postgres.RedactedDSN(), err)
+	}
+	if verb == "up" {
+		return migrateChanges(ctx, cfg, pool, *identityFull, stdout)
 	}
 	return nil
 }

@@ -78,6 +78,7 @@ type daemon struct {
 	reg     *prometheus.Registry
 	reloads *prometheus.CounterVec
 	skipped *skippedIDs   // bad lines of hot-key list files, reported at each load
+	changes *changeStream // change-driven refresh; nil when [changes] is off
 	ready   chan struct{} // closed once Redis and PostgreSQL answered and the warmer is built
 	readyAt time.Time     // when ready was closed; written before the close
 	// connectErr is the last failed attempt to reach Redis or PostgreSQL at start-up, for /readyz.
@@ -151,8 +152,30 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 					}
 					return out
 				},
+				Stream: func() *statuspage.Stream {
+					if d.readyWarmer() == nil || d.changes == nil {
+						return nil
+					}
+					return d.changes.page()
+				},
 				Ready: d.readyz, Version: version, Logger: log,
 			}))
+			mux.HandleFunc("GET /debug/stream", func(w http.ResponseWriter, _ *http.Request) {
+				st := streamStatus{}
+				if d.readyWarmer() != nil {
+					st = d.changes.status()
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(st)
+			})
+			mux.HandleFunc("GET /debug/fleet", func(w http.ResponseWriter, _ *http.Request) {
+				st := warmer.FleetStatus{Members: []warmer.FleetMember{}}
+				if wr := d.readyWarmer(); wr != nil {
+					st = wr.Fleet()
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(st)
+			})
 			mux.HandleFunc("GET /debug/schedules", func(w http.ResponseWriter, _ *http.Request) {
 				sched := []warmer.ScheduleStatus{}
 				if d.readyWarmer() != nil {
@@ -325,6 +348,9 @@ func (d *daemon) run(ctx context.Context) error {
 	}
 	defer d.rdb.Close()
 	defer d.pool.Close()
+	if err := countRedisCommands(d.rdb, d.reg); err != nil {
+		return err
+	}
 	srcs, err := wire.Sources(d.pool, d.cfg, postgres.WithRegisterer(d.reg))
 	if err != nil {
 		return err
@@ -336,7 +362,7 @@ func (d *daemon) run(ctx context.Context) error {
 		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg,
 		Notifications:   d.cfg.Redis.Notifications != config.NotificationsOff,
 		AutoNotifyFlags: d.cfg.Redis.Notifications == config.NotificationsAuto,
-		DB:              d.cfg.Redis.DB,
+		DB:              d.cfg.Redis.DB, Fleet: wire.Fleet(d.cfg),
 	})
 	if err != nil {
 		return err
@@ -350,12 +376,18 @@ func (d *daemon) run(ctx context.Context) error {
 	if d.watch, err = reload.New(d.log, watchedFiles(d.cfg)); err != nil {
 		return fmt.Errorf("watch config: %w", err)
 	}
+	if d.changes, err = d.newChangeStream(gctx); err != nil {
+		return err
+	}
 	keyspaces := len(d.cfg.Keyspaces) // read before the watcher starts: a reload replaces d.cfg
 	d.readyAt = time.Now()
 	close(d.ready)
 	g.Go(func() error { return d.w.Run(gctx) })
 	g.Go(func() error { return d.cron.Run(gctx) })
 	g.Go(func() error { return d.watch.Run(gctx, d.reload) })
+	if d.changes != nil {
+		g.Go(func() error { return d.changes.run(gctx) })
+	}
 	d.log.Info("keepwarm running", "keyspaces", keyspaces, "listen", d.srv.Addr())
 	// systemd (Type=notify): READY=1 now, STOPPING=1 when shutdown begins, and watchdog pings while the
 	// scheduler makes progress. Each is a no-op outside systemd.
@@ -412,8 +444,8 @@ func (d *daemon) reload(reason string, final bool) error {
 		d.log.Warn("config: " + n)
 	}
 	if !reflect.DeepEqual(cfg.Redis, d.cfg.Redis) || !reflect.DeepEqual(cfg.Postgres, d.cfg.Postgres) ||
-		cfg.Daemon.Listen != d.cfg.Daemon.Listen {
-		d.log.Warn("config reload: [redis], [postgres] and daemon.listen changes take effect after a restart")
+		cfg.Daemon.Listen != d.cfg.Daemon.Listen || cfg.Fleet != d.cfg.Fleet {
+		d.log.Warn("config reload: [redis], [postgres], [fleet] and daemon.listen changes take effect after a restart")
 	}
 	srcs, err := wire.Sources(d.pool, cfg, postgres.WithRegisterer(d.reg))
 	if err == nil {
@@ -421,6 +453,9 @@ func (d *daemon) reload(reason string, final bool) error {
 	}
 	if err == nil {
 		err = d.cron.Update(wire.Schedules(cfg, srcs))
+	}
+	if err == nil && d.changes != nil {
+		err = d.changes.changes.Update(cfg.ChangeKeyspaces()) // [changes] itself takes effect after a restart
 	}
 	if err != nil {
 		d.reloads.WithLabelValues("error").Inc()

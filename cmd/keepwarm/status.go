@@ -43,9 +43,19 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := getJSON(ctx, fmt.Sprintf("http://%s/debug/schedules", target), &scheds); err != nil {
 		return err
 	}
+	var stream streamStatus
+	if err := getJSON(ctx, fmt.Sprintf("http://%s/debug/stream", target), &stream); err != nil {
+		return err
+	}
+	var fleet warmer.FleetStatus
+	fleetErr := getJSON(ctx, fmt.Sprintf("http://%s/debug/fleet", target), &fleet) // a daemon before /debug/fleet: 404
 	now := time.Now()
+	if fleetErr == nil {
+		printFleet(stdout, fleet)
+	}
 	printStatus(stdout, spaces, now)
 	printSchedules(stdout, scheds, now)
+	printStream(stdout, stream)
 	return nil
 }
 
@@ -91,7 +101,8 @@ func printStatus(w io.Writer, spaces []warmer.KeyspaceStatus, now time.Time) {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintf(w, "keyspace %s (%s): %d tracked, %d hot, %d due now\n", ks.Name, ks.KeyTemplate, ks.Tracked, ks.Hot, ks.Due)
+		fmt.Fprintf(w, "keyspace %s (%s): %d tracked, %d hot (%d owned by this replica), %d due now\n", ks.Name, ks.KeyTemplate,
+			ks.Tracked, ks.Hot, ks.Owned, ks.Due)
 		if len(ks.Keys) == 0 {
 			continue
 		}
@@ -124,4 +135,35 @@ func printStatus(w io.Writer, spaces []warmer.KeyspaceStatus, now time.Time) {
 		}
 		_ = tw.Flush()
 	}
+}
+
+// printFleet prints the replica's view of its fleet: who is in it, and whose heartbeat is late.
+func printFleet(w io.Writer, f warmer.FleetStatus) {
+	if !f.Enabled {
+		fmt.Fprintf(w, "fleet: off (this replica refreshes every hot key)\n\n")
+		return
+	}
+	members := "members"
+	if len(f.Members) == 1 {
+		members = "member"
+	}
+	fmt.Fprintf(w, "fleet %s: %d %s, heartbeat every %v, TTL %v", f.Key, len(f.Members), members, f.HeartbeatInterval, f.HeartbeatTTL)
+	if f.LastError != "" {
+		fmt.Fprintf(w, "; last heartbeat failed: %s", f.LastError)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  REPLICA\tHEARTBEAT EXPIRES IN\tSTATE")
+	for _, m := range f.Members {
+		state := "live"
+		if m.Late {
+			state = "late: its keys are covered by the others"
+		}
+		if m.Self {
+			state += " (this replica)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", m.ID, m.ExpiresIn.Round(time.Millisecond), state)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
 }

@@ -68,6 +68,12 @@ func demoConfigFor(t *testing.T, prefix string) string {
 	cfg = regexp.MustCompile(`(?m)^top_n = .*$`).ReplaceAllString(cfg, "")
 	cfg = strings.ReplaceAll(cfg, "\nkey = \"", "\ntop_n = 0\nkey = \""+prefix)
 	cfg = strings.ReplaceAll(cfg, "\nfile = \"examples/", "\nfile = \""+root+"/examples/")
+	// No change stream: it would create the slot "keepwarm" on the shared demo database, where a `make run`
+	// streams from it (the stream has tests of its own, on throwaway databases).
+	if !strings.Contains(cfg, "[changes]\n") || !strings.Contains(cfg, "\nenabled = true ") {
+		t.Fatal("config.toml has no [changes] enabled = true line; update this test")
+	}
+	cfg = strings.Replace(cfg, "\nenabled = true ", "\nenabled = false ", 1)
 	cfg += fmt.Sprintf(`
 [[hotkeys]]
 name = "test-albums"

@@ -96,6 +96,35 @@ func summarize(w io.Writer, path string, cfg *config.Config, checkedDB bool) {
 			strings.Join(scheds, ","))
 	}
 	_ = tw.Flush()
+	summarizeChanges(w, cfg, checkedDB)
+}
+
+// summarizeChanges prints the change stream's settings and, per fed keyspace, what feeds it.
+func summarizeChanges(w io.Writer, cfg *config.Config, checkedDB bool) {
+	if len(cfg.FeedingTables()) == 0 {
+		return
+	}
+	state := "off ([changes] enabled = false)"
+	if cfg.Changes.Enabled {
+		state = fmt.Sprintf("on: slot %s, publication %s, dsn %s", cfg.Changes.Slot, cfg.Changes.Publication,
+			redactedStreamDSN(cfg))
+	}
+	fmt.Fprintln(w, "changes: "+state)
+	for _, ks := range cfg.Keyspaces {
+		if len(ks.FedBy) > 0 {
+			fmt.Fprintf(w, "  %s <- %s\n", ks.Name, ks.FeedsString())
+		}
+	}
+	if !checkedDB {
+		fmt.Fprintln(w, "  (fed_by tables and columns not checked against the catalog: use --check-db)")
+	}
+}
+
+func redactedStreamDSN(cfg *config.Config) string {
+	if cfg.Changes.DSN != "" {
+		return cfg.Changes.RedactedDSN()
+	}
+	return cfg.Postgres.RedactedDSN() + " ([postgres] dsn)"
 }
 
 // checkRedis connects to Redis as the daemon does and PINGs it within the connect timeout. A permission or
@@ -126,6 +155,14 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 	// say so now, with what to set in the dsn.
 	if err := postgres.CheckStatementCache(ctx, pool); err != nil {
 		errs = append(errs, err)
+	}
+	// fed_by tables and columns must exist in the catalog (checked strictly); replica identity gaps are notes.
+	if warnings, err := postgres.CheckFeeds(ctx, pool, wire.FeedColumns(cfg)); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, w := range warnings {
+			cfg.Notes = append(cfg.Notes, "changes: "+w.String())
+		}
 	}
 	for _, ks := range cfg.Keyspaces {
 		src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, IDsQuery: ks.IDsQuery})

@@ -56,9 +56,11 @@ type Config struct {
 	Redis     Redis
 	Postgres  Postgres
 	Daemon    Daemon
+	Fleet     Fleet       // [fleet]
 	Keyspaces []*Keyspace // [[keyspace]], in file order
 	Hotkeys   []*Hotkeys  // [[hotkeys]], in file order
 	Schedules []*Schedule // [[schedule]], in file order
+	Changes   Changes     // [changes]
 	// Notes says which of two sources of a setting won, e.g. "redis: url from KEEPWARM_REDIS_URL replaces the
 	// file's addresses (...)". `validate` prints them and `run` logs them.
 	Notes []string
@@ -163,6 +165,11 @@ type Keyspace struct {
 	DecayHalfLife        time.Duration // warmer.KeyspaceConfig.DecayHalfLife
 	LFU                  bool          // also use Redis's OBJECT FREQ (needs an LFU maxmemory-policy); default false
 	ReconcileBudget      int           // warmer.KeyspaceConfig.ReconcileBudget; default warmer.DefaultReconcileBudget
+
+	// OnChange is what a change to a feeding row does: warmer.OnChangeRefresh (default) or
+	// warmer.OnChangeInvalidate. FedBy lists the feeding tables and id columns (see [changes]).
+	OnChange string
+	FedBy    []Feed
 
 	keys *lockstep.Keys
 }

@@ -168,6 +168,7 @@ func decode(d *decoder, abs string, raw map[string]any) *Config {
 	decodePostgres(pt, &c.Postgres)
 	dt := root.sub("daemon")
 	decodeDaemon(dt, &c.Daemon)
+	decodeFleet(root.sub("fleet"), &c.Fleet)
 
 	names := map[string]bool{}
 	keyTemplates := map[string]string{}
@@ -183,9 +184,12 @@ func decode(d *decoder, abs string, raw map[string]any) *Config {
 	for i, m := range root.array("schedule") {
 		c.Schedules = append(c.Schedules, decodeSchedule(newTable(d, fmt.Sprintf("schedule #%d", i+1), "", m), c, names))
 	}
+	ct := root.sub("changes")
+	decodeChanges(ct, &c.Changes)
 	root.done()
 	if d.known == nil {
 		resolveKeyspaces(d, c)
+		checkChanges(ct, c)
 	}
 	if len(c.Keyspaces) == 0 && d.known == nil {
 		root.problem("", "no [[keyspace]]: define at least one")

@@ -146,6 +146,18 @@ func (c *Config) Redacted() string {
 	w("log_level", strings.ToLower(c.Daemon.LogLevel.String()))
 	w("log_format", c.Daemon.LogFormat)
 
+	b.WriteString("\n[changes]\n")
+	w("enabled", c.Changes.Enabled)
+	if c.Changes.DSN != "" {
+		w("dsn", c.Changes.RedactedDSN())
+	}
+	w("slot", c.Changes.Slot)
+	w("publication", c.Changes.Publication)
+	w("create_publication", c.Changes.CreatePublication)
+	w("replay_timeout", c.Changes.ReplayTimeout)
+	w("lease_ttl", c.Changes.LeaseTTL)
+	w("gather", c.Changes.Gather)
+
 	for _, ks := range c.Keyspaces {
 		b.WriteString("\n[[keyspace]]\n")
 		w("name", ks.Name)
@@ -180,6 +192,14 @@ func (c *Config) Redacted() string {
 		w("max_tracked", ks.MaxTracked)
 		w("decay_half_life", ks.DecayHalfLife)
 		w("lfu", ks.LFU)
+		if len(ks.FedBy) > 0 {
+			w("on_change", ks.OnChange)
+			var feeds []string
+			for _, f := range ks.FedBy {
+				feeds = append(feeds, fmt.Sprintf("{ table = %s, id = %s }", tomlValue(f.Table), tomlValue(f.ID)))
+			}
+			b.WriteString("fed_by = [" + strings.Join(feeds, ", ") + "]\n")
+		}
 		w("reconcile_budget", ks.ReconcileBudget)
 	}
 	for _, h := range c.Hotkeys {

@@ -325,6 +325,7 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 	hasMaxTracked := t.integer("max_tracked", &ks.MaxTracked)
 	t.duration("decay_half_life", &ks.DecayHalfLife)
 	t.boolean("lfu", &ks.LFU)
+	decodeKeyspaceChanges(t, ks)
 	t.integer("reconcile_budget", &ks.ReconcileBudget)
 	t.done()
 

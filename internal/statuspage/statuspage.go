@@ -38,6 +38,21 @@ type Schedule struct {
 	LastResult string    // e.g. "ok", "failed", "skipped: ran elsewhere"; "" before the first run
 }
 
+// Stream is the change stream (PostgreSQL logical replication) as the page shows it.
+type Stream struct {
+	Role        string // "holder" (this daemon streams), "standby", "stopped"
+	State       string // "streaming", "connecting", "resync", "stopped"
+	Slot        string
+	Publication string
+	AckedLSN    string
+	LagBytes    int64
+	LagSeconds  float64
+	Received    int64
+	Resyncs     int64
+	LastCommit  time.Time // zero before the first applied transaction
+	LastError   string
+}
+
 // Config configures the page. Status is required.
 type Config struct {
 	// Status returns the keyspaces with up to limit hot keys each, nearest expiry first (warmer.Warmer.Status).
@@ -48,9 +63,11 @@ type Config struct {
 	Ready func(context.Context) error
 	// Schedules returns the cron schedules; nil omits the section.
 	Schedules func() []Schedule
-	Version   string        // shown in the header
-	Refresh   time.Duration // meta refresh period; default DefaultRefresh
-	Keys      int           // hot keys listed per keyspace; default DefaultKeys
+	// Stream returns the change stream's state (change-driven refresh); nil, or a nil result, omits the section.
+	Stream  func() *Stream
+	Version string        // shown in the header
+	Refresh time.Duration // meta refresh period; default DefaultRefresh
+	Keys    int           // hot keys listed per keyspace; default DefaultKeys
 	// HistogramKeys bounds the hot keys counted in each expiry histogram; default DefaultHistogramKeys.
 	HistogramKeys int
 	Now           func() time.Time // default time.Now
@@ -129,6 +146,7 @@ type page struct {
 	HotExpired int64 // sum over keyspaces
 	Schedules  []scheduleView
 	ShowSched  bool
+	Stream     *Stream
 }
 
 type keyspaceView struct {
@@ -192,6 +210,9 @@ func (h *Handler) build(ctx context.Context) page {
 		}
 		v.Listed = len(v.Keys)
 		p.Keyspaces = append(p.Keyspaces, v)
+	}
+	if h.cfg.Stream != nil {
+		p.Stream = h.cfg.Stream()
 	}
 	if h.cfg.Schedules != nil {
 		p.ShowSched = true

@@ -102,3 +102,22 @@ func Schedules(cfg *config.Config, sources map[string]*postgres.Source) []warmer
 	}
 	return out
 }
+
+// Fleet translates the [fleet] section into the warmer's FleetConfig: the zero value when sharing is off, and
+// by default a member set named after the keyspaces' cache-key templates.
+func Fleet(cfg *config.Config) warmer.FleetConfig {
+	f := cfg.Fleet
+	if !f.Enabled {
+		return warmer.FleetConfig{}
+	}
+	key := f.Key
+	if key == "" {
+		templates := make([]string, 0, len(cfg.Keyspaces))
+		for _, ks := range cfg.Keyspaces {
+			templates = append(templates, ks.Key)
+		}
+		key = warmer.DefaultFleetKey(templates)
+	}
+	return warmer.FleetConfig{Key: key, ReplicaID: f.ReplicaID, HeartbeatInterval: f.HeartbeatInterval,
+		HeartbeatTTL: f.HeartbeatTTL}
+}

@@ -1,0 +1,452 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/internal/wire"
+)
+
+// changesReport is what `keepwarm-bench changes` measured.
+type changesReport struct {
+	Rate, Achieved   float64
+	Duration         time.Duration
+	Updates, Errors  int64
+	Samples          int64 // updates of a cached track whose landing in Redis was timed
+	Landed, Lost     int64 // samples seen in Redis within 5 s / not seen
+	P50, P99, Max    time.Duration
+	Windows          []changesWindow
+	Metrics          map[string]float64 // daemon metric deltas over the run
+	Mismatches       int
+	Checked          int
+	MismatchExamples []string
+}
+
+type changesWindow struct {
+	At       float64 // seconds into the run (window end)
+	P50, P99 float64 // milliseconds
+	N        int
+}
+
+type changesFlags struct {
+	config, daemon, svg, json string
+	rate                      float64
+	duration, settle          time.Duration
+	workers, sampleEvery      int
+	zipf                      float64
+	verifyOnly                bool
+	moveEvery                 int
+}
+
+// runChanges is `keepwarm-bench changes`: it updates track rows at --rate per second (single-row transactions,
+// ids Zipf-distributed like the load's), times how long a sample of them takes to land in Redis (commit to the
+// new name in GET track:<id>), reads the daemon's metrics before and after, and then checks that every cached key
+// of the fed keyspaces equals a fresh fetch from the origin.
+func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var f changesFlags
+	fs := flag.NewFlagSet("changes", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.config, "config", "config.toml", "keepwarm config file (its [postgres] dsn and [redis] are used)")
+	fs.StringVar(&f.daemon, "daemon", "", "the daemon's HTTP address, for its metrics before and after ('' = none)")
+	fs.Float64Var(&f.rate, "rate", 1000, "row updates per second")
+	fs.DurationVar(&f.duration, "duration", 2*time.Minute, "how long to update")
+	fs.DurationVar(&f.settle, "settle", 3*time.Second, "wait after the last update before verifying")
+	fs.IntVar(&f.workers, "workers", 16, "connections issuing updates")
+	fs.IntVar(&f.sampleEvery, "sample-every", 20, "time the landing of every Nth update of a cached track")
+	fs.IntVar(&f.moveEvery, "move-every", 100, "every Nth update moves the track to another album (0: never)")
+	fs.Float64Var(&f.zipf, "zipf", 1.1, "Zipf exponent of the updated track ids")
+	fs.BoolVar(&f.verifyOnly, "verify-only", false, "only check cached keys against the origin")
+	fs.StringVar(&f.svg, "svg", "", "write the latency plot here")
+	fs.StringVar(&f.json, "json", "", "write the report as JSON here")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(f.config)
+	if err != nil {
+		return err
+	}
+	rdb, err := wire.Redis(ctx, cfg, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	pool, err := wire.Postgres(ctx, cfg, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// Updates go to the primary: [changes] dsn when set ([postgres] dsn may be a read replica).
+	wpool := pool
+	if cfg.Changes.DSN != "" {
+		if wpool, err = newPool(ctx, cfg.Changes.DSN, int32(f.workers)); err != nil {
+			return err
+		}
+		defer wpool.Close()
+	}
+	var rep changesReport
+	if !f.verifyOnly {
+		before := daemonMetrics(f.daemon)
+		if err := updateLoop(ctx, f, cfg, rdb, wpool, &rep, stderr); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(f.settle):
+		}
+		rep.Metrics = diffMetrics(before, daemonMetrics(f.daemon))
+	}
+	if err := verifyCached(ctx, cfg, rdb, pool, &rep); err != nil {
+		return err
+	}
+	printChanges(stdout, f, &rep)
+	return writeResults(f.svg, f.json, &rep, changesSVG, stderr)
+}
+
+func updateLoop(ctx context.Context, f changesFlags, cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool,
+	rep *changesReport, stderr io.Writer) error {
+	var ntracks, nalbums int
+	if err := pool.QueryRow(ctx, "select (select count(*) from track), (select count(*) from album)").Scan(&ntracks, &nalbums); err != nil {
+		return fmt.Errorf("count tracks: %w", err)
+	}
+	trackKeys := cfg.Keyspace("track").Keys()
+	rctx, cancel := context.WithTimeout(ctx, f.duration)
+	defer cancel()
+	type sample struct {
+		at  float64
+		lat time.Duration
+	}
+	var mu sync.Mutex
+	var samples []sample
+	var updates, errs, nsamples, landed, lost atomic.Int64
+	jobs := make(chan int64, f.workers*4)
+	start := time.Now()
+	var wg sync.WaitGroup
+	var timers sync.WaitGroup
+	for w := 0; w < f.workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			z := rand.NewZipf(r, f.zipf, 1, uint64(ntracks-1))
+			for seq := range jobs {
+				id := int(z.Uint64()) + 1
+				name := fmt.Sprintf("kwb %d", seq)
+				q, qargs := "update track set name = $2 where track_id = $1", []any{id, name}
+				if f.moveEvery > 0 && seq%int64(f.moveEvery) == 0 {
+					q, qargs = "update track set name = $2, album_id = $3 where track_id = $1", []any{id, name, r.IntN(nalbums) + 1}
+				}
+				timed := f.sampleEvery > 0 && seq%int64(f.sampleEvery) == 0
+				var key string
+				if timed {
+					ks, _ := trackKeys.For(strconv.Itoa(id))
+					key = ks.Cache
+					if n, err := rdb.Exists(rctx, key).Result(); err != nil || n == 0 {
+						timed = false // not cached: nothing to land
+					}
+				}
+				if _, err := pool.Exec(rctx, q, qargs...); err != nil {
+					if rctx.Err() == nil {
+						errs.Add(1)
+					}
+					continue
+				}
+				committed := time.Now()
+				updates.Add(1)
+				if !timed {
+					continue
+				}
+				nsamples.Add(1)
+				timers.Add(1)
+				go func() {
+					defer timers.Done()
+					want := []byte(`"name" : "` + name + `"`)
+					deadline := committed.Add(5 * time.Second)
+					for time.Now().Before(deadline) {
+						v, err := rdb.Get(context.Background(), key).Bytes()
+						// Our name, or a later update's of the same id (which superseded ours), has landed.
+						if err == nil && (bytes.Contains(v, want) || newer(v, name)) {
+							landed.Add(1)
+							mu.Lock()
+							samples = append(samples, sample{at: committed.Sub(start).Seconds(), lat: time.Since(committed)})
+							mu.Unlock()
+							return
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+					lost.Add(1)
+				}()
+			}
+		}()
+	}
+	interval := 10 * time.Millisecond
+	perTick := f.rate * interval.Seconds()
+	t := time.NewTicker(interval)
+	var seq int64
+	owed := 0.0
+	last := time.Now()
+loop:
+	for {
+		select {
+		case <-rctx.Done():
+			break loop
+		case now := <-t.C:
+			owed += perTick * float64(now.Sub(last)) / float64(interval)
+			last = now
+			for ; owed >= 1; owed-- {
+				seq++
+				select {
+				case jobs <- seq:
+				case <-rctx.Done():
+					break loop
+				}
+			}
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	elapsed := time.Since(start)
+	timers.Wait()
+	rep.Rate, rep.Duration = f.rate, elapsed
+	rep.Updates, rep.Errors = updates.Load(), errs.Load()
+	rep.Achieved = float64(rep.Updates) / elapsed.Seconds()
+	rep.Samples, rep.Landed, rep.Lost = nsamples.Load(), landed.Load(), lost.Load()
+	slices.SortFunc(samples, func(a, b sample) int { return int(a.at*1e6 - b.at*1e6) })
+	var all []time.Duration
+	for _, s := range samples {
+		all = append(all, s.lat)
+	}
+	rep.P50, rep.P99, rep.Max = latPct(all, 0.5), latPct(all, 0.99), latPct(all, 1)
+	const win = 5.0
+	for w0 := 0.0; w0 < elapsed.Seconds(); w0 += win {
+		var lats []time.Duration
+		for _, s := range samples {
+			if s.at >= w0 && s.at < w0+win {
+				lats = append(lats, s.lat)
+			}
+		}
+		if len(lats) > 0 {
+			rep.Windows = append(rep.Windows, changesWindow{At: w0 + win, N: len(lats),
+				P50: ms(latPct(lats, 0.5)), P99: ms(latPct(lats, 0.99))})
+		}
+	}
+	fmt.Fprintf(stderr, "changes: %d updates in %v (%.0f/s), %d errors\n", rep.Updates, elapsed.Round(time.Second), rep.Achieved, rep.Errors)
+	return nil
+}
+
+// newer reports whether v holds a "kwb N" name with N > the sequence number in name.
+func newer(v []byte, name string) bool {
+	mine, _ := strconv.ParseInt(strings.TrimPrefix(name, "kwb "), 10, 64)
+	i := bytes.Index(v, []byte(`"name" : "kwb `))
+	if i < 0 {
+		return false
+	}
+	rest := v[i+len(`"name" : "kwb `):]
+	j := bytes.IndexByte(rest, '"')
+	if j < 0 {
+		return false
+	}
+	n, err := strconv.ParseInt(string(rest[:j]), 10, 64)
+	return err == nil && n > mine
+}
+
+func latPct(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// verifyCached compares every cached key of the fed keyspaces with a fresh fetch from the origin.
+func verifyCached(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool, rep *changesReport) error {
+	srcs, err := wire.Sources(pool, cfg)
+	if err != nil {
+		return err
+	}
+	for _, ks := range cfg.Keyspaces {
+		if len(ks.FedBy) == 0 {
+			continue
+		}
+		prefix, _, _ := strings.Cut(ks.Key, "${id}")
+		var ids []string
+		iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			id := strings.TrimPrefix(iter.Val(), prefix)
+			if !strings.Contains(id, ":") {
+				ids = append(ids, id)
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		for start := 0; start < len(ids); start += 100 {
+			batch := ids[start:min(start+100, len(ids))]
+			// Read the cache first, then the origin: a value refreshed in between is newer, never older.
+			cached := make(map[string][]byte, len(batch))
+			for _, id := range batch {
+				if v, err := rdb.Get(ctx, prefix+id).Bytes(); err == nil {
+					cached[id] = v
+				}
+			}
+			values, _, err := srcs[ks.Name].Fetch(ctx, batch)
+			if err != nil {
+				return fmt.Errorf("fetch %s: %w", ks.Name, err)
+			}
+			for id, v := range cached {
+				rep.Checked++
+				if !bytes.Equal(v, values[id]) {
+					rep.Mismatches++
+					if len(rep.MismatchExamples) < 5 {
+						rep.MismatchExamples = append(rep.MismatchExamples, fmt.Sprintf("%s%s: cached %.80q, origin %.80q", prefix, id, v, values[id]))
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// daemonMetrics scrapes the daemon's /metrics into name{labels} → value (counters, gauges, histogram buckets).
+func daemonMetrics(addr string) map[string]float64 {
+	out := map[string]float64{}
+	if addr == "" {
+		return out
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "keepwarm_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+func diffMetrics(before, after map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range after {
+		if strings.Contains(k, "_bucket") && !strings.HasPrefix(k, "keepwarm_changes_commit_to_redis_seconds_bucket") {
+			continue
+		}
+		if d := v - before[k]; d != 0 || strings.Contains(k, "hot_expired") {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func printChanges(w io.Writer, f changesFlags, rep *changesReport) {
+	if !f.verifyOnly {
+		fmt.Fprintf(w, "changes: %d track updates in %v: %.0f/s (target %.0f/s), %d failed\n", rep.Updates,
+			rep.Duration.Round(time.Second), rep.Achieved, rep.Rate, rep.Errors)
+		fmt.Fprintf(w, "commit to Redis (GET track:<id> shows the new name), %d timed updates of cached tracks: p50 %v  p99 %v  max %v; %d not seen within 5 s\n",
+			rep.Samples, rep.P50.Round(time.Millisecond), rep.P99.Round(time.Millisecond), rep.Max.Round(time.Millisecond), rep.Lost)
+		keys := make([]string, 0, len(rep.Metrics))
+		for k := range rep.Metrics {
+			if strings.HasPrefix(k, "keepwarm_changes_") || strings.HasPrefix(k, "keepwarm_stream_") ||
+				strings.HasPrefix(k, "keepwarm_warmer_hot_expired") || strings.HasPrefix(k, "keepwarm_warmer_refreshes_total") {
+				keys = append(keys, k)
+			}
+		}
+		slices.Sort(keys)
+		if p50, p99, ok := histQuantiles(rep.Metrics, "keepwarm_changes_commit_to_redis_seconds"); ok {
+			fmt.Fprintf(w, "daemon's commit-to-Redis histogram (every transaction, bucket upper bounds): p50 <= %gs, p99 <= %gs\n", p50, p99)
+		}
+		fmt.Fprintln(w, "daemon metrics, change over the run:")
+		for _, k := range keys {
+			if strings.Contains(k, "_bucket") {
+				continue
+			}
+			fmt.Fprintf(w, "  %s %g\n", k, rep.Metrics[k])
+		}
+	}
+	fmt.Fprintf(w, "verify: %d cached keys of the fed keyspaces compared with the origin: %d differ\n", rep.Checked, rep.Mismatches)
+	for _, e := range rep.MismatchExamples {
+		fmt.Fprintln(w, "  "+e)
+	}
+}
+
+func changesSVG(rep *changesReport) []byte {
+	var p50, p99 [][2]float64
+	ymax := 100.0
+	for _, w := range rep.Windows {
+		p50 = append(p50, [2]float64{w.At, w.P50})
+		p99 = append(p99, [2]float64{w.At, w.P99})
+		ymax = max(ymax, w.P99*1.1)
+	}
+	title := fmt.Sprintf("commit to Redis, %.0f track updates/s: p50 %v, p99 %v (5 s windows)", rep.Achieved,
+		rep.P50.Round(time.Millisecond), rep.P99.Round(time.Millisecond))
+	return lineSVG(title, "seconds into the run", "milliseconds", 0, max(rep.Duration.Seconds(), 1), 0, ymax,
+		[]svgSeries{{name: "p50", color: palette[0], pts: p50}, {name: "p99", color: palette[1], pts: p99}})
+}
+
+// histQuantiles returns the upper bounds of the buckets holding the p50 and p99 of histogram name in m (deltas of
+// cumulative bucket counts, keyed name_bucket{le="x"}).
+func histQuantiles(m map[string]float64, name string) (p50, p99 float64, ok bool) {
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	for k, v := range m {
+		rest, found := strings.CutPrefix(k, name+`_bucket{le="`)
+		if !found {
+			continue
+		}
+		le, err := strconv.ParseFloat(strings.TrimSuffix(rest, `"}`), 64)
+		if err != nil {
+			continue
+		}
+		bs = append(bs, bucket{le, v})
+	}
+	slices.SortFunc(bs, func(a, b bucket) int {
+		switch {
+		case a.le < b.le:
+			return -1
+		case a.le > b.le:
+			return 1
+		}
+		return 0
+	})
+	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
+		return 0, 0, false
+	}
+	total := bs[len(bs)-1].n
+	find := func(q float64) float64 {
+		for _, b := range bs {
+			if b.n >= q*total {
+				return b.le
+			}
+		}
+		return math.Inf(1)
+	}
+	return find(0.5), find(0.99), true
+}

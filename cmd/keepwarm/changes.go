@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/keepwarm/keepwarm/internal/statuspage"
+	"github.com/keepwarm/keepwarm/internal/wire"
+	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// streamStatus is what /debug/stream returns and `keepwarm status` prints.
+type streamStatus struct {
+	Enabled bool                   `json:"enabled"`
+	Lease   *warmer.LeaseStatus    `json:"lease,omitempty"`
+	Stream  *postgres.StreamStatus `json:"stream,omitempty"`
+}
+
+// changeStream is the daemon's change-driven refresh: the stream lease, the replication stream, and the warmer's
+// Changes that apply its transactions.
+type changeStream struct {
+	lease   *warmer.StreamLease
+	stream  *postgres.Stream
+	changes *warmer.Changes
+}
+
+// newChangeStream checks the feeds against the catalog and builds the parts; nil when [changes] is off.
+func (d *daemon) newChangeStream(ctx context.Context) (*changeStream, error) {
+	cfg := d.cfg
+	if !cfg.Streamed() {
+		return nil, nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	warnings, err := postgres.CheckFeeds(cctx, d.pool, wire.FeedColumns(cfg))
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("changes: %w", err)
+	}
+	for _, w := range warnings {
+		d.log.Warn("changes: " + w.String())
+	}
+	changes, err := warmer.NewChanges(d.w, warmer.ChangesConfig{Keyspaces: cfg.ChangeKeyspaces(),
+		ReplayTimeout: cfg.Changes.ReplayTimeout, Registerer: d.reg, Logger: d.log.With("component", "changes")})
+	if err != nil {
+		return nil, err
+	}
+	stream, err := postgres.NewStream(postgres.StreamConfig{
+		DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot, Publication: cfg.Changes.Publication,
+		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
+		Resync: changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
+		Logger: d.log.With("component", "stream"), Registerer: d.reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	lease, err := warmer.NewStreamLease(d.rdb, wire.LeaseKey(cfg.Changes.Slot), cfg.Changes.LeaseTTL,
+		d.log.With("component", "stream"), d.reg)
+	if err != nil {
+		return nil, err
+	}
+	return &changeStream{lease: lease, stream: stream, changes: changes}, nil
+}
+
+// run streams while this daemon holds the lease, until ctx ends.
+func (c *changeStream) run(ctx context.Context) error {
+	return c.lease.Run(ctx, func(ctx context.Context) error {
+		return c.stream.Run(ctx, func(ctx context.Context, txns []postgres.Txn) error {
+			return c.changes.Apply(ctx, wire.Txns(txns))
+		})
+	})
+}
+
+func (c *changeStream) status() streamStatus {
+	if c == nil {
+		return streamStatus{}
+	}
+	l, s := c.lease.Status(), c.stream.Status()
+	return streamStatus{Enabled: true, Lease: &l, Stream: &s}
+}
+
+func (c *changeStream) page() *statuspage.Stream {
+	l, s := c.lease.Status(), c.stream.Status()
+	return &statuspage.Stream{Role: l.State, State: s.State, Slot: s.Slot, Publication: s.Publication,
+		AckedLSN: s.AckedLSN, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds, Received: s.Received,
+		Resyncs: s.Resyncs, LastCommit: s.LastCommit, LastError: s.LastError}
+}
+
+// printStream prints the change stream's state for `keepwarm status`.
+func printStream(w io.Writer, st streamStatus) {
+	if !st.Enabled || st.Lease == nil || st.Stream == nil {
+		return
+	}
+	s := st.Stream
+	fmt.Fprintf(w, "\nchange stream: %s (lease %s), slot %s, publication %s\n", s.State, st.Lease.State, s.Slot, s.Publication)
+	last := "never"
+	if !s.LastCommit.IsZero() {
+		last = s.LastCommit.UTC().Format(time.RFC3339Nano)
+	}
+	fmt.Fprintf(w, "  acknowledged %s, server %s, lag %d bytes / %.2fs, %d changes received, %d pending transactions, %d resyncs, last commit applied %s\n",
+		s.AckedLSN, s.ServerLSN, s.LagBytes, s.LagSeconds, s.Received, s.Pending, s.Resyncs, last)
+	if s.LastError != "" {
+		fmt.Fprintf(w, "  last error: %s\n", s.LastError)
+	}
+}

@@ -1,0 +1,218 @@
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// Changes is the [changes] section: change-driven refresh from PostgreSQL logical replication (sources/postgres
+// Stream). The keyspaces it feeds say so with on_change and fed_by.
+type Changes struct {
+	Enabled bool // stream changes; default false
+	// DSN of the primary, for the replication connection; "" uses [postgres] dsn. Set it when [postgres] dsn is
+	// a read replica (then every refresh first waits for the replica to replay the commit). Keep a password in
+	// KEEPWARM_CHANGES_DSN.
+	DSN               string
+	Slot              string        // the permanent replication slot keepwarm owns; default postgres.DefaultSlot
+	Publication       string        // default postgres.DefaultPublication
+	CreatePublication bool          // create the publication, or add missing tables, at start; default true
+	ReplayTimeout     time.Duration // read-your-commit bound on a replica; default warmer.DefaultReplayTimeout
+	LeaseTTL          time.Duration // the fleet's stream lease; default warmer.DefaultLeaseTTL
+	// Gather is how long the first transaction of a batch waits for more before the batch is applied, so that
+	// bursts of updates of one row coalesce into one rebuild; default postgres.DefaultGather.
+	Gather time.Duration
+}
+
+// RedactedDSN returns DSN with any password masked.
+func (c Changes) RedactedDSN() string { return redactDSN(c.DSN) }
+
+// LogValue logs the section with the DSN's password masked.
+func (c Changes) LogValue() slog.Value {
+	return slog.GroupValue(slog.Bool("enabled", c.Enabled), slog.String("dsn", c.RedactedDSN()),
+		slog.String("slot", c.Slot), slog.String("publication", c.Publication))
+}
+
+// String is LogValue's text.
+func (c Changes) String() string { return fmt.Sprint(c.LogValue()) }
+
+// GoString never shows the password.
+func (c Changes) GoString() string { return "config.Changes" + c.String() }
+
+// Feed is one fed_by entry of a keyspace: a change to a row of Table refreshes the id held in column ID.
+type Feed struct {
+	Table string // "schema.table" after Load ("track" becomes "public.track")
+	ID    string // the column holding the keyspace's id
+}
+
+// Streamed reports whether the change stream runs: enabled, and some keyspace is fed.
+func (c *Config) Streamed() bool {
+	if !c.Changes.Enabled {
+		return false
+	}
+	for _, ks := range c.Keyspaces {
+		if len(ks.FedBy) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// StreamDSN is the DSN of the replication connection: [changes] dsn, else [postgres] dsn.
+func (c *Config) StreamDSN() string {
+	if c.Changes.DSN != "" {
+		return c.Changes.DSN
+	}
+	return c.Postgres.DSN
+}
+
+// FeedingTables returns every fed_by table, "schema.table", once each, in file order.
+func (c *Config) FeedingTables() []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, ks := range c.Keyspaces {
+		for _, f := range ks.FedBy {
+			if !seen[f.Table] {
+				seen[f.Table] = true
+				out = append(out, f.Table)
+			}
+		}
+	}
+	return out
+}
+
+// ChangeKeyspaces translates the fed keyspaces for warmer.NewChanges.
+func (c *Config) ChangeKeyspaces() []warmer.ChangeKeyspace {
+	var out []warmer.ChangeKeyspace
+	for _, ks := range c.Keyspaces {
+		if len(ks.FedBy) == 0 {
+			continue
+		}
+		ck := warmer.ChangeKeyspace{Keyspace: ks.Name, OnChange: ks.OnChange}
+		for _, f := range ks.FedBy {
+			ck.Feeds = append(ck.Feeds, warmer.Feed{Table: f.Table, Column: f.ID})
+		}
+		out = append(out, ck)
+	}
+	return out
+}
+
+func decodeChanges(t *table, c *Changes) {
+	c.Slot, c.Publication, c.CreatePublication = pgsource.DefaultSlot, pgsource.DefaultPublication, true
+	c.ReplayTimeout, c.LeaseTTL, c.Gather = warmer.DefaultReplayTimeout, warmer.DefaultLeaseTTL, pgsource.DefaultGather
+	t.boolean("enabled", &c.Enabled)
+	t.str("dsn", &c.DSN)
+	t.str("slot", &c.Slot)
+	t.str("publication", &c.Publication)
+	t.boolean("create_publication", &c.CreatePublication)
+	t.duration("replay_timeout", &c.ReplayTimeout)
+	t.duration("lease_ttl", &c.LeaseTTL)
+	t.duration("gather", &c.Gather)
+	t.done()
+	if t.d.known != nil {
+		return
+	}
+	if !pgsource.ValidIdent(c.Slot) {
+		t.problem("slot", "%q is not a valid slot name (lower-case letters, digits and _, at most 63)", c.Slot)
+	}
+	if !pgsource.ValidIdent(c.Publication) {
+		t.problem("publication", "%q is not a valid publication name (lower-case letters, digits and _, at most 63)", c.Publication)
+	}
+	if c.DSN != "" {
+		if err := pgsource.ParseDSN(c.DSN); err != nil {
+			t.problem("dsn", "cannot parse: %v", err)
+		}
+	}
+	if c.ReplayTimeout <= 0 || c.ReplayTimeout > time.Minute {
+		t.problem("replay_timeout", "%s is not in (0, 1m]", c.ReplayTimeout)
+	}
+	if c.LeaseTTL < time.Second || c.LeaseTTL > time.Minute {
+		t.problem("lease_ttl", "%s is not in [1s, 1m]: a standby takes over within about lease_ttl", c.LeaseTTL)
+	}
+	if c.Gather < 0 || c.Gather > 5*time.Second {
+		t.problem("gather", "%s is not in [0, 5s]", c.Gather)
+	}
+}
+
+// decodeKeyspaceChanges reads a keyspace's on_change and fed_by:
+//
+//	on_change = "refresh"
+//	fed_by = [{ table = "album", id = "album_id" }, { table = "track", id = "album_id" }]
+func decodeKeyspaceChanges(t *table, ks *Keyspace) {
+	hasOn := t.str("on_change", &ks.OnChange)
+	arr := t.array("fed_by")
+	if t.d.known != nil {
+		return
+	}
+	seen := map[Feed]bool{}
+	for i, m := range arr {
+		ft := newTable(t.d, fmt.Sprintf("%s: fed_by[%d]", t.label, i), "", m)
+		var f Feed
+		hasTable := ft.str("table", &f.Table)
+		hasID := ft.str("id", &f.ID)
+		ft.done()
+		switch {
+		case !hasTable || f.Table == "":
+			ft.problem("table", "missing (required): the table whose changed rows feed this keyspace")
+			continue
+		case !hasID || f.ID == "":
+			ft.problem("id", "missing (required): the column of %s that holds this keyspace's id", f.Table)
+			continue
+		}
+		if _, _, err := pgsource.SplitTable(f.Table); err != nil {
+			ft.problem("table", "%v", err)
+			continue
+		}
+		if !pgsource.ValidIdent(f.ID) {
+			ft.problem("id", "%q is not a plain lower-case column name", f.ID)
+			continue
+		}
+		f.Table = pgsource.QualifiedTable(f.Table)
+		if seen[f] {
+			ft.problem("", "%s.%s is listed twice", f.Table, f.ID)
+		}
+		seen[f] = true
+		ks.FedBy = append(ks.FedBy, f)
+	}
+	switch {
+	case !hasOn && len(ks.FedBy) > 0:
+		ks.OnChange = warmer.OnChangeRefresh
+	case hasOn && ks.OnChange != warmer.OnChangeRefresh && ks.OnChange != warmer.OnChangeInvalidate:
+		t.problem("on_change", "%q is not %q or %q", ks.OnChange, warmer.OnChangeRefresh, warmer.OnChangeInvalidate)
+	case hasOn && len(ks.FedBy) == 0:
+		t.problem("on_change", "is set but fed_by (the tables that feed this keyspace) is not")
+	}
+}
+
+// checkChanges checks [changes] against the keyspaces once both are decoded.
+func checkChanges(t *table, c *Config) {
+	if c.Changes.Enabled && len(c.FeedingTables()) == 0 {
+		t.problem("enabled", "is true but no [[keyspace]] has fed_by")
+	}
+	if !c.Changes.Enabled && len(c.FeedingTables()) > 0 {
+		c.notesAdd(t, "changes: some keyspaces have fed_by but [changes] enabled is false: no change stream runs")
+	}
+}
+
+func (c *Config) notesAdd(t *table, n string) { t.d.notes = append(t.d.notes, n) }
+
+// describeFeeds returns "track.album_id, album.album_id" for summaries.
+func describeFeeds(fs []Feed) string {
+	var parts []string
+	for _, f := range fs {
+		parts = append(parts, strings.TrimPrefix(f.Table, "public.")+"."+f.ID)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// FeedsString returns the keyspace's fed_by as "track.album_id, album.album_id" ("-" for none).
+func (ks *Keyspace) FeedsString() string {
+	if len(ks.FedBy) == 0 {
+		return "-"
+	}
+	return ks.OnChange + ": " + describeFeeds(ks.FedBy)
+}

@@ -1,0 +1,34 @@
+package wire
+
+import (
+	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// Txns converts the stream's transactions into the warmer's (the two packages do not import each other).
+func Txns(in []postgres.Txn) []warmer.Txn {
+	out := make([]warmer.Txn, len(in))
+	for i, t := range in {
+		rows := make([]warmer.RowChange, len(t.Changes))
+		for j, c := range t.Changes {
+			rows[j] = warmer.RowChange{Table: c.Table, Old: c.Old, New: c.New}
+		}
+		out[i] = warmer.Txn{LSN: t.End, Commit: t.Commit, Changes: rows}
+	}
+	return out
+}
+
+// FeedColumns lists the config's fed_by entries for postgres.CheckFeeds.
+func FeedColumns(cfg *config.Config) []postgres.FeedColumn {
+	var out []postgres.FeedColumn
+	for _, ks := range cfg.Keyspaces {
+		for _, f := range ks.FedBy {
+			out = append(out, postgres.FeedColumn{Keyspace: ks.Name, Table: f.Table, Column: f.ID})
+		}
+	}
+	return out
+}
+
+// LeaseKey is the Redis key of the fleet's stream lease for a slot.
+func LeaseKey(slot string) string { return "keepwarm:stream:" + slot }

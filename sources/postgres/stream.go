@@ -1,0 +1,836 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keepwarm/keepwarm/internal/backoff"
+)
+
+// Defaults of a StreamConfig.
+const (
+	// ReleaseAfter is how long apply may fail in a row before the stream drops its replication connection and
+	// reconnects with back-off. PostgreSQL's shutdown (even -m fast) waits until every logical walsender's client
+	// has confirmed all WAL sent; a client that cannot apply (its origin queries are refused because the server is
+	// shutting down) would otherwise hold the shutdown until wal_sender_timeout or forever. Unacknowledged changes
+	// are sent again after the reconnect.
+	ReleaseAfter = 3 * time.Second
+
+	DefaultStatusInterval = 10 * time.Second // standby status updates when nothing else is sent
+	DefaultMaxBatch       = 5000             // row changes handed to apply at once
+	DefaultGather         = 20 * time.Millisecond
+	// DefaultSlot and DefaultPublication are the names keepwarm gives its replication slot and publication.
+	DefaultSlot        = "keepwarm"
+	DefaultPublication = "keepwarm"
+)
+
+// Resync reasons, the values of the "reason" label of keepwarm_stream_resyncs_total.
+const (
+	ResyncCreated     = "created"     // no slot existed: the first start, or the slot was dropped meanwhile
+	ResyncInvalidated = "invalidated" // the slot exists but lost WAL it needs (max_slot_wal_keep_size): recreated
+	ResyncTruncate    = "truncate"    // a TRUNCATE of a feeding table: no row to map to ids
+)
+
+// ErrSlotActive is returned (wrapped) when another process streams from the slot and could not be stopped.
+var ErrSlotActive = errors.New("postgres: replication slot is active in another process")
+
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidIdent reports whether s can be a slot or publication name: lower-case letters, digits and _, at most
+// 63 bytes, not starting with a digit (a replication slot's own rules, applied to both).
+func ValidIdent(s string) bool { return identRE.MatchString(s) }
+
+// StreamConfig configures a Stream. Zero fields take the defaults noted on them.
+type StreamConfig struct {
+	// DSN of the primary (the stream needs one; a replica cannot serve a logical slot before PostgreSQL 16).
+	// "replication=database" is added.
+	DSN string
+	// Slot is the permanent logical replication slot (plugin pgoutput) that keepwarm owns; default DefaultSlot.
+	Slot string
+	// Publication names the tables streamed; default DefaultPublication. It must exist (see EnsurePublication,
+	// which `keepwarm migrate` and CreatePublication run, or the SQL in docs/operations.md).
+	Publication string
+	// Tables are the feeding tables, "schema.table". When CreatePublication is set, the stream creates the
+	// publication or adds missing tables to it before streaming; otherwise it only checks them.
+	Tables            []string
+	CreatePublication bool
+	// StatusInterval is how often a standby status update is sent when no acknowledgement is due; default
+	// DefaultStatusInterval. PostgreSQL's wal_sender_timeout (60 s) must be longer.
+	StatusInterval time.Duration
+	// MaxBatch caps the row changes handed to apply in one call (whole transactions; a larger transaction goes
+	// alone); default DefaultMaxBatch.
+	MaxBatch int
+	// Gather is how long the oldest received transaction waits for more before a batch is applied (default
+	// DefaultGather; a negative value means no wait). Updates of one row within the window, and those that arrive
+	// while the previous batch is applied, become one rebuild.
+	Gather time.Duration
+	// Resync, when set, is called after the slot was (re)created, and after a TRUNCATE of a feeding table,
+	// before any later change is acknowledged: changes committed meanwhile were not seen, so the caller
+	// refreshes what it holds. Until it returns nil, it is retried and nothing is acknowledged.
+	Resync func(ctx context.Context, reason string) error
+	// ConnectTimeout bounds each connection attempt; default DefaultPostgresConnectTimeout of the DSN (pgconn's).
+	ConnectTimeout time.Duration
+	// Logger defaults to slog.Default(); Registerer receives the stream's metrics (nil: none).
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Change is one row change of a feeding table. Old and New hold the row's columns as PostgreSQL's text output,
+// for non-NULL values only: New for INSERT and UPDATE; Old for DELETE (the replica identity columns, or every
+// column with REPLICA IDENTITY FULL) and for UPDATE when PostgreSQL sends the old row (REPLICA IDENTITY FULL, or
+// a changed key). A column whose TOASTed value did not change is in neither.
+type Change struct {
+	Table    string // "schema.table"
+	Op       byte   // 'I' insert, 'U' update, 'D' delete
+	Old, New map[string]string
+}
+
+// Txn is one committed transaction's changes to feeding tables, in the order they were made.
+type Txn struct {
+	End     uint64    // the LSN just past the commit record: acknowledged once applied
+	Commit  time.Time // the commit time, on the primary's clock
+	Changes []Change
+	// Truncated lists the feeding tables the transaction truncated (Resync is called for them).
+	Truncated []string
+
+	received time.Time
+}
+
+// StreamStatus is a Stream's state, for `keepwarm status` and the status page.
+type StreamStatus struct {
+	State       string    `json:"state"` // "connecting", "streaming", "resync", "stopped"
+	Slot        string    `json:"slot"`
+	Publication string    `json:"publication"`
+	AckedLSN    string    `json:"acked_lsn"`  // confirmed to PostgreSQL: everything before it is in Redis
+	ServerLSN   string    `json:"server_lsn"` // the server's WAL end, last heard
+	LagBytes    int64     `json:"lag_bytes"`
+	LagSeconds  float64   `json:"lag_seconds"`
+	Received    int64     `json:"changes_received"`
+	Pending     int       `json:"transactions_pending"`
+	LastCommit  time.Time `json:"last_commit,omitzero"` // commit time of the last transaction applied
+	Resyncs     int64     `json:"resyncs"`
+	LastError   string    `json:"last_error,omitempty"`
+	Since       time.Time `json:"since,omitzero"` // when State last changed
+}
+
+// Stream follows a publication through a permanent logical replication slot with the pgoutput plugin
+// (jackc/pglogrepl) and hands each batch of committed transactions to an apply function; the slot is told that
+// an LSN is processed only after apply returned nil for every transaction up to it, so delivery is at least once
+// and survives crashes and reconnects: a restarted stream resumes at the slot's confirmed LSN. A lost or
+// invalidated slot is recreated and Resync called. Build it with NewStream; Run streams until ctx ends.
+//
+// Unlike LISTEN/NOTIFY, no change is lost while keepwarm is disconnected (PostgreSQL keeps the WAL for the slot)
+// and there is no payload limit.
+type Stream struct {
+	cfg StreamConfig
+	log *slog.Logger
+	m   *streamMetrics
+
+	mu       sync.Mutex
+	st       StreamStatus
+	acked    pglogrepl.LSN
+	server   pglogrepl.LSN
+	pending  []Txn     // received, not yet applied
+	appliedN int64     // transactions of this session applied
+	failing  time.Time // when apply began failing in a row; zero while it succeeds
+	resync   []string
+}
+
+// NewStream checks cfg and returns a Stream. It does not connect.
+func NewStream(cfg StreamConfig) (*Stream, error) {
+	if cfg.Slot == "" {
+		cfg.Slot = DefaultSlot
+	}
+	if cfg.Publication == "" {
+		cfg.Publication = DefaultPublication
+	}
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = DefaultStatusInterval
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
+	if cfg.Gather == 0 {
+		cfg.Gather = DefaultGather
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	var errs []error
+	if !ValidIdent(cfg.Slot) {
+		errs = append(errs, fmt.Errorf("slot: %q is not a valid name (lower-case letters, digits, _; at most 63)", cfg.Slot))
+	}
+	if !ValidIdent(cfg.Publication) {
+		errs = append(errs, fmt.Errorf("publication: %q is not a valid name (lower-case letters, digits, _; at most 63)", cfg.Publication))
+	}
+	for _, t := range cfg.Tables {
+		if _, _, err := SplitTable(t); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := ParseDSN(cfg.DSN); err != nil {
+		errs = append(errs, fmt.Errorf("dsn: %w", err))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("postgres: stream: %w", errors.Join(errs...))
+	}
+	m := newStreamMetrics()
+	s := &Stream{cfg: cfg, log: cfg.Logger.With("slot", cfg.Slot), m: m}
+	s.st = StreamStatus{State: "stopped", Slot: cfg.Slot, Publication: cfg.Publication, Since: time.Now()}
+	m.register(cfg.Registerer, s)
+	return s, nil
+}
+
+// SplitTable splits "schema.table" (or "table", schema public) into its parts, which must be plain lower-case
+// identifiers.
+func SplitTable(t string) (schema, table string, err error) {
+	schema, table, ok := strings.Cut(t, ".")
+	if !ok {
+		schema, table = "public", t
+	}
+	if !ValidIdent(schema) || !ValidIdent(table) {
+		return "", "", fmt.Errorf("table %q: want a lower-case name, optionally schema-qualified (public.track)", t)
+	}
+	return schema, table, nil
+}
+
+// QualifiedTable returns "schema.table" for t ("track" → "public.track").
+func QualifiedTable(t string) string {
+	s, n, err := SplitTable(t)
+	if err != nil {
+		return t
+	}
+	return s + "." + n
+}
+
+// Status returns the stream's current state.
+func (s *Stream) Status() StreamStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	st.AckedLSN, st.ServerLSN = s.acked.String(), s.server.String()
+	st.LagBytes, st.LagSeconds = s.lagLocked(time.Now())
+	st.Pending = len(s.pending)
+	return st
+}
+
+func (s *Stream) lagLocked(now time.Time) (int64, float64) {
+	var bytes int64
+	if s.server > s.acked && s.acked > 0 {
+		bytes = int64(s.server - s.acked)
+	}
+	secs := 0.0
+	if len(s.pending) > 0 {
+		secs = max(now.Sub(s.pending[0].Commit).Seconds(), 0)
+	}
+	return bytes, secs
+}
+
+func (s *Stream) setState(state string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st.State != state {
+		s.st.State, s.st.Since = state, time.Now()
+	}
+	if err != nil {
+		s.st.LastError = err.Error()
+	}
+	s.m.streaming.Set(b2f(state == "streaming"))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Run streams until ctx ends, reconnecting with back-off (1 s doubling to 30 s) after any failure. It calls
+// apply with batches of whole transactions in commit order, never concurrently; a batch whose apply fails is
+// offered again (with any transactions received since) after a back-off, so apply must be idempotent. Run
+// returns nil when ctx ends; it returns an error only for a configuration PostgreSQL refuses for good (no
+// publication and CreatePublication unset, wal_level not logical).
+func (s *Stream) Run(ctx context.Context, apply func(ctx context.Context, txns []Txn) error) error {
+	defer s.setState("stopped", nil)
+	for attempt := 0; ; attempt++ {
+		s.setState("connecting", nil)
+		start := time.Now()
+		err := s.session(ctx, apply)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var fatal *fatalError
+		if errors.As(err, &fatal) {
+			s.setState("stopped", err)
+			return err
+		}
+		if time.Since(start) > time.Minute {
+			attempt = 0 // it streamed for a while: start the back-off over
+		}
+		pause := backoff.Delay(attempt, time.Second, 30*time.Second, rand.Float64())
+		s.setState("connecting", err)
+		s.m.reconnects.Inc()
+		s.log.Warn("change stream interrupted; reconnecting", "error", err, "retry_in", pause.String())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(pause):
+		}
+	}
+}
+
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+// replicationDSN adds replication=database to dsn.
+func replicationDSN(dsn string) string {
+	if strings.Contains(dsn, "://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		return dsn + sep + "replication=database"
+	}
+	return dsn + " replication=database"
+}
+
+func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	pc, err := pgconn.ParseConfig(replicationDSN(s.cfg.DSN))
+	if err != nil {
+		return nil, fmt.Errorf("parse dsn: %w", scrubParseError(err))
+	}
+	if s.cfg.ConnectTimeout > 0 {
+		pc.ConnectTimeout = s.cfg.ConnectTimeout
+	}
+	if _, ok := pc.RuntimeParams["application_name"]; !ok {
+		pc.RuntimeParams["application_name"] = "keepwarm-stream"
+	}
+	return pgconn.ConnectConfig(ctx, pc)
+}
+
+// session is one connection's life: check the publication and slot, resync if needed, stream.
+func (s *Stream) session(ctx context.Context, apply func(context.Context, []Txn) error) error {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if err := s.checkServer(ctx, conn); err != nil {
+		return err
+	}
+	if err := s.ensurePublication(ctx, conn); err != nil {
+		return err
+	}
+	if err := s.ensureSlot(ctx, conn); err != nil {
+		return err
+	}
+	if err := s.runResyncs(ctx); err != nil {
+		return err
+	}
+	err = pglogrepl.StartReplication(ctx, conn, s.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + s.cfg.Publication + "'"},
+	})
+	if err != nil {
+		return fmt.Errorf("start replication: %w", err)
+	}
+	s.setState("streaming", nil)
+	s.mu.Lock()
+	s.st.LastError = ""
+	s.mu.Unlock()
+	s.log.Info("change stream started", "publication", s.cfg.Publication, "from_lsn", s.Status().AckedLSN)
+	return s.stream(ctx, conn, apply)
+}
+
+func (s *Stream) checkServer(ctx context.Context, conn *pgconn.PgConn) error {
+	res, err := conn.Exec(ctx, "select current_setting('wal_level'), pg_is_in_recovery()::text").ReadAll()
+	if err != nil {
+		return fmt.Errorf("read wal_level: %w", err)
+	}
+	if len(res) == 0 || len(res[0].Rows) == 0 {
+		return errors.New("read wal_level: no row")
+	}
+	row := res[0].Rows[0]
+	if string(row[0]) != "logical" {
+		return &fatalError{fmt.Errorf("postgres: wal_level is %q; the change stream needs wal_level = logical (docs/operations.md)", row[0])}
+	}
+	return nil
+}
+
+// quoteLiteral quotes s as an SQL string literal. Only names checked by ValidIdent or SplitTable reach it.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// ensurePublication checks that the publication exists and includes every feeding table; with
+// CreatePublication it creates or extends it.
+func (s *Stream) ensurePublication(ctx context.Context, conn *pgconn.PgConn) error {
+	missing, exists, err := publicationMissing(ctx, conn, s.cfg.Publication, s.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	if exists && len(missing) == 0 {
+		return nil
+	}
+	if !s.cfg.CreatePublication {
+		if !exists {
+			return &fatalError{fmt.Errorf("postgres: publication %q does not exist: run `keepwarm migrate up` or %s",
+				s.cfg.Publication, PublicationSQL(s.cfg.Publication, s.cfg.Tables))}
+		}
+		return &fatalError{fmt.Errorf("postgres: publication %q lacks tables %s: run `keepwarm migrate up` or ALTER PUBLICATION %s ADD TABLE %s",
+			s.cfg.Publication, strings.Join(missing, ", "), s.cfg.Publication, strings.Join(missing, ", "))}
+	}
+	return execPublication(ctx, conn, s.cfg.Publication, missing, exists, s.log)
+}
+
+// PublicationSQL returns the statement that creates publication for tables, for the docs and error messages.
+func PublicationSQL(publication string, tables []string) string {
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", publication, strings.Join(tables, ", "))
+}
+
+func publicationMissing(ctx context.Context, conn *pgconn.PgConn, pub string, tables []string) (missing []string, exists bool, err error) {
+	res, err := conn.Exec(ctx, "select puballtables::text from pg_publication where pubname = "+quoteLiteral(pub)).ReadAll()
+	if err != nil {
+		return nil, false, fmt.Errorf("read publication %q: %w", pub, err)
+	}
+	if len(res[0].Rows) == 0 {
+		return tables, false, nil
+	}
+	if string(res[0].Rows[0][0]) == "true" {
+		return nil, true, nil
+	}
+	res, err = conn.Exec(ctx, "select schemaname || '.' || tablename from pg_publication_tables where pubname = "+quoteLiteral(pub)).ReadAll()
+	if err != nil {
+		return nil, true, fmt.Errorf("read publication %q tables: %w", pub, err)
+	}
+	have := map[string]bool{}
+	for _, r := range res[0].Rows {
+		have[string(r[0])] = true
+	}
+	for _, t := range tables {
+		if !have[QualifiedTable(t)] {
+			missing = append(missing, QualifiedTable(t))
+		}
+	}
+	return missing, true, nil
+}
+
+func execPublication(ctx context.Context, conn *pgconn.PgConn, pub string, tables []string, exists bool, log *slog.Logger) error {
+	q := PublicationSQL(pub, tables)
+	if exists {
+		q = fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", pub, strings.Join(tables, ", "))
+	}
+	if len(tables) == 0 {
+		q = "CREATE PUBLICATION " + pub // no table yet: changes to none
+	}
+	if _, err := conn.Exec(ctx, q).ReadAll(); err != nil {
+		return &fatalError{fmt.Errorf("postgres: %s: %w (a role that owns the tables must run it; docs/operations.md)", q, err)}
+	}
+	if log != nil {
+		log.Info("publication updated", "publication", pub, "tables", tables, "created", !exists)
+	}
+	return nil
+}
+
+// EnsurePublication creates publication for tables ("schema.table") on the database of dsn, or adds the tables
+// it lacks. `keepwarm migrate up` runs it. It needs a role that owns the tables (or a superuser).
+func EnsurePublication(ctx context.Context, dsn, publication string, tables []string) error {
+	if !ValidIdent(publication) {
+		return fmt.Errorf("postgres: publication %q is not a valid name", publication)
+	}
+	for _, t := range tables {
+		if _, _, err := SplitTable(t); err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+	}
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("postgres: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	missing, exists, err := publicationMissing(ctx, conn, publication, tables)
+	if err != nil {
+		return err
+	}
+	if exists && len(missing) == 0 {
+		return nil
+	}
+	var fe *fatalError
+	if err := execPublication(ctx, conn, publication, missing, exists, nil); errors.As(err, &fe) {
+		return fe.err
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// ensureSlot creates the slot when it does not exist, and recreates it when PostgreSQL invalidated it; both
+// queue a resync. A slot held by another process (a daemon that lost its lease but not yet its connection, or
+// a dead host's connection not yet timed out) is taken over by terminating that backend: the caller holds the
+// fleet's stream lease, so the other process must not stream any more.
+func (s *Stream) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
+	for try := 0; ; try++ {
+		res, err := conn.Exec(ctx, "select coalesce(wal_status, ''), coalesce(active_pid, 0)::text, plugin, "+
+			"coalesce(confirmed_flush_lsn::text, '') from pg_replication_slots where slot_name = "+quoteLiteral(s.cfg.Slot)).ReadAll()
+		if err != nil {
+			return fmt.Errorf("read slot: %w", err)
+		}
+		if len(res[0].Rows) == 0 {
+			return s.createSlot(ctx, conn, ResyncCreated)
+		}
+		row := res[0].Rows[0]
+		walStatus, pid, plugin := string(row[0]), string(row[1]), string(row[2])
+		if plugin != "pgoutput" {
+			return &fatalError{fmt.Errorf("postgres: slot %q uses plugin %q, not pgoutput: it is not keepwarm's; choose another [changes] slot", s.cfg.Slot, plugin)}
+		}
+		if walStatus == "lost" {
+			s.log.Error("replication slot invalidated (max_slot_wal_keep_size): recreating it and refreshing every hot key once", "wal_status", walStatus)
+			if _, err := conn.Exec(ctx, "select pg_drop_replication_slot("+quoteLiteral(s.cfg.Slot)+")").ReadAll(); err != nil {
+				return fmt.Errorf("drop invalidated slot: %w", err)
+			}
+			return s.createSlot(ctx, conn, ResyncInvalidated)
+		}
+		if pid != "0" {
+			if try >= 20 {
+				return fmt.Errorf("%w (pid %s)", ErrSlotActive, pid)
+			}
+			if try == 0 {
+				s.log.Warn("replication slot held by another backend; terminating it (this daemon holds the stream lease)", "pid", pid)
+				if _, err := conn.Exec(ctx, "select pg_terminate_backend("+pid+")").ReadAll(); err != nil {
+					return fmt.Errorf("%w (pid %s): %w", ErrSlotActive, pid, err)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		if lsn, err := pglogrepl.ParseLSN(string(row[3])); err == nil {
+			s.mu.Lock()
+			s.acked = max(s.acked, lsn)
+			s.mu.Unlock()
+		}
+		return nil
+	}
+}
+
+func (s *Stream) createSlot(ctx context.Context, conn *pgconn.PgConn, reason string) error {
+	r, err := pglogrepl.CreateReplicationSlot(ctx, conn, s.cfg.Slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return fmt.Errorf("create slot: %w", err)
+	}
+	if lsn, err := pglogrepl.ParseLSN(r.ConsistentPoint); err == nil {
+		s.mu.Lock()
+		s.acked = lsn
+		s.mu.Unlock()
+	}
+	s.log.Warn("replication slot created; changes committed before it are not streamed: refreshing every hot key once",
+		"reason", reason, "consistent_point", r.ConsistentPoint)
+	s.queueResync(reason)
+	return nil
+}
+
+func (s *Stream) queueResync(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Contains(s.resync, reason) {
+		s.resync = append(s.resync, reason)
+	}
+}
+
+// runResyncs calls Resync for each queued reason; a reason stays queued until its Resync returned nil.
+func (s *Stream) runResyncs(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		if len(s.resync) == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		reason := s.resync[0]
+		s.mu.Unlock()
+		if s.cfg.Resync != nil {
+			prev := s.Status().State
+			s.setState("resync", nil)
+			s.log.Info("resync: refreshing every hot key once", "reason", reason)
+			err := s.cfg.Resync(ctx, reason)
+			s.setState(prev, nil)
+			if err != nil {
+				return fmt.Errorf("resync (%s): %w", reason, err)
+			}
+		}
+		s.m.resyncs.WithLabelValues(reason).Inc()
+		s.mu.Lock()
+		s.st.Resyncs++
+		s.resync = slices.DeleteFunc(s.resync, func(r string) bool { return r == reason })
+		s.mu.Unlock()
+	}
+}
+
+// stream receives messages and runs the applier until the connection fails or ctx ends. All I/O on conn happens
+// in this goroutine; the applier only moves the acknowledged LSN, which the next status update sends.
+func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(context.Context, []Txn) error) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	applied := make(chan error, 1)
+	var applier sync.WaitGroup
+	applier.Add(1)
+	go func() {
+		defer applier.Done()
+		applied <- s.applyLoop(sctx, wake, apply)
+	}()
+	defer func() {
+		cancel() // before the wait: the applier stops when sctx ends
+		applier.Wait()
+	}()
+
+	s.mu.Lock()
+	s.pending, s.appliedN = nil, 0 // the server sends again everything after the acknowledged LSN
+	s.failing = time.Time{}
+	s.mu.Unlock()
+	relations := map[uint32]*pglogrepl.RelationMessage{}
+	var cur *Txn
+	var sentAck pglogrepl.LSN
+	lastStatus := time.Time{}
+	// A keepalive's WAL end, received outside a transaction when delivered transactions numbered delivered, may
+	// be acknowledged once those are applied: nothing before it is unprocessed.
+	var idleEnd pglogrepl.LSN
+	var idleAt, delivered int64
+	for {
+		select {
+		case err := <-applied:
+			return err
+		default:
+		}
+		s.mu.Lock()
+		if !s.failing.IsZero() && time.Since(s.failing) > ReleaseAfter {
+			s.mu.Unlock()
+			return fmt.Errorf("applying changes has failed for %v; releasing the slot until it can (changes are sent again)", ReleaseAfter)
+		}
+		if idleEnd > s.acked && s.appliedN >= idleAt && len(s.pending) == 0 && cur == nil {
+			s.acked = idleEnd
+		}
+		ack := s.acked
+		s.mu.Unlock()
+		if ack != sentAck || time.Since(lastStatus) >= s.cfg.StatusInterval {
+			if err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: ack}); err != nil {
+				return fmt.Errorf("send status: %w", err)
+			}
+			sentAck, lastStatus = ack, time.Now()
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		raw, err := conn.ReceiveMessage(rctx)
+		rcancel()
+		if err != nil {
+			if pgconn.Timeout(err) && ctx.Err() == nil {
+				continue
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		var data []byte
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("server: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			data = m.Data
+		default:
+			continue
+		}
+		switch data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+			if err != nil {
+				return fmt.Errorf("parse keepalive: %w", err)
+			}
+			s.noteServer(pkm.ServerWALEnd)
+			if cur == nil {
+				idleEnd, idleAt = pkm.ServerWALEnd, delivered
+			}
+			if pkm.ReplyRequested {
+				lastStatus = time.Time{}
+			}
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(data[1:])
+			if err != nil {
+				return fmt.Errorf("parse xlog data: %w", err)
+			}
+			s.noteServer(xld.ServerWALEnd)
+			msg, err := pglogrepl.Parse(xld.WALData)
+			if err != nil {
+				return fmt.Errorf("parse pgoutput: %w", err)
+			}
+			switch m := msg.(type) {
+			case *pglogrepl.RelationMessage:
+				relations[m.RelationID] = m
+			case *pglogrepl.BeginMessage:
+				cur = &Txn{Commit: m.CommitTime}
+			case *pglogrepl.InsertMessage:
+				if cur != nil {
+					cur.Changes = append(cur.Changes, change(relations, m.RelationID, 'I', nil, m.Tuple))
+				}
+			case *pglogrepl.UpdateMessage:
+				if cur != nil {
+					cur.Changes = append(cur.Changes, change(relations, m.RelationID, 'U', m.OldTuple, m.NewTuple))
+				}
+			case *pglogrepl.DeleteMessage:
+				if cur != nil {
+					cur.Changes = append(cur.Changes, change(relations, m.RelationID, 'D', m.OldTuple, nil))
+				}
+			case *pglogrepl.TruncateMessage:
+				if cur != nil {
+					for _, id := range m.RelationIDs {
+						if r := relations[id]; r != nil {
+							cur.Truncated = append(cur.Truncated, r.Namespace+"."+r.RelationName)
+						}
+					}
+				}
+			case *pglogrepl.CommitMessage:
+				if cur == nil {
+					continue
+				}
+				cur.End = uint64(m.TransactionEndLSN)
+				cur.received = time.Now()
+				cur.Commit = m.CommitTime
+				s.m.received.Add(float64(len(cur.Changes)))
+				s.m.txns.Inc()
+				s.mu.Lock()
+				s.st.Received += int64(len(cur.Changes))
+				s.pending = append(s.pending, *cur)
+				s.mu.Unlock()
+				delivered++
+				cur = nil
+				select {
+				case wake <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+}
+
+func (s *Stream) noteServer(end pglogrepl.LSN) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.server = max(s.server, end)
+}
+
+func change(rel map[uint32]*pglogrepl.RelationMessage, id uint32, op byte, old, new *pglogrepl.TupleData) Change {
+	r := rel[id]
+	c := Change{Op: op}
+	if r == nil {
+		return c
+	}
+	c.Table = r.Namespace + "." + r.RelationName
+	c.Old, c.New = columns(r, old), columns(r, new)
+	return c
+}
+
+func columns(r *pglogrepl.RelationMessage, t *pglogrepl.TupleData) map[string]string {
+	if t == nil {
+		return nil
+	}
+	out := make(map[string]string, len(t.Columns))
+	for i, col := range t.Columns {
+		if i >= len(r.Columns) || col.DataType != pglogrepl.TupleDataTypeText {
+			continue // NULL, unchanged TOAST, or binary (not requested)
+		}
+		out[r.Columns[i].Name] = string(col.Data)
+	}
+	return out
+}
+
+// applyLoop hands pending transactions to apply, in order, and moves the acknowledged LSN past those applied.
+func (s *Stream) applyLoop(ctx context.Context, wake <-chan struct{}, apply func(context.Context, []Txn) error) error {
+	failures := 0
+	for {
+		s.mu.Lock()
+		n, changes := 0, 0
+		var truncated []string
+		for n < len(s.pending) && (n == 0 || changes+len(s.pending[n].Changes) <= s.cfg.MaxBatch) {
+			changes += len(s.pending[n].Changes)
+			truncated = append(truncated, s.pending[n].Truncated...)
+			n++
+		}
+		var wait time.Duration
+		if n > 0 {
+			wait = s.cfg.Gather - time.Since(s.pending[0].received)
+		}
+		batch := slices.Clone(s.pending[:n])
+		s.mu.Unlock()
+		if n == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-wake:
+			}
+			continue
+		}
+		if wait > 0 && failures == 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(wait):
+			}
+			continue
+		}
+		for range truncated {
+			s.queueResync(ResyncTruncate)
+		}
+		err := s.runResyncs(ctx)
+		if err == nil {
+			err = apply(ctx, batch)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			pause := backoff.Delay(failures, 100*time.Millisecond, 5*time.Second, rand.Float64())
+			failures++
+			if failures == 1 || failures%20 == 0 {
+				s.log.Warn("applying changes failed; retrying (not acknowledged, nothing lost)", "error", err,
+					"transactions", n, "attempt", failures, "retry_in", pause.String())
+			}
+			s.mu.Lock()
+			s.st.LastError = err.Error()
+			if s.failing.IsZero() {
+				s.failing = time.Now()
+			}
+			s.mu.Unlock()
+			s.m.applyErrors.Inc()
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(pause):
+			}
+			continue
+		}
+		failures = 0
+		s.mu.Lock()
+		s.failing = time.Time{}
+		last := batch[n-1]
+		s.acked = max(s.acked, pglogrepl.LSN(last.End))
+		s.pending = s.pending[n:]
+		s.appliedN += int64(n)
+		s.st.LastCommit = last.Commit
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,77 @@
+package postgres
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// streamMetrics are the change stream's Prometheus metrics (keepwarm_stream_*). Labels are bounded: the resync
+// reason only.
+type streamMetrics struct {
+	received    prometheus.Counter
+	txns        prometheus.Counter
+	resyncs     *prometheus.CounterVec // reason
+	reconnects  prometheus.Counter
+	applyErrors prometheus.Counter
+	streaming   prometheus.Gauge
+}
+
+func newStreamMetrics() *streamMetrics {
+	m := &streamMetrics{
+		received: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_stream_changes_received_total",
+			Help: "Row changes of feeding tables received from the replication slot (committed transactions only).",
+		}),
+		txns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_stream_transactions_received_total",
+			Help: "Committed transactions received from the replication slot.",
+		}),
+		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_stream_resyncs_total",
+			Help: "Resyncs (every hot key refreshed once) by reason: created (slot created or found missing), invalidated (slot lost WAL, recreated), truncate.",
+		}, []string{"reason"}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_stream_reconnects_total",
+			Help: "Times the replication connection failed and was re-established.",
+		}),
+		applyErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_stream_apply_errors_total",
+			Help: "Batches of changes whose refresh failed and was retried (not acknowledged meanwhile).",
+		}),
+		streaming: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_stream_streaming",
+			Help: "1 while this daemon streams from the slot, else 0 (standby, connecting).",
+		}),
+	}
+	for _, r := range []string{ResyncCreated, ResyncInvalidated, ResyncTruncate} {
+		m.resyncs.WithLabelValues(r)
+	}
+	return m
+}
+
+// register registers m and the lag gauges, read from s, on reg (nil: nothing).
+func (m *streamMetrics) register(reg prometheus.Registerer, s *Stream) {
+	if reg == nil {
+		return
+	}
+	lagBytes := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "keepwarm_stream_lag_bytes",
+		Help: "WAL between the server's end (last heard) and the LSN acknowledged as applied to Redis.",
+	}, func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		b, _ := s.lagLocked(time.Now())
+		return float64(b)
+	})
+	lagSeconds := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "keepwarm_stream_lag_seconds",
+		Help: "Age of the oldest received transaction not yet applied to Redis (0 when caught up), from its commit time.",
+	}, func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_, secs := s.lagLocked(time.Now())
+		return secs
+	})
+	reg.MustRegister(m.received, m.txns, m.resyncs, m.reconnects, m.applyErrors, m.streaming, lagBytes, lagSeconds)
+}

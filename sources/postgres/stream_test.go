@@ -1,0 +1,318 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/sources/postgres"
+)
+
+// streamDB creates a throwaway database with table item(id int primary key, grp int, name text) and returns its
+// URL and a pool. The slot named slot is dropped before the database (a slot keeps its database alive).
+func streamDB(t *testing.T, slot string) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	dsn := testenv.Database(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pool: %v", err)
+	}
+	t.Cleanup(func() {
+		// Runs before the database drop (cleanups run last-in first-out): wait for the slot to be released.
+		testenv.Poll(10*time.Second, func() bool {
+			_, err := pool.Exec(ctx, "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = $1", slot)
+			return err == nil
+		})
+		pool.Close()
+	})
+	if _, err := pool.Exec(ctx, `create table item (id int primary key, grp int, name text);
+		alter table item replica identity full;
+		insert into item select g, g % 3, 'item ' || g from generate_series(1, 10) g`); err != nil {
+		t.Fatalf("create table: %v", err)
+	}
+	return dsn, pool
+}
+
+// recorder is an apply function that records what it is given and can be made to fail.
+type recorder struct {
+	mu    sync.Mutex
+	txns  []postgres.Txn
+	fail  error
+	calls int
+}
+
+func (r *recorder) apply(_ context.Context, txns []postgres.Txn) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.fail != nil {
+		return r.fail
+	}
+	r.txns = append(r.txns, txns...)
+	return nil
+}
+
+func (r *recorder) changes() []postgres.Change {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []postgres.Change
+	for _, t := range r.txns {
+		out = append(out, t.Changes...)
+	}
+	return out
+}
+
+func (r *recorder) setFail(err error) {
+	r.mu.Lock()
+	r.fail = err
+	r.mu.Unlock()
+}
+
+// run starts s.Run(apply) and returns a function that stops it and returns Run's error.
+func run(t *testing.T, s *postgres.Stream, apply func(context.Context, []postgres.Txn) error) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, apply) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func newStream(t *testing.T, dsn, slot string, resyncs *[]string, mu *sync.Mutex) *postgres.Stream {
+	t.Helper()
+	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+		Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
+		Resync: func(_ context.Context, reason string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			*resyncs = append(*resyncs, reason)
+			return nil
+		}})
+	if err != nil {
+		t.Fatalf("NewStream: %v", err)
+	}
+	return s
+}
+
+func slotName() string { return fmt.Sprintf("kwtest_%d", time.Now().UnixNano()%1e12) }
+
+func confirmedLSN(t *testing.T, pool *pgxpool.Pool, slot string) string {
+	t.Helper()
+	var lsn string
+	if err := pool.QueryRow(context.Background(), "select coalesce(confirmed_flush_lsn::text, '') from pg_replication_slots where slot_name = $1", slot).Scan(&lsn); err != nil {
+		t.Fatalf("read slot: %v", err)
+	}
+	return lsn
+}
+
+// TestStreamDeliversAndResumes: committed changes arrive in order with old and new rows, the slot is created
+// with a resync, an apply that fails is retried and not acknowledged meanwhile, and a restarted stream resumes
+// from the slot without losing the changes committed while it was down.
+func TestStreamDeliversAndResumes(t *testing.T) {
+	slot := slotName()
+	dsn, pool := streamDB(t, slot)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var resyncs []string
+	rec := &recorder{}
+	s := newStream(t, dsn, slot, &resyncs, &mu)
+	stop := run(t, s, rec.apply)
+	testenv.Eventually(t, 10*time.Second, "stream streaming", func() bool { return s.Status().State == "streaming" })
+	mu.Lock()
+	if got, want := strings.Join(resyncs, ","), postgres.ResyncCreated; got != want {
+		t.Errorf("resyncs after creating the slot: got %q, want %q", got, want)
+	}
+	mu.Unlock()
+
+	// A rolled-back transaction never arrives; a move of a row between groups carries both values.
+	tx, _ := pool.Begin(ctx)
+	_, _ = tx.Exec(ctx, "update item set name = 'rolled back' where id = 1")
+	_ = tx.Rollback(ctx)
+	for _, q := range []string{
+		"update item set name = 'one' where id = 1",
+		"update item set grp = 2 where id = 3", // grp 0 → 2
+		"delete from item where id = 4",
+		"insert into item values (11, 1, 'eleven')",
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "4 changes applied", func() bool { return len(rec.changes()) == 4 })
+	ch := rec.changes()
+	if ch[0].Op != 'U' || ch[0].Table != "public.item" || ch[0].New["name"] != "one" {
+		t.Errorf("change 1: got %+v, want an update of public.item to name one", ch[0])
+	}
+	if ch[1].Old["grp"] != "0" || ch[1].New["grp"] != "2" {
+		t.Errorf("change 2: got old %v new %v, want grp 0 → 2 (REPLICA IDENTITY FULL sends the old row)", ch[1].Old, ch[1].New)
+	}
+	if ch[2].Op != 'D' || ch[2].Old["id"] != "4" {
+		t.Errorf("change 3: got %+v, want the delete of id 4", ch[2])
+	}
+	if ch[3].Op != 'I' || ch[3].New["id"] != "11" {
+		t.Errorf("change 4: got %+v, want the insert of id 11", ch[3])
+	}
+	testenv.Eventually(t, 10*time.Second, "acknowledged LSN reaches the slot", func() bool {
+		return confirmedLSN(t, pool, slot) == s.Status().AckedLSN
+	})
+
+	// Apply fails: nothing is acknowledged, and the change is offered again.
+	before := confirmedLSN(t, pool, slot)
+	rec.setFail(errors.New("origin down"))
+	if _, err := pool.Exec(ctx, "update item set name = 'retried' where id = 2"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "apply called and failing", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return rec.calls >= 7
+	})
+	if got := confirmedLSN(t, pool, slot); got != before {
+		t.Errorf("confirmed LSN moved while apply failed: got %s, want %s", got, before)
+	}
+	// Stop while failing: the change must come back after a restart.
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if _, err := pool.Exec(ctx, "update item set name = 'while down' where id = 5"); err != nil {
+		t.Fatal(err)
+	}
+	rec2 := &recorder{}
+	s2 := newStream(t, dsn, slot, &resyncs, &mu)
+	run(t, s2, rec2.apply)
+	testenv.Eventually(t, 10*time.Second, "both unacknowledged changes redelivered", func() bool { return len(rec2.changes()) == 2 })
+	ch = rec2.changes()
+	if ch[0].New["name"] != "retried" || ch[1].New["name"] != "while down" {
+		t.Errorf("after restart: got %v, %v; want retried, while down", ch[0].New, ch[1].New)
+	}
+	mu.Lock()
+	if len(resyncs) != 1 {
+		t.Errorf("resyncs: got %v, want only the first (the slot survived the restart)", resyncs)
+	}
+	mu.Unlock()
+}
+
+// TestStreamRecreatesLostSlot: a slot dropped behind the stream's back (as after max_slot_wal_keep_size
+// invalidation, or an operator's mistake) is recreated, Resync is called and the resyncs metric counts it.
+func TestStreamRecreatesLostSlot(t *testing.T) {
+	slot := slotName()
+	dsn, pool := streamDB(t, slot)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var resyncs []string
+	reg := prometheus.NewRegistry()
+	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot, Tables: []string{"item"},
+		CreatePublication: true, Registerer: reg, Resync: func(_ context.Context, reason string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			resyncs = append(resyncs, reason)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	run(t, s, rec.apply)
+	testenv.Eventually(t, 10*time.Second, "streaming", func() bool { return s.Status().State == "streaming" })
+	// Kill the walsender and drop the slot before the stream reconnects (its back-off is at least 1 s); the slot
+	// may not be marked active yet when the stream says streaming, so try until the drop succeeds.
+	testenv.Eventually(t, 10*time.Second, "slot dropped", func() bool {
+		_, _ = pool.Exec(ctx, `select pg_terminate_backend(active_pid) from pg_replication_slots where slot_name = $1 and active_pid is not null`, slot)
+		_, err := pool.Exec(ctx, "select pg_drop_replication_slot($1)", slot)
+		return err == nil
+	})
+	testenv.Eventually(t, 20*time.Second, "second resync", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(resyncs) == 2
+	})
+	if got := counterValue(t, reg, "keepwarm_stream_resyncs_total", postgres.ResyncCreated); got != 2 {
+		t.Errorf("keepwarm_stream_resyncs_total{reason=created}: got %v, want 2", got)
+	}
+	if _, err := pool.Exec(ctx, "update item set name = 'after' where id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "change after the new slot", func() bool { return len(rec.changes()) == 1 })
+	if probs, err := testutil.GatherAndLint(reg); err != nil || len(probs) > 0 {
+		t.Errorf("metrics lint: %v %v", probs, err)
+	}
+}
+
+// counterValue returns the value of counter name{reason=reason} in reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{reason=%q}", name, reason)
+	return 0
+}
+
+// TestCheckFeeds: unknown tables and columns are errors naming the keyspace; an id column outside the replica
+// identity is a warning.
+func TestCheckFeeds(t *testing.T) {
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`create table %[1]s.a (id int primary key, ref int);
+		create table %[1]s.b (id int primary key, ref int); alter table %[1]s.b replica identity full;
+		create view %[1]s.v as select * from %[1]s.a;
+		create table %[1]s.nokey (id int, ref int)`, schema)); err != nil {
+		t.Fatal(err)
+	}
+	feeds := []postgres.FeedColumn{
+		{Keyspace: "k1", Table: schema + ".a", Column: "id"},      // ok: the primary key
+		{Keyspace: "k2", Table: schema + ".a", Column: "ref"},     // warning: not in the identity
+		{Keyspace: "k3", Table: schema + ".b", Column: "ref"},     // ok: FULL
+		{Keyspace: "k4", Table: schema + ".a", Column: "nope"},    // error
+		{Keyspace: "k5", Table: schema + ".missing", Column: "x"}, // error
+		{Keyspace: "k6", Table: schema + ".v", Column: "id"},      // error: a view
+		{Keyspace: "k7", Table: schema + ".nokey", Column: "id"},  // error: no replica identity
+	}
+	warnings, err := postgres.CheckFeeds(ctx, pool, feeds)
+	if err == nil {
+		t.Fatal("CheckFeeds: got no error, want four")
+	}
+	for _, want := range []string{`keyspace "k4": fed_by: table ` + schema + `.a has no column "nope"`,
+		`keyspace "k5": fed_by: table ` + schema + `.missing does not exist`, `keyspace "k6"`,
+		`keyspace "k7": fed_by: table ` + schema + `.nokey has no replica identity`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+	if len(warnings) != 1 || warnings[0].Keyspace != "k2" || warnings[0].Identity != "DEFAULT" {
+		t.Errorf("warnings: got %+v, want one for k2 (REPLICA IDENTITY DEFAULT)", warnings)
+	}
+}

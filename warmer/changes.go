@@ -1,0 +1,473 @@
+package warmer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// What a change to a feeding table does to a keyspace's keys (ChangeKeyspace.OnChange).
+const (
+	// OnChangeRefresh rebuilds the changed ids' keys now, under the lock, through the refresh pipeline: only ids
+	// whose key is hot, cached, or being rebuilt (its lock exists); ids not cached are left alone.
+	OnChangeRefresh = "refresh"
+	// OnChangeInvalidate deletes the changed ids' cache keys, meta hashes and locks (lockstep.Invalidate), so
+	// that a rebuild in flight cannot publish the old row; the next read rebuilds.
+	OnChangeInvalidate = "invalidate"
+)
+
+// DefaultReplayTimeout bounds the wait for a read replica to replay a commit before its changes are refreshed.
+const DefaultReplayTimeout = 2 * time.Second
+
+// Feed says that changes to a table change a keyspace's ids: the id is the value of Column in the changed row.
+// An UPDATE that moves a row from one id to another (track.album_id 1 → 2) changes both ids, which needs the old
+// row: REPLICA IDENTITY FULL on the table unless Column is part of its replica identity (docs/operations.md).
+type Feed struct {
+	Table  string // "schema.table", as the stream reports it
+	Column string // the column holding the keyspace's id
+}
+
+// ChangeKeyspace is one keyspace fed by the change stream.
+type ChangeKeyspace struct {
+	Keyspace string
+	OnChange string // OnChangeRefresh (default) or OnChangeInvalidate
+	Feeds    []Feed
+}
+
+// RowChange is one changed row of a feeding table: its columns as text (non-NULL values only), before (Old:
+// DELETE, and UPDATE when the server sent it) and after (New: INSERT, UPDATE).
+type RowChange struct {
+	Table    string
+	Old, New map[string]string
+}
+
+// Txn is one committed transaction's row changes.
+type Txn struct {
+	LSN     uint64    // the LSN just past its commit record: a replica that replayed it sees the change
+	Commit  time.Time // commit time on the origin's clock, for the commit-to-Redis latency
+	Changes []RowChange
+}
+
+// ReplayWaiter is implemented by a Source that may read from a replica (postgres.Source): WaitReplay returns once
+// the server it reads from has replayed lsn (at once on a primary), or ctx's error.
+type ReplayWaiter interface {
+	WaitReplay(ctx context.Context, lsn uint64) error
+}
+
+// ChangesConfig configures Changes.
+type ChangesConfig struct {
+	Keyspaces []ChangeKeyspace
+	// ReplayTimeout bounds the wait for a replica to replay a batch's last commit (read-your-commit); on timeout
+	// the batch fails and is retried (counted in keepwarm_changes_replay_timeouts_total). Default
+	// DefaultReplayTimeout.
+	ReplayTimeout time.Duration
+	// Registerer receives the metrics (nil: none); Logger defaults to the Warmer's.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Changes applies committed row changes from a change stream to the Warmer's keyspaces: each changed row is
+// mapped to ids by the keyspaces' Feeds, the ids of one batch are coalesced, and each keyspace refreshes (or
+// invalidates) them. Refreshes run through the same pipeline as refresh-ahead (lock, one query per batch,
+// token-checked publish, release) and share its origin budget.
+//
+// A refresh must not lose to a rebuild that read the row before the commit. So before locking, Changes deletes
+// the ids' locks (the revocation of lockstep.Invalidate, Nishtala et al., NSDI 2013), which makes such a rebuild's
+// publish fail its token check, and then rebuilds under its own lock. Whoever takes a lock after the deletion
+// read the row after the commit. Apply returns nil only once every id is published, so that the stream
+// acknowledges the LSN only then (at-least-once; refreshes are idempotent).
+type Changes struct {
+	w   *Warmer
+	cfg ChangesConfig
+	log *slog.Logger
+	m   *changeMetrics
+
+	mu     sync.Mutex
+	byTbl  map[string][]feedOf // table → feeds
+	spaces []ChangeKeyspace
+}
+
+type feedOf struct {
+	keyspace string
+	column   string
+}
+
+// NewChanges validates cfg against w's keyspaces and returns Changes. Errors name the keyspace and field.
+func NewChanges(w *Warmer, cfg ChangesConfig) (*Changes, error) {
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = DefaultReplayTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = w.log
+	}
+	m, err := newChangeMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("warmer: changes: register metrics: %w", err)
+	}
+	c := &Changes{w: w, cfg: cfg, log: cfg.Logger, m: m}
+	if err := c.Update(cfg.Keyspaces); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Update replaces the fed keyspaces (a config reload). It checks them first and changes nothing on error.
+func (c *Changes) Update(spaces []ChangeKeyspace) error {
+	var errs []error
+	by := map[string][]feedOf{}
+	out := make([]ChangeKeyspace, 0, len(spaces))
+	for _, s := range spaces {
+		if s.OnChange == "" {
+			s.OnChange = OnChangeRefresh
+		}
+		if s.OnChange != OnChangeRefresh && s.OnChange != OnChangeInvalidate {
+			errs = append(errs, fmt.Errorf("keyspace %q: on_change: %q is not %q or %q", s.Keyspace, s.OnChange,
+				OnChangeRefresh, OnChangeInvalidate))
+		}
+		if c.w.keyspace(s.Keyspace) == nil {
+			errs = append(errs, fmt.Errorf("keyspace %q: unknown keyspace", s.Keyspace))
+		}
+		for i, f := range s.Feeds {
+			if f.Table == "" || f.Column == "" {
+				errs = append(errs, fmt.Errorf("keyspace %q: fed_by[%d]: table and id column are required", s.Keyspace, i))
+				continue
+			}
+			by[f.Table] = append(by[f.Table], feedOf{keyspace: s.Keyspace, column: f.Column})
+		}
+		out = append(out, s)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("warmer: changes: %w", err)
+	}
+	c.mu.Lock()
+	c.byTbl, c.spaces = by, out
+	c.mu.Unlock()
+	return nil
+}
+
+// Tables returns the feeding tables, sorted.
+func (c *Changes) Tables() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.byTbl))
+	for t := range c.byTbl {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// IDs maps txns to the changed ids of each fed keyspace, deduplicated, in first-seen order. A row's old and new
+// values of the id column both count (an UPDATE that moves it changes both ids).
+func (c *Changes) IDs(txns []Txn) map[string][]string {
+	c.mu.Lock()
+	by := c.byTbl
+	c.mu.Unlock()
+	out := map[string][]string{}
+	seen := map[string]map[string]bool{}
+	add := func(ks, id string) {
+		s := seen[ks]
+		if s == nil {
+			s = map[string]bool{}
+			seen[ks] = s
+		}
+		if !s[id] {
+			s[id] = true
+			out[ks] = append(out[ks], id)
+		}
+	}
+	for _, t := range txns {
+		for _, ch := range t.Changes {
+			for _, f := range by[ch.Table] {
+				if v, ok := ch.Old[f.column]; ok {
+					add(f.keyspace, v)
+				}
+				if v, ok := ch.New[f.column]; ok {
+					add(f.keyspace, v)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Apply applies a batch of committed transactions, in commit order, and returns nil once every changed id of
+// every fed keyspace is published (or invalidated, or known not cached). It returns an error when anything
+// failed (origin, Redis, a replica that did not replay the commit in time); the caller retries the batch and
+// does not acknowledge it meanwhile.
+func (c *Changes) Apply(ctx context.Context, txns []Txn) error {
+	if len(txns) == 0 {
+		return nil
+	}
+	ids := c.IDs(txns)
+	n := 0
+	for _, t := range txns {
+		n += len(t.Changes)
+	}
+	c.m.rows.Add(float64(n))
+	lsn := txns[len(txns)-1].LSN
+	err := c.applyIDs(ctx, ids, lsn)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, t := range txns {
+		c.m.commitToRedis.Observe(max(now.Sub(t.Commit), 0).Seconds())
+	}
+	c.m.txns.Add(float64(len(txns)))
+	return nil
+}
+
+// Resync refreshes every hot key of every fed keyspace once, through the same path as a change: after the stream
+// lost changes (a recreated slot), whatever is hot is rebuilt from the origin. Cold keys that changed meanwhile
+// keep their value until their TTL ends.
+func (c *Changes) Resync(ctx context.Context, reason string) error {
+	c.mu.Lock()
+	spaces := slices.Clone(c.spaces)
+	c.mu.Unlock()
+	ids := map[string][]string{}
+	total := 0
+	for _, s := range spaces {
+		k := c.w.keyspace(s.Keyspace)
+		if k == nil {
+			continue
+		}
+		k.mu.Lock()
+		for id := range k.hotSet {
+			ids[s.Keyspace] = append(ids[s.Keyspace], id)
+		}
+		k.mu.Unlock()
+		total += len(ids[s.Keyspace])
+	}
+	c.log.Warn("resync: refreshing every hot key of the fed keyspaces once; cold keys changed meanwhile keep their TTL",
+		"reason", reason, "hot_keys", total)
+	err := c.applyIDs(ctx, ids, 0)
+	if err == nil {
+		c.m.resyncKeys.Add(float64(total))
+	}
+	return err
+}
+
+// applyIDs refreshes or invalidates ids per keyspace, the keyspaces in parallel.
+func (c *Changes) applyIDs(ctx context.Context, ids map[string][]string, lsn uint64) error {
+	c.mu.Lock()
+	spaces := slices.Clone(c.spaces)
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, len(spaces))
+	for i, s := range spaces {
+		list := ids[s.Keyspace]
+		k := c.w.keyspace(s.Keyspace)
+		if len(list) == 0 || k == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if s.OnChange == OnChangeInvalidate {
+				err = c.invalidate(ctx, k, list)
+			} else {
+				err = c.refresh(ctx, k, list, lsn)
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("keyspace %q: %w", s.Keyspace, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// invalidate deletes the keys, meta hashes and locks of ids (lockstep.Invalidate), pipelined.
+func (c *Changes) invalidate(ctx context.Context, k *keyspace, ids []string) error {
+	cfg := k.config()
+	sets := make([]lockstep.KeySet, 0, len(ids))
+	for _, id := range ids {
+		ks, err := cfg.Keys.For(id)
+		if err != nil {
+			c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Inc()
+			continue
+		}
+		sets = append(sets, ks)
+	}
+	_, err := c.w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, ks := range sets {
+			if err := lockstep.Invalidate(ctx, p, ks); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("invalidate: %w", err)
+	}
+	c.m.applied.WithLabelValues(k.name, ChangeInvalidated).Add(float64(len(sets)))
+	return nil
+}
+
+// maxRevokeRounds bounds how often one batch re-runs ids whose lock was revoked again under it (another change,
+// or an app's invalidation, in the same moment) before it gives up and lets the stream retry the batch.
+const maxRevokeRounds = 5
+
+// refresh rebuilds the ids of k that are hot, cached or being rebuilt, after revoking their locks.
+func (c *Changes) refresh(ctx context.Context, k *keyspace, ids []string, lsn uint64) error {
+	cfg := k.config()
+	if rw, ok := cfg.Src.(ReplayWaiter); ok && lsn > 0 {
+		wctx, cancel := context.WithTimeout(ctx, c.cfg.ReplayTimeout)
+		err := rw.WaitReplay(wctx, lsn)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				c.m.replayTimeouts.WithLabelValues(k.name).Inc()
+				return fmt.Errorf("replica did not replay LSN %X/%X within %v: %w", lsn>>32, uint32(lsn), c.cfg.ReplayTimeout, err)
+			}
+			return fmt.Errorf("wait for replay: %w", err)
+		}
+	}
+	items, invalid := warmItems(cfg, ids)
+	if len(invalid) > 0 {
+		c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Add(float64(len(invalid)))
+	}
+	items, err := c.revoke(ctx, k, items)
+	if err != nil {
+		return err
+	}
+	for round := 0; len(items) > 0; round++ {
+		if round == maxRevokeRounds {
+			return fmt.Errorf("%d keys lost their lock %d times in a row", len(items), maxRevokeRounds)
+		}
+		var again []*item
+		for start := 0; start < len(items); start += cfg.BatchSize {
+			batch := items[start:min(start+cfg.BatchSize, len(items))]
+			redo, err := c.refreshBatch(ctx, k, cfg, batch)
+			if err != nil {
+				return err
+			}
+			again = append(again, redo...)
+		}
+		items = again
+	}
+	return nil
+}
+
+// revoke deletes the locks of items, and returns those worth refreshing: hot, cached (EXISTS), or with a lock
+// that was just deleted (a rebuild was in flight, maybe with the old row). One pipelined round trip.
+func (c *Changes) revoke(ctx context.Context, k *keyspace, items []*item) ([]*item, error) {
+	exists := make([]*redis.IntCmd, len(items))
+	dels := make([]*redis.IntCmd, len(items))
+	_, err := c.w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, it := range items {
+			exists[i] = p.Exists(ctx, it.ks.Cache)
+			dels[i] = p.Del(ctx, it.ks.Lock)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("revoke locks: %w", err)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []*item
+	for i, it := range items {
+		_, hot := k.hotSet[it.id]
+		if hot || exists[i].Val() > 0 || dels[i].Val() > 0 {
+			out = append(out, it)
+			continue
+		}
+		c.m.applied.WithLabelValues(k.name, ChangeNotCached).Inc()
+	}
+	return out, nil
+}
+
+// refreshBatch runs one batch through the pipeline and returns the items to run again (lock revoked under it).
+func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceConfig, batch []*item) ([]*item, error) {
+	if err := k.slots.acquire(ctx); err != nil {
+		return nil, err
+	}
+	p := k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
+	err := p.run(ctx, batch)
+	k.slots.release()
+	k.poke() // a refresh batch may be waiting for the slot
+	if err != nil {
+		return nil, err
+	}
+	var again, large []*item
+	var failed error
+	for _, it := range batch {
+		switch it.result {
+		case ResultOK, ResultMissing:
+			c.m.applied.WithLabelValues(k.name, it.result).Inc()
+		case ResultLocked:
+			// Taken after the revocation: that rebuild reads the committed row.
+			c.m.applied.WithLabelValues(k.name, ResultLocked).Inc()
+		case ResultLockLost, ResultLockGone:
+			again = append(again, it.reset())
+		case ResultTooLarge:
+			large = append(large, it)
+		default:
+			if failed == nil {
+				failed = fmt.Errorf("refresh %q: %w", it.ks.Cache, it.err)
+			}
+		}
+	}
+	if failed != nil {
+		return nil, failed
+	}
+	if len(large) > 0 {
+		// The old value is known to be stale and the new one may not be written: drop it.
+		sets := make([]lockstep.KeySet, len(large))
+		for i, it := range large {
+			sets[i] = it.ks
+			c.log.Warn("changed value exceeds max_value_bytes; invalidating the key", "key", it.ks.Cache, "error", it.err)
+		}
+		if err := c.invalidate(ctx, k, idsOf(large)); err != nil {
+			return nil, err
+		}
+	}
+	c.noteRefreshed(k, p, batch)
+	return again, nil
+}
+
+func idsOf(items []*item) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.id
+	}
+	return out
+}
+
+// reset clears an item's outcome for another run through the pipeline.
+func (it *item) reset() *item {
+	return &item{id: it.id, ks: it.ks}
+}
+
+// noteRefreshed tells the scheduler the new expiry of hot keys that a change refreshed, so that refresh-ahead
+// does not rebuild them again before their new TTL runs down.
+func (c *Changes) noteRefreshed(k *keyspace, p *pipeline, batch []*item) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, it := range batch {
+		if it.result != ResultOK {
+			continue
+		}
+		h := k.hotSet[it.id]
+		if h == nil || h.inflight || h.persistent {
+			continue
+		}
+		h.expiry = p.start.Add(it.ttl)
+		h.lastRefresh = p.start
+		h.needPTTL = false
+		h.missing = false
+		k.scheduleLocked(h)
+	}
+}

@@ -1,0 +1,65 @@
+package warmer
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Results of a changed id, the values of the "result" label of keepwarm_changes_applied_total.
+const (
+	// ChangeNotCached: the id's key was neither hot, cached nor being rebuilt: left alone.
+	ChangeNotCached = "not_cached"
+	// ChangeInvalidated: on_change = "invalidate" deleted the key and its lock.
+	ChangeInvalidated = "invalidated"
+	// ChangeInvalidID: the row's id column does not make a valid id for the key template.
+	ChangeInvalidID = "invalid_id"
+)
+
+// changeMetrics are the metrics of Changes and StreamLease (keepwarm_changes_*, keepwarm_stream_lease_*).
+type changeMetrics struct {
+	rows           prometheus.Counter
+	txns           prometheus.Counter
+	applied        *prometheus.CounterVec // keyspace, result
+	commitToRedis  prometheus.Histogram
+	replayTimeouts *prometheus.CounterVec // keyspace
+	resyncKeys     prometheus.Counter
+}
+
+func newChangeMetrics(reg prometheus.Registerer) (*changeMetrics, error) {
+	m := &changeMetrics{
+		rows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_changes_rows_total",
+			Help: "Row changes of feeding tables handed to the warmer (a row retried after a failure counts again).",
+		}),
+		txns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_changes_transactions_applied_total",
+			Help: "Committed transactions whose changes are all published to Redis (then acknowledged to PostgreSQL).",
+		}),
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_changes_applied_total",
+			Help: "Changed ids applied, after coalescing, by keyspace and result (ok, missing, locked, not_cached, invalidated, invalid_id).",
+		}, []string{"keyspace", "result"}),
+		commitToRedis: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "keepwarm_changes_commit_to_redis_seconds",
+			Help:    "Time from a transaction's commit (origin clock) until every key it changed was published to Redis.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 5, 10, 30},
+		}),
+		replayTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_changes_replay_timeouts_total",
+			Help: "Batches whose replica did not replay the commit within replay_timeout (retried, not acknowledged).",
+		}, []string{"keyspace"}),
+		resyncKeys: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_changes_resync_keys_total",
+			Help: "Hot keys refreshed by resyncs (after the replication slot was recreated).",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{m.rows, m.txns, m.applied, m.commitToRedis, m.replayTimeouts, m.resyncKeys} {
+		errs = append(errs, reg.Register(c))
+	}
+	return m, errors.Join(errs...)
+}

@@ -1,0 +1,235 @@
+package warmer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// changesFixture is a Warmer (not running: Changes works without Run, as Warmup does) with Changes feeding the
+// fixture's keyspace from its table.
+func changesFixture(t *testing.T, onChange string) (*fixture, *warmer.Warmer, *warmer.Changes, *prometheus.Registry) {
+	t.Helper()
+	f := newFixture(t, 20)
+	reg := prometheus.NewRegistry()
+	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config()}, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := warmer.NewChanges(w, warmer.ChangesConfig{Registerer: reg, Keyspaces: []warmer.ChangeKeyspace{
+		{Keyspace: "items", OnChange: onChange, Feeds: []warmer.Feed{{Table: "t.items", Column: "id"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, w, c, reg
+}
+
+func rowChange(id string) warmer.RowChange {
+	return warmer.RowChange{Table: "t.items", New: map[string]string{"id": id}}
+}
+
+func (f *fixture) setBody(t *testing.T, id string, v int) {
+	t.Helper()
+	if _, err := f.pool.Exec(context.Background(), "update "+f.table+" set body = jsonb_build_object('id', id::int, 'v', $2::int) where id = $1", id, v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) get(t *testing.T, id string) string {
+	t.Helper()
+	v, err := f.rdb.Get(context.Background(), f.key(id)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "<none>"
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestChangesCoalesceAndLeaveUncachedAlone: 500 updates of one row in one batch are one rebuild; an id that is
+// not cached is not queried; a row whose id column moved refreshes both ids.
+func TestChangesCoalesceAndLeaveUncachedAlone(t *testing.T) {
+	f, w, c, reg := changesFixture(t, "")
+	ctx := context.Background()
+	if _, err := w.Warmup(ctx, "items", warmer.SliceIDs([]string{"1", "2", "5"}), warmer.WarmupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.setBody(t, "1", 500)
+	f.setBody(t, "2", 2)
+	f.setBody(t, "5", 5)
+	before := f.src.count("1")
+	var txns []warmer.Txn
+	for i := 0; i < 500; i++ {
+		txns = append(txns, warmer.Txn{Commit: time.Now(), Changes: []warmer.RowChange{rowChange("1")}})
+	}
+	txns = append(txns, warmer.Txn{Commit: time.Now(), Changes: []warmer.RowChange{
+		rowChange("3"), // not cached: left alone
+		{Table: "t.items", Old: map[string]string{"id": "2"}, New: map[string]string{"id": "5"}}, // both ids
+		{Table: "other.table", New: map[string]string{"id": "4"}},                                // not a feed
+	}})
+	if err := c.Apply(ctx, txns); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if got := f.src.count("1") - before; got != 1 {
+		t.Errorf("origin queries of id 1 for 500 changes: got %d, want 1 (coalesced)", got)
+	}
+	if got := f.src.count("3"); got != 0 {
+		t.Errorf("origin queries of uncached id 3: got %d, want 0", got)
+	}
+	for id, want := range map[string]string{"1": `"v": 500`, "2": `"v": 2`, "5": `"v": 5`} {
+		if got := f.get(t, id); !strings.Contains(got, want) {
+			t.Errorf("key %s: got %s, want it to contain %s", id, got, want)
+		}
+	}
+	if got := f.get(t, "3"); got != "<none>" {
+		t.Errorf("key 3: got %s, want none (not cached before the change)", got)
+	}
+	if got := counter(t, reg, "keepwarm_changes_applied_total", map[string]string{"result": warmer.ChangeNotCached}); got != 1 {
+		t.Errorf("applied{result=not_cached}: got %v, want 1", got)
+	}
+	if got := counter(t, reg, "keepwarm_changes_commit_to_redis_seconds", nil); got != 501 {
+		t.Errorf("commit-to-Redis observations: got %v, want 501 (one per transaction)", got)
+	}
+	if probs, err := testutil.GatherAndLint(reg); err != nil || len(probs) > 0 {
+		t.Errorf("metrics lint: %v %v", probs, err)
+	}
+}
+
+// TestChangeBeatsInFlightRebuild is the invalidation race with on_change = refresh and no app-side delete: an
+// app's rebuild read the row before the commit and publishes after the change was applied. It must not
+// resurrect the old row: the change revoked its lock, so its publish fails (ErrLockGone).
+func TestChangeBeatsInFlightRebuild(t *testing.T) {
+	for _, onChange := range []string{warmer.OnChangeRefresh, warmer.OnChangeInvalidate} {
+		t.Run(onChange, func(t *testing.T) {
+			f, w, c, _ := changesFixture(t, onChange)
+			ctx := context.Background()
+			if _, err := w.Warmup(ctx, "items", warmer.SliceIDs([]string{"7"}), warmer.WarmupOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			ks := f.keySet(t, "7")
+			// The app: takes the lock and reads the old row.
+			token := lockstep.NewToken()
+			if ok, err := lockstep.Acquire(ctx, f.rdb, ks.Lock, token, 10*time.Second); err != nil || !ok {
+				t.Fatalf("app acquire: %v %v", ok, err)
+			}
+			old := f.get(t, "7")
+			// The write commits, and the change is applied while the app's rebuild is in flight.
+			f.setBody(t, "7", 77)
+			if err := c.Apply(ctx, []warmer.Txn{{Commit: time.Now(), Changes: []warmer.RowChange{rowChange("7")}}}); err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			// The app publishes what it read before the commit.
+			res, err := lockstep.PublishMany(ctx, f.rdb, []lockstep.Write{{Keys: ks, Token: token, Value: []byte(old), TTL: 10 * time.Second}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(res[0].Err, lockstep.ErrLockGone) && !errors.Is(res[0].Err, lockstep.ErrLockLost) {
+				t.Errorf("app's late publish: got %v, want ErrLockGone or ErrLockLost", res[0].Err)
+			}
+			got := f.get(t, "7")
+			switch onChange {
+			case warmer.OnChangeRefresh:
+				if !strings.Contains(got, `"v": 77`) {
+					t.Errorf("key after the race: got %s, want the committed row (v 77)", got)
+				}
+			case warmer.OnChangeInvalidate:
+				if got != "<none>" {
+					t.Errorf("key after the race: got %s, want none (invalidated; the next read rebuilds)", got)
+				}
+			}
+		})
+	}
+}
+
+// TestChangesRejectsBadConfig: unknown keyspaces and on_change values are named.
+func TestChangesRejectsBadConfig(t *testing.T) {
+	f := newFixture(t, 1)
+	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = warmer.NewChanges(w, warmer.ChangesConfig{Keyspaces: []warmer.ChangeKeyspace{
+		{Keyspace: "nope", Feeds: []warmer.Feed{{Table: "t.a", Column: "id"}}},
+		{Keyspace: "items", OnChange: "delete", Feeds: []warmer.Feed{{Table: "t.a"}}},
+	}})
+	for _, want := range []string{`keyspace "nope": unknown keyspace`, `keyspace "items": on_change: "delete"`, `keyspace "items": fed_by[0]`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("NewChanges: got %v, want it to contain %q", err, want)
+		}
+	}
+}
+
+// TestStreamLeaseOneHolderAndTakeover: of two daemons one streams; when it can no longer reach Redis (as after
+// kill -9, its lease is not renewed), it stops streaming and the standby takes over within the lease TTL plus
+// one attempt period.
+func TestStreamLeaseOneHolderAndTakeover(t *testing.T) {
+	rdb := testenv.Redis(t)
+	key := testenv.Prefix(t, rdb) + "stream-lease"
+	const ttl = time.Second
+	rdbA := redis.NewClient(rdb.Options())
+	a, err := warmer.NewStreamLease(rdbA, key, ttl, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := warmer.NewStreamLease(rdb, key, ttl, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streaming atomic.Int32 // daemons streaming at once
+	var maxStreaming atomic.Int32
+	var aStopped, bStarted atomic.Bool
+	fn := func(which string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			n := streaming.Add(1)
+			for m := maxStreaming.Load(); n > m && !maxStreaming.CompareAndSwap(m, n); m = maxStreaming.Load() {
+			}
+			if which == "b" {
+				bStarted.Store(true)
+			}
+			<-ctx.Done()
+			streaming.Add(-1)
+			if which == "a" {
+				aStopped.Store(true)
+			}
+			return nil
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = a.Run(ctx, fn("a")) }()
+	testenv.Eventually(t, 5*time.Second, "a holds the lease", func() bool { return a.Status().State == "holder" })
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = b.Run(ctx, fn("b")) }()
+	testenv.Eventually(t, 5*time.Second, "b stands by", func() bool { return b.Status().State == "standby" })
+	// b keeps standing by while a renews (three TTLs).
+	if testenv.Poll(3*ttl, func() bool { return bStarted.Load() }) {
+		t.Fatal("b streamed while a held the lease")
+	}
+	killed := time.Now()
+	_ = rdbA.Close() // a can no longer renew: as if it were killed
+	testenv.Eventually(t, 5*time.Second, "b takes over", func() bool { return bStarted.Load() })
+	took := time.Since(killed)
+	testenv.Eventually(t, 5*time.Second, "a stops streaming", func() bool { return aStopped.Load() })
+	if took > 3*ttl {
+		t.Errorf("takeover took %v, want at most 3 × ttl %v (ttl + ttl/5 + scheduling on a loaded machine)", took, ttl)
+	}
+	// a stops when its renewals fail for half the TTL, before its lease can expire: never two streams at once.
+	if got := maxStreaming.Load(); got != 1 {
+		t.Errorf("daemons streaming at once: got %d, want 1", got)
+	}
+}

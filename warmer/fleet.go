@@ -1,0 +1,466 @@
+package warmer
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of a FleetConfig: the one definition of each. internal/config refers to these.
+const (
+	// DefaultHeartbeatInterval is how often a replica renews its heartbeat and re-reads the member list.
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	// DefaultHeartbeatTTL is how long a heartbeat lasts: a replica that stops (kill -9) leaves the fleet at most
+	// this long after its last heartbeat.
+	DefaultHeartbeatTTL = 2 * time.Second
+	// DefaultFleetKeyPrefix starts the default fleet key (see DefaultFleetKey).
+	DefaultFleetKeyPrefix = "keepwarm:fleet:"
+)
+
+// lateBeats is how many heartbeat intervals a member may go without renewing its heartbeat before the others
+// cover its keys (see FleetConfig). One and a half: a heartbeat that is merely slow does not trigger it, a
+// missed one does.
+const lateBeats = 1.5
+
+// FleetConfig makes replicas share the work: each hot key is refreshed by exactly one live replica, its owner,
+// chosen by rendezvous (highest-random-weight) hashing of the id over the replicas whose heartbeat is live in
+// Redis (Thaler and Ravishankar, "Using name-based mappings to increase hit rates", IEEE/ACM ToN 1998). When a
+// replica joins or leaves, only the keys it gains or loses move.
+//
+// Every replica heartbeats every HeartbeatInterval with one command (fleet.lua): it writes its own expiry
+// (Redis's clock + HeartbeatTTL) into the fleet's sorted set Key, removes the members whose expiry has passed,
+// and reads the list. A replica that stops cleanly removes itself; one that dies (kill -9) drops out at most
+// HeartbeatTTL after its last heartbeat, so its keys move to the others within HeartbeatInterval +
+// HeartbeatTTL. Meanwhile, as soon as a member is late (no heartbeat for 1.5 intervals), the replica that will
+// inherit each of its keys covers the key already, so that keys close to expiry are refreshed in time. Overlaps
+// (a late replica that was only slow, views that differ for one interval) are safe: every refresh still takes
+// the token lock and re-checks the TTL under it.
+//
+// All replicas of one fleet must use the same heartbeat settings and keyspaces; a zero Key turns sharing off
+// (this warmer owns every hot key).
+type FleetConfig struct {
+	// Key is the Redis sorted set of the fleet's members (member: replica id; score: heartbeat expiry in Unix
+	// ms). "" turns sharing off. DefaultFleetKey derives one from the keyspaces' key layouts.
+	Key string
+	// ReplicaID names this replica in the member set; default DefaultReplicaID() (hostname-pid). Two replicas
+	// with one id would each think they own the same keys: ids must be unique.
+	ReplicaID string
+	// HeartbeatInterval is how often the heartbeat is renewed and the member list re-read; default
+	// DefaultHeartbeatInterval, at least 10ms.
+	HeartbeatInterval time.Duration
+	// HeartbeatTTL is how long a heartbeat lasts; default DefaultHeartbeatTTL, at least 2 × HeartbeatInterval.
+	HeartbeatTTL time.Duration
+}
+
+// DefaultReplicaID is the replica id of this process: its host name and process id, "host-1234".
+func DefaultReplicaID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "keepwarm"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
+// DefaultFleetKey is the default FleetConfig.Key for replicas running keyspaces with the given cache-key
+// templates: DefaultFleetKeyPrefix plus a hash of the sorted templates. Replicas with the same keyspace layouts
+// form one fleet; a replica with other keyspaces (or one mid-way through a config rollout) forms its own and
+// refreshes all of its hot keys, which the lock keeps safe.
+func DefaultFleetKey(templates []string) string {
+	s := slices.Clone(templates)
+	slices.Sort(s)
+	d := xxhash.New()
+	for _, t := range s {
+		_, _ = d.WriteString(t)
+		_, _ = d.WriteString("\x00")
+	}
+	return DefaultFleetKeyPrefix + strconv.FormatUint(d.Sum64(), 16)
+}
+
+// FleetFieldError is one invalid field of a FleetConfig: `fleet: heartbeat_ttl: ...`. Field is the config
+// file's key.
+type FleetFieldError struct{ Field, Msg string }
+
+func (e *FleetFieldError) Error() string { return "fleet: " + e.Field + ": " + e.Msg }
+
+// Resolve returns c with its defaults filled in, or every invalid field as a *FleetFieldError (joined). A
+// zero Key (sharing off) resolves to itself.
+func (c FleetConfig) Resolve() (FleetConfig, error) {
+	if c.Key == "" {
+		return c, nil
+	}
+	if c.ReplicaID == "" {
+		c.ReplicaID = DefaultReplicaID()
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.HeartbeatTTL == 0 {
+		c.HeartbeatTTL = DefaultHeartbeatTTL
+	}
+	var errs []error
+	if c.HeartbeatInterval < 10*time.Millisecond {
+		errs = append(errs, &FleetFieldError{"heartbeat_interval", fmt.Sprintf("%v is below 10ms", c.HeartbeatInterval)})
+	}
+	if c.HeartbeatTTL < 2*c.HeartbeatInterval {
+		errs = append(errs, &FleetFieldError{"heartbeat_ttl", fmt.Sprintf("%v is below 2 × heartbeat_interval (%v): one slow heartbeat would drop the replica",
+			c.HeartbeatTTL, c.HeartbeatInterval)})
+	}
+	if len(c.ReplicaID) > 200 {
+		errs = append(errs, &FleetFieldError{"replica_id", "longer than 200 bytes"})
+	}
+	return c, errors.Join(errs...)
+}
+
+//go:embed fleet.lua
+var fleetLua string
+
+var fleetScript = redis.NewScript(fleetLua)
+
+// FleetMember is one replica in the fleet's member set, as /debug/fleet shows it.
+type FleetMember struct {
+	ID string `json:"id"`
+	// ExpiresIn is how long its heartbeat has left by Redis's clock, at the last read.
+	ExpiresIn time.Duration `json:"expires_in_ns"`
+	// Late is true when it missed a heartbeat: the others cover its keys until it is back or gone.
+	Late bool `json:"late"`
+	Self bool `json:"self"`
+}
+
+// FleetStatus is this replica's view of the fleet.
+type FleetStatus struct {
+	Enabled           bool          `json:"enabled"`
+	Key               string        `json:"key,omitempty"`
+	ReplicaID         string        `json:"replica_id,omitempty"`
+	HeartbeatInterval time.Duration `json:"heartbeat_interval_ns,omitempty"`
+	HeartbeatTTL      time.Duration `json:"heartbeat_ttl_ns,omitempty"`
+	// Members are the live members at the last successful heartbeat, by id.
+	Members []FleetMember `json:"members"`
+	// LastHeartbeat is when the last heartbeat succeeded (zero before the first).
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	// LastError is the last heartbeat's error, "" when it succeeded.
+	LastError string `json:"last_error,omitempty"`
+}
+
+// fleetView is one reading of the member list. Owners are the members that take keys: the live ones that are
+// not late (all live ones if every other member is late, which leaves this replica alone).
+type fleetView struct {
+	self    string
+	members []FleetMember
+	owners  []string // sorted
+	hashes  []uint64 // xxhash of each owner's id
+	selfIdx int      // index of self in owners
+}
+
+// soloView is the view of a warmer that shares nothing: it owns every key.
+func soloView(self string) *fleetView {
+	return &fleetView{self: self, owners: []string{self}, hashes: []uint64{xxhash.Sum64String(self)},
+		members: []FleetMember{{ID: self, Self: true}}}
+}
+
+// owns reports whether this replica owns id under v: rendezvous hashing, with the id hashed once and mixed
+// with each owner's precomputed hash by a xorshift-multiply step (the construction of
+// github.com/dgryski/go-rendezvous, which go-redis's Ring uses too). A nil view owns everything.
+func (v *fleetView) owns(id string) bool {
+	if v == nil || len(v.owners) <= 1 {
+		return true
+	}
+	return hrw(id, v.hashes) == v.selfIdx
+}
+
+// hrw returns the index of the highest random weight for id among the owners' hashes.
+func hrw(id string, hashes []uint64) int {
+	kh := xxhash.Sum64String(id)
+	best, bi := uint64(0), 0
+	for i, nh := range hashes {
+		if h := xorshiftMult64(kh ^ nh); i == 0 || h > best {
+			best, bi = h, i
+		}
+	}
+	return bi
+}
+
+// xorshiftMult64 is Marsaglia's xorshift64* output step (Vigna, "An experimental exploration of Marsaglia's
+// xorshift generators, scrambled", 2016): it turns the combined hash into a well-mixed weight.
+func xorshiftMult64(x uint64) uint64 {
+	x ^= x >> 12
+	x ^= x << 25
+	x ^= x >> 27
+	return x * 2685821657736338717
+}
+
+// sameOwners reports whether two views assign every key alike.
+func (v *fleetView) sameOwners(o *fleetView) bool {
+	if v == nil || o == nil {
+		return v == o
+	}
+	return slices.Equal(v.owners, o.owners)
+}
+
+// fleet is a warmer's membership: its heartbeat loop and the latest view.
+type fleet struct {
+	cfg FleetConfig
+	w   *Warmer
+
+	mu       sync.Mutex
+	view     *fleetView
+	lastBeat time.Time
+	lastErr  string
+	failing  bool
+
+	members    *prometheus.GaugeVec   // state: live, late
+	heartbeats *prometheus.CounterVec // result: ok, error
+	changes    prometheus.Counter
+}
+
+func newFleet(w *Warmer, cfg FleetConfig, reg prometheus.Registerer) (*fleet, error) {
+	f := &fleet{cfg: cfg, w: w, view: soloView(cfg.ReplicaID),
+		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_warmer_fleet_members",
+			Help: "Replicas in the fleet's member set at the last heartbeat, by state (live: heartbeating; late: missed a heartbeat, its keys are covered by the others).",
+		}, []string{"state"}),
+		heartbeats: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_fleet_heartbeats_total",
+			Help: "Heartbeats of this replica in the fleet's member set, by result (ok, error).",
+		}, []string{"result"}),
+		changes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_fleet_ownership_changes_total",
+			Help: "Changes of the set of replicas that own keys, as seen by this replica (joins, leaves, late members).",
+		}),
+	}
+	if reg == nil {
+		return f, nil
+	}
+	var errs []error
+	for _, c := range []prometheus.Collector{f.members, f.heartbeats, f.changes} {
+		if err := reg.Register(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return f, errors.Join(errs...)
+}
+
+// beat heartbeats (op "join") or leaves ("leave") and returns the member list read in the same command.
+func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
+	res, err := fleetScript.Run(ctx, f.w.rdb, []string{f.cfg.Key}, f.cfg.ReplicaID, f.cfg.HeartbeatTTL.Milliseconds(), op).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("fleet heartbeat %q: %w", f.cfg.Key, err)
+	}
+	if len(res) != 2 {
+		return nil, fmt.Errorf("fleet heartbeat %q: reply has %d elements, want 2", f.cfg.Key, len(res))
+	}
+	now, ok := res[0].(int64)
+	flat, ok2 := res[1].([]any)
+	if !ok || !ok2 || len(flat)%2 != 0 {
+		return nil, fmt.Errorf("fleet heartbeat %q: unexpected reply %v", f.cfg.Key, res)
+	}
+	self := f.cfg.ReplicaID
+	v := &fleetView{self: self}
+	lateBelow := f.cfg.HeartbeatTTL - time.Duration(lateBeats*float64(f.cfg.HeartbeatInterval))
+	var late []string
+	for i := 0; i < len(flat); i += 2 {
+		id, _ := flat[i].(string)
+		score, err := strconv.ParseFloat(fmt.Sprint(flat[i+1]), 64)
+		if id == "" || err != nil {
+			continue
+		}
+		left := time.Duration(int64(score)-now) * time.Millisecond
+		m := FleetMember{ID: id, ExpiresIn: left, Self: id == self, Late: id != self && left < lateBelow}
+		v.members = append(v.members, m)
+		if m.Late {
+			late = append(late, id)
+		} else {
+			v.owners = append(v.owners, id)
+		}
+	}
+	if op == "join" && !slices.ContainsFunc(v.members, func(m FleetMember) bool { return m.Self }) {
+		// Cannot happen (the script just added it), but never leave this replica out of its own view.
+		v.members = append(v.members, FleetMember{ID: self, ExpiresIn: f.cfg.HeartbeatTTL, Self: true})
+		v.owners = append(v.owners, self)
+	}
+	slices.SortFunc(v.members, func(a, b FleetMember) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	slices.Sort(v.owners)
+	v.selfIdx = slices.Index(v.owners, self)
+	v.hashes = make([]uint64, len(v.owners))
+	for i, id := range v.owners {
+		v.hashes[i] = xxhash.Sum64String(id)
+	}
+	f.members.WithLabelValues("live").Set(float64(len(v.members) - len(late)))
+	f.members.WithLabelValues("late").Set(float64(len(late)))
+	return v, nil
+}
+
+// current returns the latest view.
+func (f *fleet) current() *fleetView {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.view
+}
+
+// heartbeatOnce heartbeats and installs the view it read, handing keys over when the owners changed. On error
+// the last view stays in force (logged once per outage).
+func (f *fleet) heartbeatOnce(ctx context.Context) {
+	v, err := f.beat(ctx, "join")
+	f.mu.Lock()
+	if err != nil {
+		first := !f.failing
+		f.failing, f.lastErr = true, err.Error()
+		f.mu.Unlock()
+		f.heartbeats.WithLabelValues("error").Inc()
+		if first && ctx.Err() == nil {
+			f.w.log.Error("fleet heartbeat failing; keeping the last member list", "fleet_key", f.cfg.Key,
+				"replica_id", f.cfg.ReplicaID, "error", err)
+		}
+		return
+	}
+	recovered := f.failing
+	f.failing, f.lastErr, f.lastBeat = false, "", f.w.now()
+	old := f.view
+	changed := !old.sameOwners(v)
+	f.view = v
+	f.mu.Unlock()
+	f.heartbeats.WithLabelValues("ok").Inc()
+	if recovered {
+		f.w.log.Info("fleet heartbeat recovered", "fleet_key", f.cfg.Key)
+	}
+	if !changed {
+		return
+	}
+	f.changes.Inc()
+	f.w.log.Info("fleet owners changed", "fleet_key", f.cfg.Key, "replica_id", f.cfg.ReplicaID,
+		"owners", v.owners, "members", len(v.members))
+	f.w.mu.Lock()
+	spaces := make([]*keyspace, 0, len(f.w.spaces))
+	for _, k := range f.w.spaces {
+		spaces = append(spaces, k)
+	}
+	f.w.mu.Unlock()
+	for _, k := range spaces {
+		k.setView(v)
+	}
+}
+
+// run heartbeats every interval until ctx ends, then leaves the fleet so that the others take over at once.
+func (f *fleet) run(ctx context.Context) {
+	t := time.NewTicker(f.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.cfg.HeartbeatInterval)
+			defer cancel()
+			if _, err := f.beat(lctx, "leave"); err != nil {
+				f.w.log.Warn("fleet: could not leave; the others take over when the heartbeat expires",
+					"fleet_key", f.cfg.Key, "heartbeat_ttl", f.cfg.HeartbeatTTL, "error", err)
+			}
+			return
+		case <-t.C:
+			f.heartbeatOnce(ctx)
+		}
+	}
+}
+
+// status returns the fleet as this replica sees it.
+func (f *fleet) status() FleetStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return FleetStatus{Enabled: true, Key: f.cfg.Key, ReplicaID: f.cfg.ReplicaID,
+		HeartbeatInterval: f.cfg.HeartbeatInterval, HeartbeatTTL: f.cfg.HeartbeatTTL,
+		Members: slices.Clone(f.view.members), LastHeartbeat: f.lastBeat, LastError: f.lastErr}
+}
+
+// Fleet returns this replica's view of the fleet; Enabled is false when sharing is off.
+func (w *Warmer) Fleet() FleetStatus {
+	if w.fleet == nil {
+		return FleetStatus{Members: []FleetMember{}}
+	}
+	return w.fleet.status()
+}
+
+// ownsLocked is the ownership predicate: whether this replica refreshes id. The scheduler asks it where it
+// adopts keys (learns their expiry), reconciles them, queues them and dispatches them.
+func (k *keyspace) ownsLocked(id string) bool { return k.view.owns(id) }
+
+// setView installs a new member list: keys this replica no longer owns leave its due queue (a batch in flight
+// finishes); keys it gained are adopted (their expiry is read with PTTL, then they are queued). A gained key
+// found missing then counts as an SLO miss, since its previous owner may have let it expire.
+func (k *keyspace) setView(v *fleetView) {
+	k.mu.Lock()
+	k.view = v
+	for _, h := range k.hotSet {
+		own := v.owns(h.id)
+		switch {
+		case !own && h.idx >= 0:
+			k.q.remove(h)
+		case own && h.idx < 0 && !h.inflight && !h.persistent:
+			h.needPTTL, h.handover = true, true
+			k.adopt = append(k.adopt, h)
+		}
+	}
+	k.gaugesLocked()
+	k.mu.Unlock()
+	k.poke()
+}
+
+// gatherWindowLocked is how far ahead a batch gathers due keys: GatherWindow times the number of owners, so
+// that each of n replicas, refreshing 1/n of the keys, still sends batches as large as one replica would, and
+// the fleet's origin queries stay those of one daemon.
+func (k *keyspace) gatherWindowLocked() time.Duration {
+	n := 1
+	if k.view != nil {
+		n = max(1, len(k.view.owners))
+	}
+	return k.cfg.GatherWindow * time.Duration(n)
+}
+
+// ownedLocked counts the hot keys this replica owns.
+func (k *keyspace) ownedLocked() int {
+	if k.view == nil || len(k.view.owners) <= 1 {
+		return len(k.hotSet)
+	}
+	n := 0
+	for id := range k.hotSet {
+		if k.view.owns(id) {
+			n++
+		}
+	}
+	return n
+}
+
+// noteHandoverLocked checks the first PTTL reading of a key adopted from another replica, and reports whether it
+// was one: missing means its previous owner (dead, or late) let it expire, which is counted as an SLO miss; a
+// key found close to its expiry is not "late notice" (the fleet had the notice), so if it expires before this
+// replica refreshes it (for example because the dead owner still holds its lock), that is an SLO miss too. A key hot for less than one
+// TTL is not counted: its previous owner may not have written it yet. Otherwise this is conservative: a key that
+// an app deleted, or that the origin lacks, at that moment is counted too.
+func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.Time) bool {
+	if !h.handover {
+		return false
+	}
+	h.handover = false
+	if pttl != pttlGone || h.missing || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
+		return true
+	}
+	h.counted = true
+	k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
+	k.hotExpired.Add(1)
+	k.log.Warn("hot key taken over from another replica had expired", "id", h.id, "fleet_key", k.w.fleet.cfg.Key)
+	return true
+}

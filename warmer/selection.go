@@ -1,0 +1,240 @@
+package warmer
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// How the hot set is chosen (scan resistance and refreshes that pay off, issue 14).
+//
+// The access sorted set is a frequency estimate that ages: apps add 1 per read (ZINCRBY), and the daemon halves
+// every score each decay_half_life. On its own it lets a scan pollute the hot set: every id read once enters with
+// score 1, and while fewer than top_n ids have a better score, each one-hit id takes a hot slot and is refreshed,
+// for nothing, until it decays away. Three rules, taken from the published answers to scan pollution, keep them
+// out:
+//
+//   - Admission needs a second read (a doorkeeper). An id's entry counts the evidence of reads: its first
+//     sighting, and every poll that found its score higher than the last one read (only reads raise a score; the
+//     decay and the trim only lower it), two for a rise of 2 or more. An id becomes hot only after two. This is TinyLFU's
+//     doorkeeper (Einziger, Friedman and Manes, "TinyLFU: A Highly Efficient Cache Admission Policy", ACM ToS
+//     2017) and 2Q's probationary queue; ARC (Megiddo and Modha, FAST 2003) likewise keeps ids seen once (its T1)
+//     apart from ids seen at least twice (T2).
+//   - Refreshes that are not read demote. When a hot key is refreshed, the daemon judges the previous refresh: was
+//     any read seen (a rising score) since then? A refresh followed by none is wasted. After wasteLimit wasted
+//     refreshes in a row the id loses its admission (its read count restarts at zero) and leaves the hot set at
+//     the next poll: it must be read twice again to come back. Keys that are read keep their slots; keys whose
+//     refreshes keep being wasted give theirs to keys that are read. The counts also feed
+//     keepwarm_warmer_refreshes_judged_total, keepwarm_warmer_refreshes_wasted_total and the gauge
+//     keepwarm_warmer_wasted_refresh_ratio.
+//   - top_n is a ceiling, not a target. The hot set is the admitted ids ranked by score, cut at top_n and at
+//     min_score; when fewer ids are worth it, fewer are refreshed.
+//
+// An id's rank is its last score (plus its LFU counter), faded by decay_half_life for the time since a signal last
+// named it. So when the access set is lost (FLUSHALL, eviction) and no new data arrives, the in-memory scores decay
+// on their own and the refresh feedback demotes the keys nobody reads, instead of keeping a stale hot set warm
+// for ever (issue 13 §5). During an origin outage the hot set is frozen (see keyspace.poll): the fail-safe keeps
+// every hot value alive, and no key near the cut-off drops out meanwhile.
+
+// admitReads is how many polls must have seen evidence of a read before an id may become hot.
+var admitReads = 2
+
+// patience scales how long a hot id may go unread before it is demoted, in multiples of its expected gap between
+// reads (see tracker.refreshed).
+var patience = 2.0
+
+// minWasted is the fewest refreshes in a row that must go unread before a hot id is demoted, whatever its rate.
+var minWasted = 2
+
+// entryFlags is the admission and refresh-feedback state of an entry.
+type entryFlags uint8
+
+const (
+	flagAccess    entryFlags = 1 << iota // the access set named the id: the refresh feedback can judge its refreshes
+	flagReadSince                        // a read was seen since the id's last refresh
+	flagRefreshed                        // refreshed at least once since it became hot: the next refresh judges it
+	readOne                              // polls that saw evidence of a read, in the two bits from here (0..3)
+	readMask      = 3 * readOne
+)
+
+func (f entryFlags) reads() int { return int((f & readMask) / readOne) }
+
+func (e *entry) setReads(n int) { e.flags = e.flags&^readMask | entryFlags(min(n, 3))*readOne }
+
+// noteRead records evidence of n reads of the entry's id.
+func (e *entry) noteRead(n int) {
+	e.setReads(e.flags.reads() + n)
+	e.wasted = 0
+	e.flags |= flagReadSince
+}
+
+// observe records the access set's score of id, creating the entry if needed. A new entry, or a score higher than
+// the last one seen, is evidence of a read; of two when it rose by 2 or more (apps add 1 per read, or 1/rate per
+// sampled read: the score is an estimate of reads). So an id read twice between two polls, or found with a score
+// of 2 or more when the daemon starts, is admitted at once, and one read once is not.
+func (t *tracker) observe(id string, score float64, now int64) *entry {
+	e := t.entries[id]
+	if e == nil {
+		e = &entry{}
+		t.entries[id] = e
+	}
+	if score > e.score {
+		e.noteRead(min(max(int(score-e.score), 1), admitReads))
+	}
+	e.flags |= flagAccess
+	e.score = score
+	e.seen = now
+	return e
+}
+
+// observeLFU records id's LFU counter above lfuInitVal, f > 0. Redis counts only above lfuInitVal, so the key was
+// read at least once after it was written (by an app's miss, itself a read): enough to admit it.
+func (t *tracker) observeLFU(id string, f uint8, now int64) {
+	e := t.entries[id]
+	if e == nil {
+		e = &entry{}
+		t.entries[id] = e
+	}
+	if f > e.lfu {
+		e.noteRead(1)
+	}
+	e.setReads(max(e.flags.reads(), admitReads))
+	e.lfu = f
+	e.seen = now
+}
+
+// rank is the entry's score for selection at unix second now: its last access score plus its LFU counter, halved
+// for every halfLife since a signal last named it.
+func (e *entry) rank(now int64, halfLife time.Duration) float64 {
+	r := e.score + float64(e.lfu)
+	if age := now - e.seen; age > 0 && halfLife > 0 {
+		r *= math.Exp2(-float64(age) / halfLife.Seconds())
+	}
+	return r
+}
+
+// refreshed records a refresh of e published at unix second now, period after the one before, and judges that
+// one: judged reports whether it could be (the id had a previous refresh in this hot spell, and the access set
+// names it), wasted whether no read was seen since. An id that is not pinned is demoted (it loses its admission)
+// once it has gone unread for more than patience times its expected gap between reads, estimated from its rank
+// (a steady rate λ gives an access score of λ·halfLife/ln 2): a key read every 30 s survives the five or six
+// unread refreshes between its reads, a key whose reads came in one burst leaves after a few, and at least
+// minWasted unread refreshes are always allowed.
+func (t *tracker) refreshed(e *entry, now int64, period time.Duration) (judged, wasted bool) {
+	prev := e.flags&flagRefreshed != 0
+	read := e.flags&flagReadSince != 0
+	e.flags = e.flags&^flagReadSince | flagRefreshed
+	if !prev || e.flags&flagAccess == 0 {
+		return false, false
+	}
+	if read {
+		return true, false
+	}
+	if e.wasted < math.MaxUint8 {
+		e.wasted++
+	}
+	if e.pinned || int(e.wasted) < minWasted {
+		return true, true
+	}
+	unread := float64(e.wasted) * period.Seconds()
+	if r := e.rank(now, t.halfLife); r <= 0 || unread > patience*t.halfLife.Seconds()/(r*math.Ln2) {
+		e.setReads(0)
+		e.wasted = 0
+	}
+	return true, true
+}
+
+// leftHot resets the refresh feedback of an entry that is no longer hot: its next hot spell judges afresh.
+func (e *entry) leftHot() {
+	e.flags &^= flagRefreshed | flagReadSince
+	e.wasted = 0
+}
+
+// selectHot returns the ids that should be hot at unix second now: every pinned id, plus at most topN admitted
+// candidates (see admitReads) ranked by entry.rank, each ranking at least minScore and above 0. Candidates are the
+// ids the latest signals named and the currently hot ids, so the work is proportional to the hot set, not to the
+// tracked set.
+func (t *tracker) selectHot(candidates []string, topN int, minScore float64, now int64) map[string]bool {
+	hot := make(map[string]bool, topN+len(t.pinned))
+	for id := range t.pinned {
+		hot[id] = true
+	}
+	type cand struct {
+		id   string
+		rank float64
+	}
+	// Candidates repeat (an id can be in the access set's top, the LFU sample and the hot set at once); marking
+	// the entries with this call's generation skips repeats without building a map of every candidate per poll.
+	t.gen++
+	cs := make([]cand, 0, len(candidates))
+	for _, id := range candidates {
+		e := t.entries[id]
+		if e == nil || e.mark == t.gen || e.pinned {
+			continue
+		}
+		e.mark = t.gen
+		if e.flags.reads() < admitReads {
+			continue
+		}
+		if r := e.rank(now, t.halfLife); r >= minScore && r > 0 {
+			cs = append(cs, cand{id, r})
+		}
+	}
+	slices.SortFunc(cs, func(a, b cand) int {
+		switch {
+		case a.rank > b.rank:
+			return -1
+		case a.rank < b.rank:
+			return 1
+		}
+		return 0
+	})
+	for i := 0; i < len(cs) && i < topN; i++ {
+		hot[cs[i].id] = true
+	}
+	return hot
+}
+
+// wasteRatio is a keyspace's share of judged refreshes that were wasted, over a window that fades with the
+// keyspace's decay_half_life: the number an operator tunes top_n and min_score with.
+type wasteRatio struct {
+	judged, wasted           float64 // faded sums
+	at                       time.Time
+	ratio                    float64 // the last add's result
+	totalJudged, totalWasted int64   // since start
+}
+
+// add folds in judged refreshes, wasted of them, at now, and returns the ratio (0 before any was judged).
+func (w *wasteRatio) add(now time.Time, judged, wasted int, halfLife time.Duration) float64 {
+	if !w.at.IsZero() && halfLife > 0 {
+		f := math.Exp2(-now.Sub(w.at).Seconds() / halfLife.Seconds())
+		w.judged *= f
+		w.wasted *= f
+	}
+	w.at = now
+	w.judged += float64(judged)
+	w.wasted += float64(wasted)
+	w.totalJudged += int64(judged)
+	w.totalWasted += int64(wasted)
+	w.ratio = 0
+	if w.judged > 0 {
+		w.ratio = w.wasted / w.judged
+	}
+	return w.ratio
+}
+
+// judgeLocked runs the refresh feedback for a refresh of h published at now (see tracker.refreshed), before
+// h.lastRefresh moves to now, and updates the keyspace's waste metrics.
+func (k *keyspace) judgeLocked(h *hotState, now time.Time) {
+	judged, wasted := k.tr.refreshed(h.e, now.Unix(), now.Sub(h.lastRefresh))
+	if !judged {
+		return
+	}
+	k.w.m.judged.WithLabelValues(k.name).Inc()
+	n := 0
+	if wasted {
+		k.w.m.wasted.WithLabelValues(k.name).Inc()
+		n = 1
+	}
+	k.w.m.wasteRatio.WithLabelValues(k.name).Set(k.waste.add(now, 1, n, k.cfg.DecayHalfLife))
+}
