@@ -4,19 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/keepwarm/keepwarm/lockstep"
 )
 
 // sampleTop is how many of the most popular ids per keyspace the TTL sampler watches.
 const sampleTop = 200
 
-// ttlSampler watches the most popular keys' meta hashes to see every write: it checks that each written TTL lies
+// ttlSampler watches the most popular keys' expiries (PTTL) to see every write: it checks that each written TTL lies
 // in [ttl, ttl×(1+jitter)] and measures the gap between successive writes of one key, which shows any key
 // rebuilt twice within one TTL (by the daemon, an app, or both).
 type ttlSampler struct {
@@ -27,7 +24,9 @@ type ttlSampler struct {
 type sampled struct {
 	ttl     time.Duration
 	jitter  float64
-	lastW   map[string]int64 // id → written_ms last seen
+	lastExp map[string]int64 // id → expiry (Redis ms) last seen
+	lastW   map[string]int64 // id → when its last write was seen (Redis ms, the sample that saw it)
+	prevAt  int64            // the previous sample's Redis time (ms); 0 before the first
 	writes  int
 	outside int           // written TTLs outside [ttl, ttl×(1+jitter)] (20 ms tolerance)
 	minTTL  time.Duration // smallest and largest written TTL seen
@@ -39,7 +38,8 @@ type sampled struct {
 func (s *ttlSampler) run(ctx context.Context, rdb redis.UniversalClient, spaces []*loadSpace) {
 	s.spaces = map[string]*sampled{}
 	for _, ls := range spaces {
-		s.spaces[ls.name] = &sampled{ttl: ls.ks.TTL, jitter: ls.ks.Jitter, lastW: map[string]int64{}}
+		s.spaces[ls.name] = &sampled{ttl: ls.ks.TTL, jitter: ls.ks.Jitter, lastExp: map[string]int64{},
+			lastW: map[string]int64{}}
 	}
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
@@ -61,7 +61,6 @@ func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *
 	now := pipe.Time(ctx)
 	type q struct {
 		id   string
-		w    *redis.StringCmd
 		pttl *redis.DurationCmd
 	}
 	qs := make([]q, 0, n)
@@ -70,7 +69,7 @@ func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *
 		if err != nil {
 			continue
 		}
-		qs = append(qs, q{id, pipe.HGet(ctx, ks.Meta, lockstep.MetaWrittenField), pipe.PTTL(ctx, ks.Cache)})
+		qs = append(qs, q{id, pipe.PTTL(ctx, ks.Cache)})
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return
@@ -79,28 +78,34 @@ func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sp := s.spaces[ls.name]
+	prevAt := sp.prevAt
+	sp.prevAt = nowMs
 	for _, x := range qs {
-		w, err := strconv.ParseInt(x.w.Val(), 10, 64)
-		if err != nil || x.pttl.Val() <= 0 {
+		pttl := x.pttl.Val()
+		if pttl <= 0 {
 			continue
 		}
-		prev, seen := sp.lastW[x.id]
-		if seen && prev == w {
-			continue
+		// A write shows as the key's expiry moving later (PTTL works whether or not the value has a meta hash).
+		// It happened after the previous sample and before this one, so the TTL it wrote lies in
+		// [pttl, pttl + (now − previous sample)].
+		exp := nowMs + pttl.Milliseconds()
+		prevExp, seen := sp.lastExp[x.id]
+		sp.lastExp[x.id] = exp
+		if !seen || prevAt == 0 || exp <= prevExp+expiryMoveMs {
+			continue // first sight (write time unknown), or no new write
 		}
-		sp.lastW[x.id] = w
-		written := x.pttl.Val() + time.Duration(nowMs-w)*time.Millisecond
 		sp.writes++
-		if sp.minTTL == 0 || written < sp.minTTL {
-			sp.minTTL = written
+		lo, hi := pttl, pttl+time.Duration(nowMs-prevAt)*time.Millisecond
+		if sp.minTTL == 0 || hi < sp.minTTL {
+			sp.minTTL = hi
 		}
-		sp.maxTTL = max(sp.maxTTL, written)
-		lo, hi := sp.ttl-20*time.Millisecond, time.Duration(float64(sp.ttl)*(1+sp.jitter))+20*time.Millisecond
-		if written < lo || written > hi {
+		sp.maxTTL = max(sp.maxTTL, lo)
+		want0, want1 := sp.ttl-20*time.Millisecond, time.Duration(float64(sp.ttl)*(1+sp.jitter))+20*time.Millisecond
+		if hi < want0 || lo > want1 {
 			sp.outside++
 		}
-		if seen {
-			gap := time.Duration(w-prev) * time.Millisecond
+		if prevW, ok := sp.lastW[x.id]; ok {
+			gap := time.Duration(nowMs-prevW) * time.Millisecond // ± one sample interval
 			if sp.minGap == 0 || gap < sp.minGap {
 				sp.minGap = gap
 			}
@@ -108,13 +113,18 @@ func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *
 				sp.doubles++
 			}
 		}
+		sp.lastW[x.id] = nowMs
 	}
 }
+
+// expiryMoveMs is how far (ms) a key's expiry must move later between two samples to count as a new write:
+// above the jitter of reading PTTL and TIME in one pipeline.
+const expiryMoveMs = 50
 
 func (s *ttlSampler) report(w io.Writer, spaces []*loadSpace) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	fmt.Fprintf(w, "\nwrites seen on the %d most popular keys per keyspace (meta %s, sampled every 250 ms):\n", sampleTop, lockstep.MetaWrittenField)
+	fmt.Fprintf(w, "\nwrites seen on the %d most popular keys per keyspace (an expiry moving later, by PTTL sampled every 250 ms;\nwritten TTLs and gaps are known to one sample interval):\n", sampleTop)
 	for _, ls := range spaces {
 		sp := s.spaces[ls.name]
 		if sp == nil {
