@@ -140,41 +140,10 @@ func start(t *testing.T, rdb redis.UniversalClient, cfg warmer.Config) (w *warme
 	return w, reg, stop
 }
 
+// counter sums a metric's samples whose labels include labels (testenv.MetricSum).
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue metric
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.Counter.GetValue()
-			case m.Gauge != nil:
-				sum += m.Gauge.GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.Histogram.GetSampleCount())
-			}
-		}
-	}
-	return sum
+	return testenv.MetricSum(t, reg, name, labels)
 }
 
 func TestPinnedKeysStayWarm(t *testing.T) {

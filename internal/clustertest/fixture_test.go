@@ -134,33 +134,10 @@ func startDaemon(t *testing.T, rdb redis.UniversalClient, ks warmer.KeyspaceConf
 	return d
 }
 
-// metric sums the samples of a counter or gauge whose labels include labels.
+// metric sums the samples of a counter or gauge whose labels include labels (testenv.MetricSum).
 func (d *daemon) metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
-	mfs, err := d.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range m.GetLabel() {
-					found = found || (lp.GetName() == k && lp.GetValue() == v)
-				}
-				if !found {
-					continue metric
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
+	return testenv.MetricSum(t, d.reg, name, labels)
 }
 
 func (d *daemon) refreshed(t *testing.T) float64 {
