@@ -114,7 +114,7 @@ type KeyspaceConfig struct {
 	MaxStale time.Duration // fail-safe: how long a value may be kept past its TTL while the origin fails; default DefaultMaxStale
 	// KeepMeta also writes the meta hash (written_ms, delta_ms) beside each value (lockstep.Write.NoMeta when
 	// false). Default false: the daemon does not read it (it knows its own writes and reads PTTL for others), and
-	// it cost a 314-byte value 38% more Redis memory than a plain SET (docs/benchmarks.md §8.1). Turn it on for apps
+	// it cost a 314-byte value 38% more Redis memory than a plain SET (docs/benchmarks.md §9.1). Turn it on for apps
 	// that read delta_ms for XFetch from Redis.
 	KeepMeta bool
 	// MaxValueBytes refuses larger values (counted as errors); in [0, MaxValueBytesLimit]; 0 means no limit.

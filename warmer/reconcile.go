@@ -1,7 +1,6 @@
 package warmer
 
 import (
-	"container/heap"
 	"context"
 	"sync/atomic"
 	"time"
@@ -113,8 +112,8 @@ func (k *keyspace) reconcile(ctx context.Context) {
 	limit := max(1, int(float64(k.cfg.ReconcileBudget)*reconcileTick(k.cfg).Seconds()))
 	var hs []*hotState
 	var lag time.Duration
-	for len(hs) < limit && len(k.cq) > 0 && !k.cq[0].checkAt.After(now) {
-		h := heap.Pop(&k.cq).(*hotState)
+	for len(hs) < limit && k.cq.dueBy(now) {
+		h := k.cq.popDue(now, 1)[0]
 		if !k.reconcileWantedLocked(h) {
 			continue
 		}
@@ -127,8 +126,8 @@ func (k *keyspace) reconcile(ctx context.Context) {
 		}
 		hs = append(hs, h)
 	}
-	if len(k.cq) > 0 && !k.cq[0].checkAt.After(now) {
-		lag = max(lag, now.Sub(k.cq[0].checkAt))
+	if k.cq.dueBy(now) {
+		lag = max(lag, now.Sub(k.cq.peek().checkAt))
 	}
 	k.w.m.rec.lag.WithLabelValues(k.name).Set(lag.Seconds())
 	behind := len(hs) >= limit && lag > k.cfg.ReconcileEvery // the budget, not the tick, held checks back
@@ -151,48 +150,6 @@ func (k *keyspace) reconcile(ctx context.Context) {
 			}
 		}
 		k.mu.Unlock()
-	}
-}
-
-// checkQueue is a min-heap of hot keys by the time of their next PTTL check.
-type checkQueue []*hotState
-
-func (q checkQueue) Len() int           { return len(q) }
-func (q checkQueue) Less(i, j int) bool { return q[i].checkAt.Before(q[j].checkAt) }
-func (q checkQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].cidx = i
-	q[j].cidx = j
-}
-func (q *checkQueue) Push(x any) {
-	h := x.(*hotState)
-	h.cidx = len(*q)
-	*q = append(*q, h)
-}
-func (q *checkQueue) Pop() any {
-	old := *q
-	n := len(old)
-	h := old[n-1]
-	old[n-1] = nil
-	h.cidx = -1
-	*q = old[:n-1]
-	return h
-}
-
-// schedule puts h in the queue at t, or moves it there.
-func (q *checkQueue) schedule(h *hotState, t time.Time) {
-	h.checkAt = t
-	if h.cidx >= 0 {
-		heap.Fix(q, h.cidx)
-		return
-	}
-	heap.Push(q, h)
-}
-
-// remove takes h out of the queue if it is there.
-func (q *checkQueue) remove(h *hotState) {
-	if h.cidx >= 0 {
-		heap.Remove(q, h.cidx)
 	}
 }
 

@@ -33,7 +33,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 	now := k.w.now()
 	cfg := k.cfg
 	gather := k.gatherWindowLocked()
-	for ctx.Err() == nil && k.q.peekDue(now.Add(gather)) && k.slots.tryAcquire() {
+	for ctx.Err() == nil && k.q.dueBy(now.Add(gather)) && k.slots.tryAcquire() {
 		batch := k.q.popDue(now.Add(gather), cfg.BatchSize)
 		if batch = slices.DeleteFunc(batch, func(h *hotState) bool { return !k.ownsLocked(h.id) }); len(batch) == 0 {
 			k.slots.release() // only keys another replica owns now: dropped from the queue
@@ -51,7 +51,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 		}()
 	}
 	due := 0
-	for _, h := range k.q {
+	for _, h := range k.q.keys {
 		if !h.due.After(now) {
 			due++
 		}
