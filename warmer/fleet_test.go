@@ -101,7 +101,22 @@ func TestFleetSharesKeys(t *testing.T) {
 		}
 		return sum == len(ids)
 	})
-	time.Sleep(2 * fleetInterval) // let batches started under the old member list finish
+	// Batches formed under an older member list may still be running: wait until every key has been queried
+	// once more since the list settled (an event, not a pause), then start counting.
+	settled := snapshot(rs, ids)
+	testenv.Eventually(t, 30*time.Second, "every key refreshed once since the member list settled", func() bool {
+		now := snapshot(rs, ids)
+		for _, id := range ids {
+			sum := 0
+			for i := range rs {
+				sum += now[id][i] - settled[id][i]
+			}
+			if sum < 1 {
+				return false
+			}
+		}
+		return true
+	})
 	changes := func() float64 {
 		sum := 0.0
 		for _, r := range rs {
