@@ -140,3 +140,74 @@ func (w *Warmer) checkUntilOK(ctx context.Context, k *keyspace) bool {
 		}
 	}
 }
+
+// refreshFailingBatches is how many refresh batches of a keyspace in a row must fail, with no success between,
+// before RefreshFailing reports it.
+const refreshFailingBatches = 3
+
+// RefreshFailure is a keyspace none of whose recent refreshes succeeded, as RefreshFailing reports it.
+type RefreshFailure struct {
+	Keyspace string
+	Since    time.Time // the first failed batch of the streak
+	Batches  int       // failed batches in a row (at least refreshFailingBatches)
+	Err      error     // the last batch's error (wrapping the Redis or PostgreSQL error, e.g. NOPERM or 42501)
+}
+
+// refreshStreak is a keyspace's run of failed refresh batches (guarded by keyspace.mu).
+type refreshStreak struct {
+	since   time.Time
+	batches int
+	err     error
+}
+
+// noteBatchLocked folds one settled batch into the streak: any key written, found fresh or missing, or held by
+// another (the keyspace works) ends it; a batch whose keys all failed extends it.
+func (s *refreshStreak) noteBatchLocked(items []*item, runErr error, now time.Time) {
+	var last error
+	for _, it := range items {
+		switch it.result {
+		case ResultOK, ResultFresh, ResultMissing, ResultLocked, resultSettled:
+			*s = refreshStreak{}
+			return
+		case ResultError:
+			if it.err != nil {
+				last = it.err
+			}
+		}
+	}
+	if last == nil && runErr != nil && !errors.Is(runErr, context.Canceled) {
+		last = runErr
+	}
+	if last == nil {
+		return
+	}
+	if s.batches == 0 {
+		s.since = now
+	}
+	s.batches++
+	s.err = last
+}
+
+// RefreshFailing returns the keyspaces whose last refreshFailingBatches or more refresh batches all failed with no
+// success since, sorted by name, each with its last error. The daemon's /readyz reports those whose error is a
+// permission denial (Redis NOPERM, PostgreSQL 42501): no retry fixes those, and the fail-safe that hides an origin
+// outage cannot hide them for long.
+func (w *Warmer) RefreshFailing() []RefreshFailure {
+	w.mu.Lock()
+	spaces := make([]*keyspace, 0, len(w.spaces))
+	for _, k := range w.spaces {
+		spaces = append(spaces, k)
+	}
+	w.mu.Unlock()
+	var out []RefreshFailure
+	for _, k := range spaces {
+		k.mu.Lock()
+		s := k.streak
+		k.mu.Unlock()
+		if s.batches >= refreshFailingBatches {
+			out = append(out, RefreshFailure{Keyspace: k.name, Since: s.since, Batches: s.batches, Err: s.err})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Keyspace < out[j].Keyspace })
+	return out
+}

@@ -50,12 +50,42 @@ func (k *keyspace) leadLocked(h *hotState) time.Duration {
 	return k.cfg.Lead(k.rebuildEstimateLocked(h))
 }
 
-// retryLocked queues h for another attempt after retryDelayLocked.
+// retryMargin is how long before a key's known expiry its last retry is started, beyond its rebuild estimate.
+const retryMargin = 100 * time.Millisecond
+
+// retryLocked queues h for another attempt after retryDelayLocked (see retryAtLocked).
 func (k *keyspace) retryLocked(h *hotState, base time.Duration) {
+	k.retryAtLocked(h, k.retryDelayLocked(h, base))
+}
+
+// retryAtLocked queues h for another attempt after delay, but never after its known expiry: while the value is
+// still there, the attempt is brought forward to expiry − rebuild estimate − retryMargin (at least
+// lockedRecheckMin from now), so that a back-off drawn for a transient failure (TRYAGAIN, ASK, MOVED,
+// CLUSTERDOWN, a lock held elsewhere) cannot carry the retry past the moment the value expires. A key whose value
+// has expired already (or is unknown) keeps the full back-off.
+func (k *keyspace) retryAtLocked(h *hotState, delay time.Duration) {
 	if h.e.hot != h || !k.ownsLocked(h.id) {
 		return
 	}
-	k.q.schedule(h, k.w.now().Add(k.retryDelayLocked(h, base)))
+	now := k.w.now()
+	k.q.schedule(h, retryAt(now, delay, h.expiry, k.rebuildEstimateLocked(h)))
+}
+
+// retryAt is retryAtLocked's rule: now + delay, capped for a value that expires at expiry (zero: unknown) and takes
+// rebuild to rebuild.
+func retryAt(now time.Time, delay time.Duration, expiry time.Time, rebuild time.Duration) time.Time {
+	at := now.Add(delay)
+	if expiry.IsZero() || !expiry.After(now) {
+		return at
+	}
+	latest := expiry.Add(-rebuild - retryMargin)
+	if floor := now.Add(lockedRecheckMin); latest.Before(floor) {
+		latest = floor
+	}
+	if at.After(latest) {
+		return latest
+	}
+	return at
 }
 
 // retryDelayLocked is the back-off before another attempt at h (backoff.Delay, the daemon's one formula): in

@@ -203,3 +203,29 @@ func TestMatcher(t *testing.T) {
 		t.Error("two ${id}: want no matcher")
 	}
 }
+
+// A retry after a transient Redis failure (TRYAGAIN, ASK, MOVED, CLUSTERDOWN) or a lock held elsewhere is never
+// scheduled after the value's known expiry: a 2–4 s back-off drawn 1 s before the expiry became a 44 ms expiry in
+// a slot migration (issue 20).
+func TestRetryAtNeverAfterExpiry(t *testing.T) {
+	now := time.Unix(1000, 0)
+	rebuild := 200 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		delay  time.Duration
+		expiry time.Time
+		want   time.Time
+	}{
+		{"back-off well before the expiry", time.Second, now.Add(10 * time.Second), now.Add(time.Second)},
+		{"back-off past the expiry: brought forward", 3 * time.Second, now.Add(time.Second), now.Add(time.Second - rebuild - retryMargin)},
+		{"expiry too close: the floor", 3 * time.Second, now.Add(100 * time.Millisecond), now.Add(lockedRecheckMin)},
+		{"expiry unknown: full back-off", 3 * time.Second, time.Time{}, now.Add(3 * time.Second)},
+		{"value already expired: full back-off", 3 * time.Second, now.Add(-time.Second), now.Add(3 * time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := retryAt(now, tc.delay, tc.expiry, rebuild); !got.Equal(tc.want) {
+				t.Errorf("retryAt = now%+v, want now%+v", got.Sub(now), tc.want.Sub(now))
+			}
+		})
+	}
+}

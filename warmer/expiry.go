@@ -63,10 +63,9 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 		}
 	}
 	k.adopt = k.adopt[:0]
-	k.mu.Unlock()
-	// Keys of an expired, evicted or del event (onEvent) are read like a reconciliation, so that a key really
-	// gone counts as expired or vanished, and a key that MIGRATE moved to another node, or that a stale node
-	// reported, counts as nothing.
+	// Keys of an expired, evicted or del event (onEvent), or of a flush, are read apart, so that a key really
+	// gone counts as a miss (or as an invalidation, for a del), and a key that MIGRATE moved to another node, or
+	// that a stale node reported, counts as nothing.
 	var deleted []*hotState
 	hs = slices.DeleteFunc(hs, func(h *hotState) bool {
 		if h.goneEvent != "" {
@@ -75,13 +74,13 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 		}
 		return false
 	})
-	for _, batch := range []struct {
-		hs          []*hotState
-		reconciling bool
-	}{{hs, false}, {deleted, true}} {
-		if !k.readPTTLs(ctx, batch.hs, "read PTTL of new hot keys", batch.reconciling) {
+	k.mu.Unlock()
+	// Every reading is judged: a key whose expiry the daemon knew and that is found gone is a miss (a newly hot
+	// key's expiry is not known yet, so its first reading never counts).
+	for _, batch := range [][]*hotState{hs, deleted} {
+		if !k.readPTTLs(ctx, batch, "read PTTL of new hot keys", true) {
 			k.mu.Lock()
-			k.adopt = append(k.adopt, batch.hs...) // try again on the next pass
+			k.adopt = append(k.adopt, batch...) // try again on the next pass
 			k.mu.Unlock()
 		}
 	}
@@ -125,14 +124,13 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 		if h.goneEvent == "expired" && ttls[i] == pttlGone && !h.expiry.IsZero() {
 			h.expiry = minTime(h.expiry, now) // Redis expired it: an SLO miss even if the estimate was later
 		}
+		if h.goneEvent == "del" && ttls[i] == pttlGone {
+			h.invalidated = true // an app's (or the change stream's) invalidation: excluded from the SLO
+		}
 		h.needPTTL, h.goneEvent = false, ""
 		handover := k.noteHandoverLocked(h, ttls[i], now)
-		k.applyPTTLLocked(h, ttls[i], now, reconciling)
-		if handover {
-			h.shortNotice = false // the fleet had the notice: its previous owner did
-		}
 		prev := h.expiry
-		k.applyPTTLLocked(h, ttls[i], now, reconciling)
+		k.applyPTTLLocked(h, ttls[i], now, reconciling || handover)
 		if h.ownWrite && ttls[i] > 0 && absDur(h.expiry.Sub(prev)) <= expiryTolerance {
 			h.notifyEpoch = epoch // the daemon's own value, confirmed: trusted again while notifications stay healthy
 		} else {
@@ -144,7 +142,9 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 }
 
 // applyPTTLLocked folds a PTTL reading taken at now into h's state and schedule. reconciling marks a reading of
-// a key the daemon was already watching, where "gone" may be an SLO miss.
+// a key the daemon was already watching, where "gone" may be an SLO miss. Every reading is judged against the
+// expiry the daemon knew (judgeReadingLocked): a value found present after that expiry had passed was rebuilt by
+// someone else after it expired, which is a miss even though the key is there now.
 func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Time, reconciling bool) {
 	switch {
 	case pttl == pttlPersistent:
@@ -160,40 +160,74 @@ func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Tim
 			k.noteGoneLocked(h, now)
 		}
 		h.expiry = time.Time{}
-		k.scheduleLocked(h)
+		if h.idx < 0 || h.due.After(now.Add(time.Second)) {
+			// Due at once; unless it is queued within a second already: a key found locked by another holder
+			// is looked at again soon (settle), and must not be retried in a tight loop while that rebuild runs.
+			k.scheduleLocked(h)
+		}
 	default:
 		h.persistent = false
 		exp := now.Add(pttl)
 		if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance || h.idx < 0 {
-			// New information (a newly hot key, or one an app rewrote): was there still time to refresh it?
+			// New information (a newly hot key, or one an app rewrote): a new value, so a new expiry to count.
+			k.judgeReadingLocked(h, now, pttl, "rebuilt by another writer after it expired")
 			h.shortNotice = pttl < k.leadLocked(h)
+			h.counted, h.invalidated = false, false
 			h.expiry = exp
 			k.scheduleLocked(h)
 		}
 	}
 }
 
-// noteGoneLocked counts a hot key found missing: an SLO miss if its expiry had passed without a refresh, else a
-// key deleted or evicted early. Each expiry counts once.
+// judgeReadingLocked judges a reading, taken at now, that found h present with pttl left (a PTTL reading, the
+// re-check under the lock, or the TTL a publish reported for the value it replaced) against the expiry the
+// daemon knew. When that expiry had passed (by more than expiryTolerance), the value it knew has expired and the
+// one found is someone else's rebuild: an SLO miss, counted once, however short the gap was. A value that can be
+// shown to have been written before the known expiry (its TTL left, taken as written with at least the keyspace's
+// ttl, places its write before that expiry) is an early rewrite the daemon had not learnt of, not a miss.
+func (k *keyspace) judgeReadingLocked(h *hotState, now time.Time, pttl time.Duration, why string) {
+	if h.expiry.IsZero() || h.counted || h.missing || h.invalidated || pttl <= 0 {
+		return
+	}
+	if now.Before(h.expiry.Add(expiryTolerance)) {
+		return // the value the daemon knew may still have been there
+	}
+	if latestWrite := now.Add(pttl - k.cfg.TTL); latestWrite.Before(h.expiry.Add(-expiryTolerance)) {
+		return // written before the known expiry: an early rewrite, not a rebuild after a miss
+	}
+	k.countMissLocked(h, now, why)
+}
+
+// noteGoneLocked judges a hot key found missing: an SLO miss (countMissLocked) unless the daemon never knew it
+// present (zero expiry), the origin has no row for it, or it was invalidated (a del event: an app's or the
+// change stream's invalidation, the only exclusions of the SLO). Each expiry counts once.
 func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
-	if h.counted || h.missing || h.expiry.IsZero() {
+	if h.counted || h.missing || h.invalidated || h.expiry.IsZero() {
 		return
 	}
+	why := "expired before its refresh"
+	if now.Before(h.expiry.Add(-expiryTolerance)) {
+		why = "gone before its expiry (evicted, flushed or lost)"
+		k.w.m.vanished.WithLabelValues(k.cfg.Name).Inc()
+		k.noteVanishedLocked(now)
+	}
+	k.countMissLocked(h, now, why)
+}
+
+// countMissLocked counts one SLO miss of h (keepwarm_warmer_hot_expired_total): a hot key that was absent while
+// hot, for whatever reason and whoever rebuilt it afterwards (see docs/operations.md, "The SLO"). It marks the
+// current expiry counted, so each expiry counts once; a new value (a new expiry learnt) re-arms it. When the daemon
+// learnt of the expiry less than one lead before it (shortNotice), the miss is also counted under
+// keepwarm_warmer_hot_late_notice_total, a breakdown, not an exemption.
+func (k *keyspace) countMissLocked(h *hotState, now time.Time, why string) {
 	h.counted = true
+	k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
+	k.hotExpired.Add(1)
 	if h.shortNotice {
-		// The key became hot (or an app rewrote it) less than one lead before it expired: the daemon never had
-		// the time to refresh it, so this is not counted against the SLO.
 		k.w.m.lateNotice.WithLabelValues(k.cfg.Name).Inc()
-		return
 	}
-	if !now.Before(h.expiry.Add(-expiryTolerance)) {
-		k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
-		k.hotExpired.Add(1)
-		k.log.Warn("hot key expired before its refresh", "id", h.id, "expired_ago", now.Sub(h.expiry))
-		return
-	}
-	k.w.m.vanished.WithLabelValues(k.cfg.Name).Inc()
-	k.noteVanishedLocked(now)
+	k.log.Warn("hot key missed: "+why, "id", h.id, "expiry", h.expiry, "since_expiry", now.Sub(h.expiry),
+		"short_notice", h.shortNotice, "errors", h.errors)
 }
 
 func absDur(d time.Duration) time.Duration {

@@ -458,9 +458,6 @@ func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.
 	if pttl != pttlGone || h.missing || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
 		return true
 	}
-	h.counted = true
-	k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
-	k.hotExpired.Add(1)
-	k.log.Warn("hot key taken over from another replica had expired", "id", h.id, "fleet_key", k.w.fleet.cfg.Key)
+	k.countMissLocked(h, now, "taken over from another replica, which had let it expire")
 	return true
 }

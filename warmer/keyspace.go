@@ -56,6 +56,7 @@ type keyspace struct {
 	p95      rebuildWindow        // recent rebuild durations, for keys not rebuilt yet
 	view     *fleetView           // the fleet's members as last read; nil when sharing is off (fleet.go)
 	waste    wasteRatio           // the refresh feedback's wasted share (selection.go)
+	streak   refreshStreak        // failed refresh batches in a row, for RefreshFailing (check.go)
 
 	// Reconciliation (reconcile.go).
 	cq              checkQueue // hot keys by the time of their next PTTL check

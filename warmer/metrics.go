@@ -62,14 +62,19 @@ type metrics struct {
 	rec            reconcileMetrics
 	ev             evictionMetrics
 
-	notificationsOn   prometheus.Gauge // 1 while keyspace notifications are confirmed on every node
-	notificationNodes prometheus.Gauge // nodes subscribed to keyevents
+	notificationsOn   prometheus.Gauge   // 1 while keyspace notifications are confirmed on every node
+	notificationNodes prometheus.Gauge   // nodes subscribed to keyevents
+	flushes           prometheus.Counter // flushes the canary noticed (flush.go)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	durations := []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}
 	leads := []float64{0, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 	m := &metrics{
+		flushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_flushes_detected_total",
+			Help: "Times the flush canary found Redis emptied (FLUSHDB, FLUSHALL, SWAPDB, a restart without persistence); every hot key was re-read at once.",
+		}),
 		refreshes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_refreshes_total",
 			Help: "Refresh attempts of hot keys, by keyspace and result (ok, fresh, locked, missing, lock_lost, lock_gone, too_large, error).",
@@ -90,15 +95,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace"}),
 		hotExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_hot_expired_total",
-			Help: "Hot keys that expired before their refresh. This is keepwarm's SLO and should stay at 0.",
+			Help: "keepwarm's SLO, which should stay at 0: misses of hot keys, once per expiry, counted by the replica that owns the key. A miss is a hot key found absent (expired, evicted, flushed, lost in a failover) whoever rebuilt it afterwards; only an app's or the change stream's invalidation (a del) is excluded. See docs/operations.md, \"The SLO\".",
 		}, []string{"keyspace"}),
 		vanished: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_hot_vanished_total",
-			Help: "Hot keys found gone before their expiry (deleted by an app or evicted), then rebuilt.",
+			Help: "Of the SLO misses, hot keys found gone before their known expiry (evicted, flushed, lost in a failover).",
 		}, []string{"keyspace"}),
 		lateNotice: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_hot_late_notice_total",
-			Help: "Hot keys that expired less than one lead after the daemon learnt of them (no time to refresh; not an SLO miss).",
+			Help: "Of the SLO misses, those whose expiry the daemon learnt less than one lead before it (a breakdown, not an exemption).",
 		}, []string{"keyspace"}),
 		originQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_origin_queries_total",
@@ -184,7 +189,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range append([]prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
 		m.persistent, m.queued, m.owned, m.decays, m.invalidIDs, m.judged, m.wasted, m.wasteRatio, m.notificationsOn,
-		m.notificationNodes}, append(m.rec.collectors(), m.ev.collectors()...)...) {
+		m.notificationNodes, m.flushes}, append(m.rec.collectors(), m.ev.collectors()...)...) {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -194,11 +194,14 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 	}
 	n.mu.Lock()
 	var gone []*nodeSub
+	failover := false
 	for addr, s := range n.nodes {
 		if addr == "" && runID != "" && s.runID != "" && s.runID != runID {
 			gone = append(gone, s)
 			delete(n.nodes, addr)
-			w.log.Info("keyspace notifications: the server changed (failover); subscribing again", "run_id", runID)
+			w.log.Info("keyspace notifications: the server changed (failover); subscribing again and re-reading every hot key",
+				"run_id", runID)
+			failover = true
 			continue
 		}
 		if _, ok := want[addr]; !ok {
@@ -232,6 +235,11 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 	for _, s := range gone {
 		s.cancel()
 		<-s.done
+	}
+	if failover {
+		// Asynchronous replication: the new master may lack the last writes of the old one, with no event for
+		// the keys it never had. Each one found missing now is a miss (docs/operations.md).
+		w.rereadAll("failover")
 	}
 	if len(added) > 0 && len(want) > 1 {
 		addrs := make([]string, 0, len(added))
@@ -406,7 +414,21 @@ func (k *keyspace) onEvent(event, key string) bool {
 		return false
 	}
 	h := k.hotSet[id]
-	if h == nil || h.inflight || h.persistent || !k.ownsLocked(id) {
+	if h == nil || h.persistent || !k.ownsLocked(id) {
+		return true
+	}
+	if h.inflight {
+		// The refresh in flight settles the key, but not an event that came during it: a del there is an
+		// invalidation whose value the refresh's publish may have preceded, an expired one an expiry to judge.
+		// settle reads the key again for it (see settle).
+		if event == "expired" || event == "evicted" || event == "del" {
+			if event == "evicted" {
+				k.w.m.ev.evicted.WithLabelValues(k.name).Inc()
+			}
+			if h.pendingGone != "del" { // an invalidation outranks an expiry: the app meant the key gone
+				h.pendingGone = event
+			}
+		}
 		return true
 	}
 	now := k.w.now()

@@ -103,84 +103,110 @@ func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
 
 // settle records each item's result in its hot state and reschedules it.
 func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
-	cfg := p.cfg
 	now := k.w.now()
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.streak.noteBatchLocked(items, runErr, now)
 	for _, it := range items {
-		h := it.h
-		h.inflight = false
-		if runErr != nil && it.result == "" {
-			// The batch could not run (Redis failed, or shutdown): try again after a back-off.
-			if ctxErr := errors.Is(runErr, context.Canceled) || errors.Is(runErr, context.DeadlineExceeded); !ctxErr {
-				h.lastErr = runErr.Error()
-				h.errors++
-				it.fail(redisReason(runErr), runErr)
-				k.countLocked(it)
-			}
-			k.retryLocked(h, retryBase)
-			continue
+		k.settleOneLocked(p, it, runErr, now)
+		if h := it.h; h.pendingGone != "" {
+			// A gone event arrived while the refresh was in flight: read the key again and judge it then.
+			h.needPTTL, h.goneEvent, h.pendingGone = true, h.pendingGone, ""
+			k.adopt = append(k.adopt, h)
 		}
-		if it.result != "" && it.result != ResultFresh && it.result != resultSettled {
+	}
+}
+
+// settleOneLocked records one item's result in its hot state and reschedules it.
+func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time.Time) {
+	cfg := p.cfg
+	h := it.h
+	h.inflight = false
+	if runErr != nil && it.result == "" {
+		// The batch could not run (Redis failed, or shutdown): try again after a back-off.
+		if ctxErr := errors.Is(runErr, context.Canceled) || errors.Is(runErr, context.DeadlineExceeded); !ctxErr {
+			h.lastErr = runErr.Error()
+			h.errors++
+			it.fail(redisReason(runErr), runErr)
 			k.countLocked(it)
 		}
-		switch it.result {
-		case ResultLocked, ResultLockGone:
-			// An app or another replica is rebuilding it, or an app just invalidated it: look again soon, by
-			// which time the new value is there (or the key is due at once). Soon is a small part of the lead,
-			// so that when the other rebuild fails (its origin query did) there is still time to refresh.
-			h.needPTTL = true
-			k.q.schedule(h, now.Add(max(lockedRecheckMin, min(cfg.LockTTL/2, time.Second, k.leadLocked(h)/8))))
-		case ResultLockLost:
-			if it.err != nil {
-				h.lastErr = it.err.Error()
-			}
-			k.retryLocked(h, retryBase)
-		case ResultError, ResultTooLarge:
-			if it.err != nil {
-				h.lastErr = it.err.Error()
-			}
-			if it.rescheduled { // the fail-safe reschedules the keys it handled
-				continue
-			}
-			h.errors++
-			if it.reason == ReasonTryAgain {
-				k.q.schedule(h, now.Add(backoff.Delay(0, tryAgainDelay, tryAgainDelay, k.rnd.Float64())))
-				continue
-			}
-			k.retryLocked(h, retryBase)
-		case ResultMissing:
-			h.missing = true
-			h.lastErr = ""
-			h.lastRefresh = p.start
-			if it.delete || cfg.Missing == MissingKeep {
-				h.expiry = time.Time{}
-				k.q.schedule(h, now.Add(cfg.TTL)) // look again in one TTL, not at once
-				continue
-			}
-			h.expiry = p.start.Add(it.ttl) // tombstone
-			k.markOwnWriteLocked(h, now)
-			k.scheduleLocked(h)
-		case ResultOK:
-			if it.prevTTL == lockstep.PrevGone {
-				// The publish found the value already gone: an expiry the periodic check may never have seen.
-				k.noteGoneLocked(h, now)
-			}
-			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
-			k.judgeLocked(h, p.start)
-			h.lastRefresh = p.start
-			h.lastErr = ""
-			h.errors = 0
-			h.counted = false
-			h.shortNotice = false
-			h.needPTTL = false
-			h.missing = false
-			h.observeRebuild(p.rebuild)
-			k.p95.add(p.rebuild)
-			h.expiry = p.start.Add(it.ttl)
-			k.markOwnWriteLocked(h, now)
-			k.scheduleLocked(h)
+		k.retryLocked(h, retryBase)
+		return
+	}
+	if it.result != "" && it.result != ResultFresh && it.result != resultSettled {
+		k.countLocked(it)
+	}
+	switch it.result {
+	case ResultLockGone:
+		// The lock vanished while our lease was valid: an app invalidated the key (lockstep.Invalidate deletes
+		// the value and the lock) after our origin query read the old row. An invalidation, not an SLO miss;
+		// rebuild it at once, so that the new row is cached within one refresh, not one recheck later.
+		h.invalidated = true
+		h.needPTTL = false
+		h.expiry = time.Time{}
+		k.q.schedule(h, now)
+	case ResultLocked:
+		// An app or another replica is rebuilding it: look again soon, by which time the new value is there
+		// (or the key is due at once). Soon is a small part of the lead, so that when the other rebuild fails
+		// (its origin query did) there is still time to refresh. Its PTTL is read meanwhile, so that an
+		// expiry while the other holder keeps the lock, and each value it writes, are seen and judged.
+		h.needPTTL = true
+		k.adopt = append(k.adopt, h)
+		k.q.schedule(h, now.Add(max(lockedRecheckMin, min(cfg.LockTTL/2, time.Second, k.leadLocked(h)/8))))
+	case ResultLockLost:
+		if it.err != nil {
+			h.lastErr = it.err.Error()
 		}
+		k.retryLocked(h, retryBase)
+	case ResultError, ResultTooLarge:
+		if it.err != nil {
+			h.lastErr = it.err.Error()
+		}
+		if it.rescheduled { // the fail-safe reschedules the keys it handled
+			return
+		}
+		h.errors++
+		if it.reason == ReasonTryAgain {
+			k.retryAtLocked(h, backoff.Delay(0, tryAgainDelay, tryAgainDelay, k.rnd.Float64()))
+			return
+		}
+		k.retryLocked(h, retryBase)
+	case ResultMissing:
+		h.missing = true
+		h.lastErr = ""
+		h.lastRefresh = p.start
+		if it.delete || cfg.Missing == MissingKeep {
+			h.expiry = time.Time{}
+			k.q.schedule(h, now.Add(cfg.TTL)) // look again in one TTL, not at once
+			return
+		}
+		h.expiry = p.start.Add(it.ttl) // tombstone
+		k.markOwnWriteLocked(h, now)
+		k.scheduleLocked(h)
+	case ResultOK:
+		switch {
+		case it.prevTTL == lockstep.PrevGone:
+			// The publish found the value already gone: an expiry the periodic check may never have seen.
+			k.noteGoneLocked(h, now)
+		case it.prevTTL > 0:
+			// The value it replaced: the daemon's own, or someone's rebuild after the known expiry (a miss).
+			k.judgeReadingLocked(h, p.start, it.prevTTL, "rebuilt by another writer after it expired")
+		}
+		k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
+		k.judgeLocked(h, p.start)
+		h.lastRefresh = p.start
+		h.lastErr = ""
+		h.errors = 0
+		h.counted = false
+		h.invalidated = false
+		h.shortNotice = false
+		h.needPTTL = false
+		h.missing = false
+		h.observeRebuild(p.rebuild)
+		k.p95.add(p.rebuild)
+		h.expiry = p.start.Add(it.ttl)
+		k.markOwnWriteLocked(h, now)
+		k.scheduleLocked(h)
 	}
 }
 
@@ -236,9 +262,12 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			it.result = resultSettled
 			k.applyPTTLLocked(h, it.pttl, now, false)
 		case it.pttl > ld+ld/2 && !h.missing:
-			// Someone else refreshed it since we last looked: do not rebuild it twice within one TTL.
+			// Someone else refreshed it since we last looked: do not rebuild it twice within one TTL. If that was
+			// after the value the daemon knew had expired, the key was missed (an app held the lock past it).
 			it.result = ResultFresh
 			k.count(ResultFresh)
+			k.judgeReadingLocked(h, now, it.pttl, "rebuilt by another writer after it expired")
+			h.counted, h.invalidated = false, false
 			h.needPTTL = false
 			h.shortNotice = false
 			h.ownWrite = false
@@ -260,22 +289,31 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 // TTL under the lock until the next retry (lockstep.ExtendValueMany). The bound is fleet-wide: no value outlives
 // its last good expiry by more than max_stale, however many daemons extend it, because the start of staleness
 // is kept in Redis. Items keep their result (error or too_large); each is rescheduled with back-off.
+//
+// The extension and the retry come from one decision: the back-off delay is drawn once per key (one uniform
+// draw per batch), the value is extended to delay + lead, and the retry is queued at delay (brought forward when
+// the bound clipped the extension, see retryAtLocked), so the retry always lands inside the extended life. Two
+// independent draws let the retry fall after the value had expired (issue 20: 447 of 734 hot keys expired in a
+// 150 s PostgreSQL outage). A value the extension finds already gone is counted as an SLO miss.
 func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token string, items []*item) {
 	now := k.w.now()
+	u := k.rnd.Float64()
+	delays := make(map[*item]time.Duration, len(items))
 	k.mu.Lock()
 	byTTL := map[time.Duration][]*item{}
 	for _, it := range items {
 		h := it.h
 		h.errors++
+		delays[it] = backoff.Delay(h.errors+1, retryBase, max(k.cfg.TTL/2, time.Second), u)
 		if it.lost {
 			continue
 		}
-		want := k.retryDelayLocked(h, retryBase) + k.leadLocked(h)
+		want := delays[it] + k.leadLocked(h)
 		byTTL[want] = append(byTTL[want], it)
 	}
 	k.mu.Unlock()
 
-	for ttl, group := range byTTL { // usually one group
+	for ttl, group := range byTTL { // one group per consecutive-error count
 		sets := make([]lockstep.KeySet, len(group))
 		for i, it := range group {
 			sets[i] = it.ks
@@ -295,8 +333,15 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 				it.owned = false
 			case errors.Is(r.Err, lockstep.ErrStaleLimit):
 				it.owned = false // past max_stale: left to expire on its TTL
-			case errors.Is(r.Err, lockstep.ErrNotFound), errors.Is(r.Err, lockstep.ErrLockLost):
-				it.owned = false // the script released the lock, or it was not ours any more
+				if r.TTL > 0 {
+					it.h.expiry = now.Add(r.TTL)
+				}
+			case errors.Is(r.Err, lockstep.ErrNotFound):
+				it.owned = false // the script released the lock: the value was already gone
+				k.noteGoneLocked(it.h, now)
+				it.h.expiry = time.Time{}
+			case errors.Is(r.Err, lockstep.ErrLockLost):
+				it.owned = false // not ours any more
 			default: // an error reply: nothing touched, the lock is still ours and is released by the batch
 				k.log.Warn("fail-safe extension refused by Redis", "key", it.ks.Cache, "error", r.Err)
 			}
@@ -307,6 +352,6 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	defer k.mu.Unlock()
 	for _, it := range items {
 		it.rescheduled = true
-		k.retryLocked(it.h, retryBase)
+		k.retryAtLocked(it.h, delays[it])
 	}
 }

@@ -38,8 +38,10 @@ type hotState struct {
 	lastErr     string
 	errors      int       // consecutive failed refreshes, for back-off
 	staleSince  time.Time // when the fail-safe first kept this value past its TTL, in the current outage
-	counted     bool      // this expiry was already counted as an SLO miss
-	shortNotice bool      // the expiry was learnt less than one lead before it: no time to refresh
+	counted     bool      // this expiry was already counted as an SLO miss (re-armed by each new value learnt)
+	shortNotice bool      // the expiry was learnt less than one lead before it (a breakdown of misses, not an exemption)
+	invalidated bool      // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
+	pendingGone string    // a gone event (expired, evicted, del) that arrived while a refresh was in flight
 	handover    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
 	hotSince    time.Time // when the id became hot
 

@@ -34,6 +34,10 @@ type Config struct {
 	// NodeCheckInterval is how often, with Notifications, the warmer re-reads the Cluster's masters and every
 	// node's notify-keyspace-events; default DefaultNodeCheckInterval.
 	NodeCheckInterval time.Duration
+	// FlushCheckInterval is how often the flush canary is rewritten (flush.go): a FLUSHDB, FLUSHALL, SWAPDB or
+	// a restart that emptied Redis is noticed within it, and every hot key is re-read at once. Default
+	// DefaultFlushCheckInterval; negative turns the canary off.
+	FlushCheckInterval time.Duration
 	// DB is the Redis database number, used to match keyspace-notification channels; default 0.
 	DB int
 	// Logger defaults to slog.Default().
@@ -185,6 +189,13 @@ func (w *Warmer) Run(ctx context.Context) error {
 		w.startLoop(k)
 	}
 	w.mu.Unlock()
+	if w.cfg.FlushCheckInterval >= 0 {
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			w.watchFlush(ctx)
+		}()
+	}
 	if w.cfg.Notifications {
 		loops.Add(1)
 		go func() {

@@ -200,6 +200,40 @@ func TestRunNamesRedisNOPERM(t *testing.T) {
 	}
 }
 
+// TestReadyzNamesRefreshNOPERM: an ACL user that may not touch the lock keys connects and pings fine, but every
+// refresh fails (SET NX answers NOPERM). /readyz must turn 503 and name the keyspace and the permission, instead
+// of staying ready while no value is ever written.
+func TestReadyzNamesRefreshNOPERM(t *testing.T) {
+	priv := testenv.PrivateRedis(t)
+	ctx := context.Background()
+	f := newDaemonFixture(t)
+	var rule []any
+	for _, r := range redisACLRule(f.prefix) {
+		if r != "~lock:"+f.prefix+"*" {
+			rule = append(rule, r)
+		}
+	}
+	if err := priv.Do(ctx, append([]any{"ACL", "SETUSER", "keepwarm"}, rule...)...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	t.Setenv("KEEPWARM_REDIS_URL", "redis://keepwarm:s3cret-acl@"+priv.Options().Addr+"/0")
+	logs, stop := startRun(t, leastPrivConfig(t, f))
+	addr := listenAddr(t, logs)
+	var body string
+	waitFor(t, 30*time.Second, "/readyz 503 naming the keyspace and NOPERM", func() bool {
+		var code int
+		code, body = readyzBody(t, addr)
+		return code == 503 && strings.Contains(body, `keyspace "items": every refresh fails`) && strings.Contains(body, "redis NOPERM")
+	}, logs)
+	t.Logf("/readyz: %s", body)
+	if code := stop(); code != 0 {
+		t.Errorf("exit code = %d\n%s", code, logs)
+	}
+	if strings.Contains(body, "s3cret-acl") || strings.Contains(logs.String(), "s3cret-acl") {
+		t.Errorf("the Redis password appears in /readyz or the log")
+	}
+}
+
 // TestValidateCheckTestsRedisToo: validate --check connects to Redis with the configured credentials, so a wrong
 // password fails it (naming authentication), while --check-db alone looks at PostgreSQL only.
 func TestValidateCheckTestsRedisToo(t *testing.T) {

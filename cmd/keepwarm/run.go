@@ -272,6 +272,12 @@ func (d *daemon) readyz(ctx context.Context) error {
 	redisErr := ping("redis", func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() })
 	pgErr := ping("postgres", d.pool.Ping)
 	errs := []error{redisErr(), pgErr()}
+	for _, f := range d.w.RefreshFailing() {
+		if perm := wire.Permission(f.Err); perm != "" {
+			errs = append(errs, fmt.Errorf("keyspace %q: every refresh fails since %s (%d batches in a row): %s: %w",
+				f.Keyspace, f.Since.UTC().Format(time.RFC3339), f.Batches, perm, f.Err))
+		}
+	}
 	for _, f := range d.w.Failing() {
 		errs = append(errs, fmt.Errorf("keyspace %q: check failing since %s (%d attempts, next at %s): %s", f.Keyspace,
 			f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error))

@@ -1,0 +1,211 @@
+package warmer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// A flush of the database (FLUSHDB, FLUSHALL, SWAPDB, a restart without persistence, a replica's full resync
+// that replaced its data set) empties every key at once and publishes no per-key event, so neither
+// notifications nor a trusted key's five-minute re-check would notice it for minutes. The warmer keeps a canary
+// key of its own on each node and rewrites it every FlushCheckInterval with `SET canary 1 PX ttl GET`: the GET
+// returning nil means the key was gone, so the database was flushed (or the process stalled for longer than the
+// canary's TTL; either way every hot key's expiry is in doubt). Then every hot key it owns is re-read at once
+// (rereadAll): each one found missing is an SLO miss (the flush is counted, not excused), and every key is
+// refreshed within its next dispatch.
+
+// DefaultFlushCheckInterval is how often the flush canary is rewritten (Config.FlushCheckInterval): a flush is
+// noticed within this long, at the cost of one command per interval per Redis master.
+const DefaultFlushCheckInterval = 250 * time.Millisecond
+
+// canaryTTL is the canary key's TTL: it outlives this process by at most this long.
+const canaryTTL = 30 * time.Second
+
+// canaries finds one canary key per Redis master: a Cluster's keys live on the master that owns their hash slot,
+// so a FLUSHDB on one master is seen only by a canary in that master's slots. In single and Sentinel mode there is
+// one canary.
+type canaries struct {
+	prefix string          // "keepwarm:canary:<token>"
+	keys   map[int]string  // slot range start (or 0 outside a Cluster) → canary key
+	seen   map[string]bool // canaries written at least once since they were chosen
+}
+
+// refresh picks the canary keys for the current topology: in a Cluster, one key per master, found by asking
+// CLUSTER KEYSLOT for candidate hash tags until each master's first slot range has one.
+func (c *canaries) refresh(ctx context.Context, rdb redis.UniversalClient) error {
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		if c.keys == nil {
+			c.keys = map[int]string{0: c.prefix}
+		}
+		return nil
+	}
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("read cluster slots: %w", err)
+	}
+	masters := map[string]redis.ClusterSlot{} // master address → its first slot range
+	for _, s := range slots {
+		if len(s.Nodes) == 0 {
+			continue
+		}
+		if cur, ok := masters[s.Nodes[0].Addr]; !ok || s.Start < cur.Start {
+			masters[s.Nodes[0].Addr] = s
+		}
+	}
+	keys := map[int]string{}
+	for _, s := range masters {
+		if k, ok := c.keys[s.Start]; ok {
+			if slot, err := cc.ClusterKeySlot(ctx, k).Result(); err == nil && int(slot) >= s.Start && int(slot) <= s.End {
+				keys[s.Start] = k
+				continue
+			}
+		}
+		for n := 0; n < 4096; n++ {
+			k := fmt.Sprintf("%s:{c%d-%d}", c.prefix, s.Start, n)
+			slot, err := cc.ClusterKeySlot(ctx, k).Result()
+			if err != nil {
+				return fmt.Errorf("cluster keyslot: %w", err)
+			}
+			if int(slot) >= s.Start && int(slot) <= s.End {
+				keys[s.Start] = k
+				break
+			}
+		}
+	}
+	c.keys = keys
+	return nil
+}
+
+// check rewrites every canary and reports whether one of them, written before, was gone.
+func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushed []string, err error) {
+	type probe struct {
+		key string
+		cmd *redis.StatusCmd
+	}
+	probes := make([]probe, 0, len(c.keys))
+	_, perr := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range c.keys {
+			probes = append(probes, probe{k, p.SetArgs(ctx, k, "1", redis.SetArgs{TTL: canaryTTL, Get: true})})
+		}
+		return nil
+	})
+	for _, pr := range probes {
+		switch err := pr.cmd.Err(); {
+		case errors.Is(err, redis.Nil):
+			if c.seen[pr.key] {
+				flushed = append(flushed, pr.key)
+			}
+			c.seen[pr.key] = true
+		case err == nil:
+			c.seen[pr.key] = true
+		}
+	}
+	if perr != nil && !errors.Is(perr, redis.Nil) {
+		return flushed, perr
+	}
+	return flushed, nil
+}
+
+// watchFlush runs the flush canary until ctx ends (see the comment at the top of this file).
+func (w *Warmer) watchFlush(ctx context.Context) {
+	every := w.cfg.FlushCheckInterval
+	if every == 0 {
+		every = DefaultFlushCheckInterval
+	}
+	c := &canaries{prefix: "keepwarm:canary:" + lockstep.NewToken()[:16], seen: map[string]bool{}}
+	defer func() {
+		// A clean stop removes the canaries; a killed process's expire on their own after canaryTTL.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		for _, k := range c.keys {
+			_ = w.rdb.Del(dctx, k).Err()
+		}
+	}()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var topo time.Time
+	var failing, topoFailing bool
+	for {
+		if time.Since(topo) >= DefaultNodeCheckInterval || c.keys == nil {
+			if err := c.refresh(ctx, w.rdb); err == nil {
+				topo, topoFailing = time.Now(), false
+			} else if ctx.Err() == nil && !topoFailing {
+				topoFailing = true
+				w.log.Warn("flush canary: cannot read the cluster's slots; flushes of other masters go unseen until it can",
+					"error", err)
+			}
+		}
+		if c.keys != nil {
+			flushed, err := c.check(ctx, w.rdb)
+			if err != nil && ctx.Err() == nil {
+				if !failing {
+					w.log.Debug("flush canary: Redis error", "error", err)
+				}
+				failing = true
+			} else if err == nil {
+				failing = false
+			}
+			if len(flushed) > 0 {
+				w.m.flushes.Inc()
+				w.log.Warn("the flush canary was gone (Redis flushed, restarted empty, or evicted it): re-reading every hot key",
+					"canaries", flushed)
+				w.rereadAll("flush")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// rereadAll makes every keyspace re-read the PTTL of every hot key it owns at once, judging each reading as after
+// a gone event (why: "flush" or "failover"); keys in flight are re-read when their refresh settles. Every key's
+// trust ends too: the events of the keys that vanished were never published.
+func (w *Warmer) rereadAll(why string) {
+	w.trust.bump()
+	w.mu.Lock()
+	spaces := make([]*keyspace, 0, len(w.spaces))
+	for _, k := range w.spaces {
+		spaces = append(spaces, k)
+	}
+	w.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, k := range spaces {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k.rereadAll(why)
+		}()
+	}
+	wg.Wait()
+}
+
+// rereadAll queues every hot key k owns for a PTTL reading judged as after a gone event (see warmer.rereadAll).
+func (k *keyspace) rereadAll(why string) {
+	k.mu.Lock()
+	for id, h := range k.hotSet {
+		if h.persistent || !k.ownsLocked(id) {
+			continue
+		}
+		h.invalidated = false // an earlier invalidation does not excuse what the flush removed
+		h.ownWrite = false
+		if h.inflight {
+			h.pendingGone = why
+			continue
+		}
+		h.needPTTL, h.goneEvent = true, why
+		k.adopt = append(k.adopt, h)
+	}
+	k.mu.Unlock()
+	k.poke()
+}

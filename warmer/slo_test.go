@@ -1,0 +1,402 @@
+package warmer_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// The SLO tests (issue 20): every miss an independent observer sees is counted by
+// keepwarm_warmer_hot_expired_total, once per expiry, whoever rebuilt the key afterwards; an invalidation is not
+// a miss. The observer is a poller with its own Redis client: it trusts nothing the daemon says.
+
+// gap is one stretch of time during which an observed key was absent.
+type gap struct {
+	key        string
+	start, end time.Time
+}
+
+// observer polls keys with pipelined EXISTS every 20 ms from its own client and records every gap: a key absent
+// after it had been seen present.
+type observer struct {
+	mu     sync.Mutex
+	gaps   []gap
+	open   map[string]time.Time
+	seen   map[string]bool
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func observe(t *testing.T, rdb *redis.Client, keys ...string) *observer {
+	t.Helper()
+	c := redis.NewClient(rdb.Options())
+	ctx, cancel := context.WithCancel(context.Background())
+	o := &observer{open: map[string]time.Time{}, seen: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		defer c.Close()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			cmds := make([]*redis.IntCmd, len(keys))
+			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for i, k := range keys {
+					cmds[i] = p.Exists(ctx, k)
+				}
+				return nil
+			})
+			now := time.Now()
+			if err == nil {
+				o.mu.Lock()
+				for i, k := range keys {
+					present := cmds[i].Val() == 1
+					start, inGap := o.open[k]
+					switch {
+					case present && inGap:
+						o.gaps = append(o.gaps, gap{k, start, now})
+						delete(o.open, k)
+					case !present && !inGap && o.seen[k]:
+						o.open[k] = now
+					}
+					if present {
+						o.seen[k] = true
+					}
+				}
+				o.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(o.stop)
+	return o
+}
+
+func (o *observer) stop() {
+	o.cancel()
+	<-o.done
+}
+
+// closed returns the gaps that have ended so far.
+func (o *observer) closed() []gap {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]gap(nil), o.gaps...)
+}
+
+func sloMisses(t *testing.T, reg *prometheus.Registry) float64 {
+	return counter(t, reg, "keepwarm_warmer_hot_expired_total", nil)
+}
+
+// An app that holds a key's lock across three expiries (its rebuild hangs, then it writes the value late, and
+// again) causes three misses, and the SLO counter says three: each new value re-arms the count, not only the
+// daemon's own publish (before: 1).
+func TestAppHoldingTheLockAcrossExpiriesIsCountedEachTime(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	ks := f.keySet(t, "1")
+	const appToken = "app-token"
+	f.rdb.Set(ctx, ks.Lock, appToken, time.Minute)
+	f.rdb.Set(ctx, ks.Cache, "app v0", 1500*time.Millisecond)
+	obs := observe(t, f.rdb, ks.Cache)
+	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1")}})
+	for i := 1; i <= 3; i++ {
+		testenv.Eventually(t, 10*time.Second, "the app's value expired", func() bool { return f.rdb.Exists(ctx, ks.Cache).Val() == 0 })
+		time.Sleep(300 * time.Millisecond) // the app's rebuild is slow: a gap the observer must see
+		f.rdb.Set(ctx, ks.Cache, "app v"+strconv.Itoa(i), 1500*time.Millisecond)
+		testenv.Eventually(t, 10*time.Second, "the observer saw the gap", func() bool { return len(obs.closed()) >= i })
+	}
+	f.rdb.Del(ctx, ks.Lock) // the app lets go; the daemon takes over
+	testenv.Eventually(t, 10*time.Second, "three misses counted", func() bool { return sloMisses(t, reg) >= 3 })
+	testenv.Eventually(t, 10*time.Second, "the daemon writes the key", func() bool {
+		v := f.rdb.Get(ctx, ks.Cache).Val()
+		return v != "" && v[0] == '{'
+	})
+	stop()
+	obs.stop()
+	if got, want := sloMisses(t, reg), float64(len(obs.closed())); got != want {
+		t.Errorf("SLO counter = %v, observer saw %v gaps (%v); want equal", got, want, obs.closed())
+	}
+}
+
+// The lead can be raised far above refresh_ahead (statement_timeout + pool_wait_timeout). A key an app wrote
+// with less than one lead left is "short notice", but the daemon still had time to try: when its attempts fail and
+// the key expires, that is an SLO miss (before: only hot_late_notice_total moved). late_notice stays a
+// breakdown of the misses.
+func TestShortNoticeDoesNotHideAFailedKey(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	ks := f.keySet(t, "1")
+	cfg := f.config("1")
+	cfg.Src = failingSource{}
+	cfg.TTL, cfg.StatementTimeout, cfg.PoolWaitTimeout = 10*time.Second, 2*time.Second, time.Second // lead 3 s
+	cfg.LockTTL, cfg.MaxStale = 5*time.Second, 200*time.Millisecond
+	f.rdb.Set(ctx, ks.Cache, "app value", 2*time.Second) // less than the lead: short notice
+	obs := observe(t, f.rdb, ks.Cache)
+	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	testenv.Eventually(t, 10*time.Second, "the key expired", func() bool { return f.rdb.Exists(ctx, ks.Cache).Val() == 0 })
+	testenv.Eventually(t, 10*time.Second, "the miss counted", func() bool { return sloMisses(t, reg) >= 1 })
+	f.rdb.Set(ctx, ks.Cache, "app rebuilt", 5*time.Second) // closes the observer's gap
+	testenv.Eventually(t, 5*time.Second, "the observer saw the gap", func() bool { return len(obs.closed()) >= 1 })
+	stop()
+	if errs := refreshErrors(t, reg, warmer.ReasonOrigin); errs < 1 {
+		t.Errorf("origin errors = %v, want ≥ 1 (the daemon tried)", errs)
+	}
+	if got := sloMisses(t, reg); got != 1 {
+		t.Errorf("SLO counter = %v, want 1", got)
+	}
+	if got := counter(t, reg, "keepwarm_warmer_hot_late_notice_total", nil); got != 1 {
+		t.Errorf("late_notice = %v, want 1 (the breakdown of the one miss)", got)
+	}
+}
+
+// FLUSHDB publishes no per-key event, and with notifications healthy the daemon's own writes are trusted and
+// re-read only every 5 minutes: before, hot keys stayed gone for minutes and nothing was counted. The flush
+// canary notices within a fraction of a second: every hot key is re-read, each is counted once as a miss, and
+// all are rebuilt.
+func TestFlushIsNoticedCountedAndRebuilt(t *testing.T) {
+	f := newFixture(t, 5)
+	ctx := context.Background()
+	priv := testenv.PrivateRedis(t)
+	setConfig(t, priv, "notify-keyspace-events", "Exeg$")
+	cfg := f.config("1", "2", "3")
+	cfg.TTL, cfg.ReconcileTrustedEvery = 10*time.Minute, 5*time.Minute
+	keys := []string{f.key("1"), f.key("2"), f.key("3")}
+	_, reg, stop := start(t, priv, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
+	testenv.Eventually(t, 10*time.Second, "all three written", func() bool { return priv.Exists(ctx, keys...).Val() == 3 })
+	testenv.Eventually(t, 10*time.Second, "notifications healthy", func() bool {
+		return counter(t, reg, "keepwarm_warmer_notifications_enabled", nil) == 1
+	})
+	obs := observe(t, priv, keys...)
+	testenv.Eventually(t, 5*time.Second, "the observer saw the keys", func() bool {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		return len(obs.seen) == 3
+	})
+	if err := priv.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the flush noticed", func() bool {
+		return counter(t, reg, "keepwarm_warmer_flushes_detected_total", nil) == 1
+	})
+	testenv.Eventually(t, 10*time.Second, "all three rebuilt", func() bool { return priv.Exists(ctx, keys...).Val() == 3 })
+	testenv.Eventually(t, 5*time.Second, "three misses counted", func() bool { return sloMisses(t, reg) >= 3 })
+	testenv.Eventually(t, 5*time.Second, "the observer saw the gaps end", func() bool { return len(obs.closed()) >= 3 })
+	stop()
+	obs.stop()
+	if got := sloMisses(t, reg); got != 3 {
+		t.Errorf("SLO counter = %v, want 3 (one per flushed hot key)", got)
+	}
+	if got := len(obs.closed()); got != 3 {
+		t.Errorf("observer gaps = %d (%v), want 3", got, obs.closed())
+	}
+	for _, g := range obs.closed() {
+		t.Logf("gap of %s: %v", g.key, g.end.Sub(g.start))
+	}
+}
+
+// An app invalidates keys (lockstep.Invalidate) while their refreshes are in flight, just before the values the
+// daemon knew would have expired. The refresh's publish fails (lock_gone), the old row is never written, and the
+// key is rebuilt at once with the new row. That is an invalidation, not a miss: before, the daemon re-read the
+// key a while later, after the old expiry, and counted it (14 of 40).
+func TestInvalidationDuringRefreshIsNoMiss(t *testing.T) {
+	const n = 10
+	f := newFixture(t, n)
+	ctx := context.Background()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+	}
+	var invalidated atomic.Int64
+	f.src.after = func(batch []string) {
+		if invalidated.Load() >= 40 {
+			return
+		}
+		for _, id := range batch {
+			ks, err := f.keys.For(id)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			// Only a cached value is invalidated, just before it would expire, so that any later look is past
+			// the expiry the daemon knew.
+			p := f.rdb.PTTL(ctx, ks.Cache).Val()
+			if p <= 0 {
+				continue
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for ; p > 60*time.Millisecond && time.Now().Before(deadline); p = f.rdb.PTTL(ctx, ks.Cache).Val() {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if _, err := f.pool.Exec(ctx, "update "+f.table+" set body = jsonb_build_object('id', id::int, 'v', 2) where id = $1", id); err != nil {
+				t.Error(err)
+			}
+			if err := lockstep.Invalidate(ctx, f.rdb, ks); err != nil {
+				t.Error(err)
+			}
+			invalidated.Add(1)
+		}
+	}
+	cfg := f.config(ids...)
+	cfg.BatchSize = 1
+	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	testenv.Eventually(t, 60*time.Second, "40 invalidations during refreshes", func() bool { return invalidated.Load() >= 40 })
+	testenv.Eventually(t, 10*time.Second, "every key holds its new row", func() bool {
+		for _, id := range ids {
+			var v struct{ V int }
+			if err := jsonOf(f.rdb.Get(ctx, f.key(id)).Val(), &v); err != nil || v.V != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	stop()
+	if got := refreshes(t, reg, warmer.ResultLockGone); got < 40 {
+		t.Errorf("lock_gone = %v, want ≥ 40 (else the invalidations did not race the refreshes)", got)
+	}
+	if got := sloMisses(t, reg); got != 0 {
+		t.Errorf("SLO counter = %v, want 0: an invalidation is not a miss", got)
+	}
+	if locks := f.lockKeys(t, f.rdb); len(locks) != 0 {
+		t.Errorf("orphaned locks after stop: %v", locks)
+	}
+}
+
+// pauseHook blocks every command of the client it is added to while paused: the daemon stalls (a SIGSTOP, a VM
+// freeze) while Redis and the apps go on.
+type pauseHook struct {
+	mu     sync.Mutex
+	paused chan struct{} // closed when unpaused; nil when not paused
+}
+
+func (h *pauseHook) pause() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.paused == nil {
+		h.paused = make(chan struct{})
+	}
+}
+
+func (h *pauseHook) resume() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.paused != nil {
+		close(h.paused)
+		h.paused = nil
+	}
+}
+
+func (h *pauseHook) wait(ctx context.Context) error {
+	h.mu.Lock()
+	ch := h.paused
+	h.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *pauseHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *pauseHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := h.wait(ctx); err != nil {
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *pauseHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := h.wait(ctx); err != nil {
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// The daemon stalls while a hot key expires and an app rebuilds it. When the daemon wakes, the key is there with
+// a fresh TTL, which looked like "an app rewrote it" and counted nothing (before: 39 of 1,094 missed reads
+// counted). Judged against the expiry the daemon knew, it is a miss.
+func TestStalledDaemonCountsKeysAppsRebuilt(t *testing.T) {
+	f := newFixture(t, 3)
+	ctx := context.Background()
+	ks := f.keySet(t, "1")
+	rdb := redis.NewClient(f.rdb.Options())
+	t.Cleanup(func() { rdb.Close() })
+	hook := &pauseHook{}
+	rdb.AddHook(hook)
+	obs := observe(t, f.rdb, ks.Cache)
+	_, reg, stop := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1")}})
+	testenv.Eventually(t, 10*time.Second, "the daemon wrote the key", func() bool { return f.rdb.Exists(ctx, ks.Cache).Val() == 1 })
+	hook.pause()
+	testenv.Eventually(t, 10*time.Second, "the key expired while the daemon stalled", func() bool {
+		return f.rdb.Exists(ctx, ks.Cache).Val() == 0
+	})
+	time.Sleep(300 * time.Millisecond) // the app's miss path takes a while
+	f.rdb.Set(ctx, ks.Cache, "app rebuilt", 2*time.Second)
+	hook.resume()
+	testenv.Eventually(t, 10*time.Second, "the miss counted", func() bool { return sloMisses(t, reg) >= 1 })
+	testenv.Eventually(t, 5*time.Second, "the observer saw the gap", func() bool { return len(obs.closed()) >= 1 })
+	stop()
+	obs.stop()
+	if got, want := sloMisses(t, reg), float64(len(obs.closed())); got != want {
+		t.Errorf("SLO counter = %v, observer saw %v gaps; want equal", got, want)
+	}
+}
+
+// PostgreSQL is down and the fail-safe keeps every hot value: the extension and its retry are one decision, so
+// the retry always lands inside the extended life and no value expires (before: two independent back-off draws,
+// and 447 of 734 hot keys expired in a 150 s outage). An independent observer sees no gap.
+func TestFailSafeRetryLandsInsideTheExtension(t *testing.T) {
+	const n = 20
+	f := newFixture(t, n)
+	ctx := context.Background()
+	ids := make([]string, n)
+	keys := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+		keys[i] = f.key(ids[i])
+		f.rdb.Set(ctx, keys[i], "last good", 3*time.Second)
+	}
+	cfg := f.config(ids...)
+	cfg.Src = failingSource{}
+	cfg.TTL, cfg.MaxStale = 10*time.Second, 5*time.Minute // back-off up to 5 s: draws far apart
+	cfg.BatchSize = 1
+	obs := observe(t, f.rdb, keys...)
+	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Seed: 7})
+	testenv.Eventually(t, 60*time.Second, "five fail-safe rounds per key", func() bool {
+		return counter(t, reg, "keepwarm_warmer_failsafe_extensions_total", nil) >= 5*n
+	})
+	stop()
+	obs.stop()
+	if gaps := obs.closed(); len(gaps) != 0 {
+		t.Errorf("observer saw %d gaps during the outage, want 0: %v", len(gaps), gaps)
+	}
+	if n := f.rdb.Exists(ctx, keys...).Val(); n != int64(len(keys)) {
+		t.Errorf("%d of %d values alive at the end, want all", n, len(keys))
+	}
+	if got := sloMisses(t, reg); got != 0 {
+		t.Errorf("SLO counter = %v, want 0", got)
+	}
+}
+
+func jsonOf(s string, v any) error { return json.Unmarshal([]byte(s), v) }
