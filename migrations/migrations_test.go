@@ -95,13 +95,15 @@ func TestUpDownUp(t *testing.T) {
 	db := freshDB(t)
 
 	out := run(t, db, up)
-	if !strings.Contains(out, "OK    up 00001_warmup_runs.sql") || !strings.Contains(out, "now at version 1") || !tableExists(t, db) {
+	if !strings.Contains(out, "OK    up 00001_warmup_runs.sql") || !strings.Contains(out, "OK    up 00002_warmup_runs_heartbeat.sql") ||
+		!strings.Contains(out, "now at version 2") || !tableExists(t, db) {
 		t.Fatalf("first up: got\n%s", out)
 	}
-	if out := run(t, db, up); !strings.Contains(out, "up to date at version 1") {
+	if out := run(t, db, up); !strings.Contains(out, "up to date at version 2") {
 		t.Errorf("second up: got %q, want up to date", out)
 	}
-	if out := run(t, db, status); !strings.Contains(out, "1        applied") || !strings.Contains(out, "00001_warmup_runs.sql") {
+	if out := run(t, db, status); !strings.Contains(out, "1        applied") || !strings.Contains(out, "00001_warmup_runs.sql") ||
+		!strings.Contains(out, "2        applied") {
 		t.Errorf("status: got\n%s", out)
 	}
 	var table string
@@ -123,6 +125,9 @@ func TestUpDownUp(t *testing.T) {
 		}
 	}
 
+	if out := run(t, db, down); !strings.Contains(out, "OK    down 00002_warmup_runs_heartbeat.sql") || !strings.Contains(out, "now at version 1") {
+		t.Fatalf("down: got\n%s", out)
+	}
 	if out := run(t, db, down); !strings.Contains(out, "OK    down 00001_warmup_runs.sql") || !strings.Contains(out, "now at version 0") || tableExists(t, db) {
 		t.Fatalf("down: got\n%s", out)
 	}

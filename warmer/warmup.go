@@ -57,8 +57,9 @@ type WarmupResult struct {
 	SkippedLocked int64 // an app (or the daemon) held the key's lock: being rebuilt anyway
 	Missing       int64 // the origin had no row; the missing policy was applied
 	Failed        int64 // origin, Redis or validation failure; includes NotKept
-	// NotKept counts values that were written but gone when checked right after their batch: Redis evicted them
-	// at once (maxmemory with an allkeys policy). They are in Failed and FailedIDs too.
+	// NotKept counts values that were written but gone when checked right after their batch, or when the warmup
+	// re-checked every written value before returning (sweepKept): Redis evicted them (maxmemory with an allkeys
+	// policy), or something deleted them. They are in Failed and FailedIDs too, not in Written.
 	NotKept     int64
 	Batches     int64
 	FailedIDs   []string // the first MaxFailedIDs failed ids
@@ -112,7 +113,8 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 		hi = cfg.TTL + opt.Spread
 	}
 	res.TTLs = newHistogram(cfg.TTL, hi, HistogramBins)
-	var mu sync.Mutex             // guards res
+	var mu sync.Mutex             // guards res and written
+	var written []keptCheck       // every value written, for the final sweep (sweepKept)
 	ttl := func() time.Duration { // safe for concurrent use: k.rnd has its own lock
 		if opt.Spread > 0 {
 			return cfg.TTL + time.Duration(k.rnd.Float64()*float64(opt.Spread))
@@ -146,6 +148,7 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 				}
 				items, invalid := warmItems(cfg, batch)
 				var runErr error
+				var published time.Time // when the batch published: a written value expires no earlier than this + its TTL
 				if len(items) > 0 {
 					if err := k.slots.acquire(ctx); err != nil {
 						runErr = err
@@ -155,6 +158,7 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 							p.extra = extra
 						}
 						runErr = p.run(ctx, items)
+						published = p.start
 						k.slots.release()
 						k.poke() // a refresh batch may be waiting for the slot
 						if runErr == nil {
@@ -165,6 +169,11 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 				mu.Lock()
 				res.Batches++
 				res.add(items, invalid, runErr, ctx.Err() != nil)
+				for _, it := range items {
+					if it.result == ResultOK {
+						written = append(written, keptCheck{id: it.id, key: it.ks.Cache, expiry: published.Add(it.ttl)})
+					}
+				}
 				if opt.Progress != nil {
 					opt.Progress(res)
 				}
@@ -197,8 +206,11 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 	}
 	close(batches)
 	wg.Wait()
-	res.Duration = time.Since(start)
 	res.Interrupted = ctx.Err() != nil
+	if !res.Interrupted {
+		k.sweepKept(ctx, written, &res)
+	}
+	res.Duration = time.Since(start)
 	if srcErr != nil && !res.Interrupted {
 		return res, fmt.Errorf("warmer: warmup of keyspace %q: read ids: %w", keyspace, srcErr)
 	}
@@ -231,15 +243,7 @@ func warmItems(cfg KeyspaceConfig, batch []string) ([]*item, map[string]error) {
 // add folds one batch's outcome into r. A batch that could not run (runErr) counts its ids as failed, unless
 // the warmup was interrupted.
 func (r *WarmupResult) add(items []*item, invalid map[string]error, runErr error, interrupted bool) {
-	fail := func(id string, err error) {
-		r.Failed++
-		if len(r.FailedIDs) < MaxFailedIDs {
-			r.FailedIDs = append(r.FailedIDs, id)
-		}
-		if r.FirstError == nil {
-			r.FirstError = err
-		}
-	}
+	fail := r.fail
 	for id, err := range invalid {
 		fail(id, err)
 	}
@@ -267,6 +271,53 @@ func (r *WarmupResult) add(items []*item, invalid map[string]error, runErr error
 			}
 			fail(it.id, err)
 		}
+	}
+}
+
+// keptCheck is one value a warmup wrote, for the final sweep: its id, cache key and conservative expiry.
+type keptCheck struct {
+	id, key string
+	expiry  time.Time
+}
+
+// sweepKept re-reads, at the end of a warmup, whether every value it wrote is still there (pipelined EXISTS, in
+// chunks of pttlChunk): a value evicted (or deleted) after its batch's own check but before the warmup returns
+// was not kept, and the result says so (moved from Written to NotKept and Failed). A value whose own TTL ran out
+// meanwhile (a warmup longer than the TTL) expired as written and is not counted. When Redis fails to answer, the
+// counts are left as they are.
+func (k *keyspace) sweepKept(ctx context.Context, written []keptCheck, res *WarmupResult) {
+	for start := 0; start < len(written); start += pttlChunk {
+		chunk := written[start:min(start+pttlChunk, len(written))]
+		cmds := make([]*redis.IntCmd, len(chunk))
+		_, err := k.w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, c := range chunk {
+				cmds[i] = p.Exists(ctx, c.key)
+			}
+			return nil
+		})
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		for i, c := range chunk {
+			if cmds[i].Val() != 0 || !now.Before(c.expiry.Add(-expiryTolerance)) {
+				continue
+			}
+			res.Written--
+			res.NotKept++
+			res.fail(c.id, fmt.Errorf("%s: written, then gone before the warmup returned (evicted under maxmemory, or deleted)", c.key))
+		}
+	}
+}
+
+// fail counts id as failed with err (FailedIDs keeps the first MaxFailedIDs, FirstError the first cause).
+func (r *WarmupResult) fail(id string, err error) {
+	r.Failed++
+	if len(r.FailedIDs) < MaxFailedIDs {
+		r.FailedIDs = append(r.FailedIDs, id)
+	}
+	if r.FirstError == nil {
+		r.FirstError = err
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -211,5 +212,49 @@ func TestWarmupRateNeverRaisesBudget(t *testing.T) {
 	}
 	if _, err := w.Warmup(context.Background(), "nope", warmer.SliceIDs(nil), warmer.WarmupOptions{}); err == nil {
 		t.Error("unknown keyspace: no error")
+	}
+}
+
+// Under maxmemory with allkeys-lru, a warmup larger than the memory left evicts its own earlier values while it
+// writes later ones. A value gone when the warmup returns was not kept, whenever it was evicted: the result's
+// Written must equal what an outside reader finds right after it returns (before, only values evicted within
+// their own batch were reported, and Written overstated what a promotion would find cached).
+func TestWarmupReportsValuesEvictedBeforeItReturns(t *testing.T) {
+	const n = 400
+	f := newFixture(t, n)
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, "update "+f.table+" set body = jsonb_build_object('id', id, 'pad', repeat('x', 4000))"); err != nil {
+		t.Fatal(err)
+	}
+	priv := testenv.PrivateRedis(t)
+	used := memoryUsed(t, priv)
+	setConfig(t, priv, "maxmemory-policy", "allkeys-lru")
+	setConfig(t, priv, "maxmemory", strconv.FormatInt(used+512<<10, 10)) // room for about 100 of the 400 values
+	cfg := f.config()
+	cfg.TTL = time.Hour
+	w, err := warmer.New(priv, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	keys := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+		keys[i] = f.key(ids[i])
+	}
+	res, err := w.Warmup(ctx, "items", warmer.SliceIDs(ids), warmer.WarmupOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	present := priv.Exists(ctx, keys...).Val()
+	t.Logf("written %d, not kept %d, failed %d; present after return: %d", res.Written, res.NotKept, res.Failed, present)
+	if res.NotKept == 0 {
+		t.Fatalf("no value reported not kept: the test did not exhaust memory (present %d of %d)", present, n)
+	}
+	if res.Written != present {
+		t.Errorf("warmup reports %d written, an outside reader finds %d present", res.Written, present)
+	}
+	if got := res.Written + res.SkippedLocked + res.Missing + res.Failed; got != res.Requested {
+		t.Errorf("written+locked+missing+failed = %d, want requested %d", got, res.Requested)
 	}
 }

@@ -208,11 +208,12 @@ func TestMigrate(t *testing.T) {
 		want string
 	}{
 		{[]string{"migrate", "status", "--config", demoConfig}, "1        pending  -           00001_warmup_runs.sql"},
-		{[]string{"migrate", "up", "--config", demoConfig}, "now at version 1"},
-		{[]string{"migrate", "--config", demoConfig, "up"}, "up to date at version 1"},
+		{[]string{"migrate", "up", "--config", demoConfig}, "now at version 2"},
+		{[]string{"migrate", "--config", demoConfig, "up"}, "up to date at version 2"},
+		{[]string{"migrate", "down", "--config", demoConfig}, "now at version 1"},
 		{[]string{"migrate", "down", "--config", demoConfig}, "now at version 0"},
 		{[]string{"migrate", "up", "--config", demoConfig}, "OK    up 00001_warmup_runs.sql"},
-		{[]string{"migrate", "status", "--config", demoConfig}, "1        applied"},
+		{[]string{"migrate", "status", "--config", demoConfig}, "2        applied"},
 	}
 	for _, s := range steps {
 		stdout, stderr, code := keepwarm(t, s.args...)

@@ -373,7 +373,12 @@ func (d *daemon) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if d.cron, err = warmer.NewCron(d.w, runs.New(d.pool, ""), d.reg, d.log); err != nil {
+	rec := runs.New(d.pool, "")
+	if n, err := rec.SweepStale(ctx); err == nil && n > 0 {
+		d.log.Warn("warmup runs left running by processes that stopped without finishing them are now marked interrupted",
+			"runs", n)
+	}
+	if d.cron, err = warmer.NewCron(d.w, rec, d.reg, d.log); err != nil {
 		return err
 	}
 	if err := d.cron.Update(wire.Schedules(d.cfg, srcs)); err != nil {
