@@ -346,3 +346,44 @@ func errorReasons(t *testing.T, d *daemon) string {
 	}
 	return strings.Join(out, ", ")
 }
+
+// TestClusterFlushCanaryPerMaster: a FLUSHDB runs on one master and publishes no per-key event, so the daemon
+// keeps a flush canary on every master (a hash tag in that master's slots). Each master holds one; when one
+// master's canary vanishes (as a FLUSHDB of that master would make it; a DEL here, so that other packages' keys on
+// the shared Cluster survive), the daemon notices within a second and re-reads every hot key, which are all there:
+// no miss is counted.
+func TestClusterFlushCanaryPerMaster(t *testing.T) {
+	cc := testenv.Cluster(t)
+	p := testenv.ClusterPrefix(t, cc)
+	f := newFixture(t, cc, 30, p+"item:{${id}}")
+	ctx := context.Background()
+	d := startDaemon(t, cc, f.config(10*time.Second, 2*time.Second))
+	canaries := func(addr string) []string {
+		keys, err := node(t, addr).Keys(ctx, "keepwarm:canary:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+	ms := masters(t, cc)
+	testenv.Eventually(t, 10*time.Second, "a canary on every master", func() bool {
+		for _, m := range ms {
+			if len(canaries(m)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	testenv.Eventually(t, 15*time.Second, "every key written", func() bool { return d.refreshed(t) >= 30 })
+	victim := ms[1]
+	for _, k := range canaries(victim) {
+		if err := node(t, victim).Del(ctx, k).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "the vanished canary noticed", func() bool {
+		return d.metric(t, "keepwarm_warmer_flushes_detected_total", nil) >= 1
+	})
+	testenv.Eventually(t, 5*time.Second, "the canary written again", func() bool { return len(canaries(victim)) > 0 })
+	d.slo(t)
+}
