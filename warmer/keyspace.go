@@ -20,7 +20,7 @@ import (
 //   - duequeue.go: the due queue, and when each hot key falls due (lead, XFetch offset, back-off);
 //   - expiry.go: expiry knowledge (PTTL reads, reconciliation, SLO accounting); notify.go: keyspace notifications;
 //   - refresh.go, pipeline.go, slots.go: dispatching due keys and the refresh pipeline under the token lock;
-//   - outage.go: the origin's and Redis's outages, logged once each.
+//   - outage.go: the origin's and Redis's outages, logged once each; flush.go: the flush canary (Redis emptied).
 //   - reconcile.go: PTTL re-checks within a budget, trusted or not; eviction.go: hot values vanishing in bulk, a
 //     lost access set.
 //
