@@ -78,7 +78,7 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 	// Every reading is judged: a key whose expiry the daemon knew and that is found gone is a miss (a newly hot
 	// key's expiry is not known yet, so its first reading never counts).
 	for _, batch := range [][]*hotState{hs, deleted} {
-		if !k.readPTTLs(ctx, batch, "read PTTL of new hot keys", true) {
+		if !k.readPTTLs(ctx, batch, "read PTTL of new hot keys") {
 			k.mu.Lock()
 			k.adopt = append(k.adopt, batch...) // try again on the next pass
 			k.mu.Unlock()
@@ -89,7 +89,7 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 // readPTTLs reads the PTTL of hs (pipelined) and folds each reading into its key's state and schedule, skipping
 // keys that stopped being hot or went in flight meanwhile. It reports false when Redis failed (logged once per
 // outage as what).
-func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, reconciling bool) bool {
+func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) bool {
 	if len(hs) == 0 {
 		return true
 	}
@@ -128,9 +128,9 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 			h.invalidated = true // an app's (or the change stream's) invalidation: excluded from the SLO
 		}
 		h.needPTTL, h.goneEvent = false, ""
-		handover := k.noteHandoverLocked(h, ttls[i], now)
+		k.noteHandoverLocked(h, ttls[i], now)
 		prev := h.expiry
-		k.applyPTTLLocked(h, ttls[i], now, reconciling || handover)
+		k.applyPTTLLocked(h, ttls[i], now)
 		if h.ownWrite && ttls[i] > 0 && absDur(h.expiry.Sub(prev)) <= expiryTolerance {
 			h.notifyEpoch = epoch // the daemon's own value, confirmed: trusted again while notifications stay healthy
 		} else {
@@ -141,11 +141,11 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string, r
 	return true
 }
 
-// applyPTTLLocked folds a PTTL reading taken at now into h's state and schedule. reconciling marks a reading of
-// a key the daemon was already watching, where "gone" may be an SLO miss. Every reading is judged against the
-// expiry the daemon knew (judgeReadingLocked): a value found present after that expiry had passed was rebuilt by
-// someone else after it expired, which is a miss even though the key is there now.
-func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Time, reconciling bool) {
+// applyPTTLLocked folds a PTTL reading taken at now into h's state and schedule. Every reading is judged against
+// the expiry the daemon knew: a key found gone is a miss unless it was invalidated or its expiry was never known
+// (noteGoneLocked); a value found present after that expiry had passed was rebuilt by someone else after it
+// expired, which is a miss even though the key is there now (judgeReadingLocked).
+func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Time) {
 	switch {
 	case pttl == pttlPersistent:
 		if !h.persistent {
@@ -156,9 +156,7 @@ func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Tim
 		k.gaugesLocked()
 	case pttl < 0: // gone
 		h.persistent = false
-		if reconciling {
-			k.noteGoneLocked(h, now)
-		}
+		k.noteGoneLocked(h, now)
 		h.expiry = time.Time{}
 		if h.idx < 0 || h.due.After(now.Add(time.Second)) {
 			// Due at once; unless it is queued within a second already: a key found locked by another holder

@@ -444,20 +444,18 @@ func (k *keyspace) ownedLocked() int {
 	return n
 }
 
-// noteHandoverLocked checks the first PTTL reading of a key adopted from another replica, and reports whether it
-// was one: missing means its previous owner (dead, or late) let it expire, which is counted as an SLO miss; a
-// key found close to its expiry is not "late notice" (the fleet had the notice), so if it expires before this
-// replica refreshes it (for example because the dead owner still holds its lock), that is an SLO miss too. A key hot for less than one
-// TTL is not counted: its previous owner may not have written it yet. Otherwise this is conservative: a key that
-// an app deleted, or that the origin lacks, at that moment is counted too.
-func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.Time) bool {
+// noteHandoverLocked checks the first PTTL reading of a key adopted from another replica: missing means its
+// previous owner (dead, or late) let it expire, which is counted as an SLO miss (this replica never knew the key's
+// expiry, so noteGoneLocked alone would not count it). A key hot for less than one TTL is not counted: its
+// previous owner may not have written it yet. Otherwise this is conservative: a key that an app deleted, or that
+// the origin lacks, at that moment is counted too.
+func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.Time) {
 	if !h.handover {
-		return false
+		return
 	}
 	h.handover = false
 	if pttl != pttlGone || h.missing || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
-		return true
+		return
 	}
 	k.countMissLocked(h, now, "taken over from another replica, which had let it expire")
-	return true
 }

@@ -142,7 +142,7 @@ func (k *keyspace) reconcile(ctx context.Context) {
 		return
 	}
 	k.w.m.rec.checks.WithLabelValues(k.name).Add(float64(len(hs)))
-	if !k.readPTTLs(ctx, hs, "reconcile PTTLs", true) {
+	if !k.readPTTLs(ctx, hs, "reconcile PTTLs") {
 		k.mu.Lock()
 		for _, h := range hs { // try again one interval later rather than hammer a failing Redis
 			if k.reconcileWantedLocked(h) && h.cidx < 0 {

@@ -260,7 +260,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
 		case it.pttl == pttlPersistent:
 			it.result = resultSettled
-			k.applyPTTLLocked(h, it.pttl, now, false)
+			k.applyPTTLLocked(h, it.pttl, now)
 		case it.pttl > ld+ld/2 && !h.missing:
 			// Someone else refreshed it since we last looked: do not rebuild it twice within one TTL. If that was
 			// after the value the daemon knew had expired, the key was missed (an app held the lock past it).
