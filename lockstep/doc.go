@@ -29,8 +29,9 @@
 // release.lua (Release: compare-and-delete), extend.lua (Extend: compare-and-PEXPIRE, a lease watchdog for slow
 // rebuilds), publish.lua (Publish: compare, then SET the cache key PX ttl, HSET+PEXPIRE the meta hash or, without
 // meta (Write.NoMeta, the Client's default), DEL any meta hash left, SET the stale copy when asked, DEL the lock;
-// or, in delete mode, DEL cache, meta and stale), and extend_value.lua (ExtendValueMany: compare, then PEXPIRE
-// the cache key, keep the start of staleness in the meta hash, DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
+// or, in delete mode, DEL cache, meta and stale), and extend_value.lua (ExtendValueMany: compare, then PEXPIREAT
+// the cache key and the meta hash to one absolute time from one TIME, keep the start of staleness in the meta hash,
+// DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
 // (after SCRIPT FLUSH, a restart or a failover) single calls fall back to EVAL, and pipelined calls
 // (AcquireMany, PublishMany, ...) load the script with SCRIPT LOAD and retry just the failed calls.
 //
