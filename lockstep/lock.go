@@ -162,9 +162,10 @@ func finishAcquires(ctx context.Context, c RedisClient, ops []*acquireOp) (held 
 	return held, replies, nil
 }
 
-// acquireAll runs ops in one round trip (pipelined when there are several) and settles them (finishAcquires).
-func acquireAll(ctx context.Context, c RedisClient, ops []*acquireOp) ([]bool, []error, error) {
-	if len(ops) == 1 {
+// acquireAll runs ops in one round trip (one pipeline; a single command when single is set and there is one op)
+// and settles them (finishAcquires).
+func acquireAll(ctx context.Context, c RedisClient, ops []*acquireOp, single bool) ([]bool, []error, error) {
+	if single && len(ops) == 1 {
 		_ = c.Process(ctx, ops[0].cmd)
 		return finishAcquires(ctx, c, ops)
 	}
@@ -192,7 +193,7 @@ func Acquire(ctx context.Context, c RedisClient, lockKey, token string, ttl time
 	if err := checkTTL("ttl", ttl); err != nil {
 		return false, err
 	}
-	held, replies, err := acquireAll(ctx, c, []*acquireOp{newAcquireOp(ctx, c, lockKey, token, ttl)})
+	held, replies, err := acquireAll(ctx, c, []*acquireOp{newAcquireOp(ctx, c, lockKey, token, ttl)}, true)
 	if err == nil {
 		err = replies[0]
 	}
@@ -269,7 +270,7 @@ func AcquireMany(ctx context.Context, c RedisClient, lockKeys []string, token st
 		ops = append(ops, newAcquireOp(ctx, c, k, token, ttl))
 		idx = append(idx, i)
 	}
-	held, errs, err := acquireAll(ctx, c, ops)
+	held, errs, err := acquireAll(ctx, c, ops, false)
 	if err != nil {
 		return nil, fmt.Errorf("lockstep: acquire %d locks: %w", len(lockKeys), err)
 	}
