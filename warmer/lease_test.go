@@ -25,7 +25,7 @@ func TestDeadReplicaLocksLapseWithinLead(t *testing.T) {
 	ids := pinnedIDs(20)
 	const lead = 2 * time.Second
 	mutate := func(cfg *warmer.KeyspaceConfig) {
-		cfg.TTL, cfg.RefreshAhead, cfg.Jitter = 4*time.Second, lead, 0 // no jitter: a's keys come due together
+		cfg.TTL, cfg.RefreshAhead, cfg.Jitter = 4*time.Second, lead, 0            // no jitter: a's keys come due together
 		cfg.LockTTL, cfg.StatementTimeout = 10*time.Second, 1500*time.Millisecond // the demo's
 	}
 	proxy := testenv.Proxy(t, testenv.RedisAddr(t))

@@ -476,6 +476,7 @@ func (p *pipeline) closeLeases(items []*item) {
 		it.closing = true
 	}
 }
+
 // releaseOwned releases every lock the batch still holds, or may hold after a transport error. It runs even when
 // ctx was cancelled (shutdown past the grace period, an interrupted warmup), so that apps never wait out lock_ttl
 // because of keepwarm; when Redis does not answer it retries (see releaseRetryFor), since commands sent before a
