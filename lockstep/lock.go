@@ -88,9 +88,10 @@ func markRefusesSetGet(c RedisClient) {
 	}
 }
 
-// refusedSetGet reports whether err is the reply of a server that does not accept NX together with GET.
+// refusedSetGet reports whether err is the reply of a server that does not accept NX together with GET: Redis
+// < 7.0 answers "ERR syntax error" (redis.HasErrorPrefix drops the "ERR ").
 func refusedSetGet(err error) bool {
-	return err != nil && redis.HasErrorPrefix(err, "ERR syntax error")
+	return err != nil && redis.HasErrorPrefix(err, "syntax error")
 }
 
 // finishAcquires settles ops whose first round trip has run (on their own or in a caller's pipeline). Ops the

@@ -276,3 +276,46 @@ type contentionRecorder struct {
 }
 
 func (r *contentionRecorder) LockContention(string) { r.contention.Add(1) }
+
+// TestRefusedSetGetMatchesSyntaxError: a server older than Redis 7.0 answers SET NX GET with its generic
+// "ERR syntax error" (Redis 6.2's t_string.c: NX with GET is shared.syntaxerr), which switches Acquire to the
+// fallback. No such server runs here, so the test takes the same reply from Redis 7 for another invalid SET
+// (NX with XX): the fallback's matcher recognises it, and nothing else, and an acquisition whose first command
+// got it ends with the lock held through the fallback.
+func TestRefusedSetGetMatchesSyntaxError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	key := testenv.Prefix(t, rdb) + "k"
+	err := rdb.Do(ctx, "set", key, "v", "nx", "xx").Err()
+	if !lockstep.RefusedSetGet(err) {
+		t.Errorf("RefusedSetGet(%v) = false, want true for the server's syntax error", err)
+	}
+	for _, other := range []error{nil, redis.Nil, rdb.Do(ctx, "incr", key+"-no-such-command-arg", "x").Err(),
+		errors.New("ERR syntax")} {
+		if lockstep.RefusedSetGet(other) {
+			t.Errorf("RefusedSetGet(%v) = true, want false", other)
+		}
+	}
+
+	// The whole switch: the refused command is re-sent as a plain SET NX, the lock is ours, the client keeps the
+	// fallback, and a second acquisition of the same lock by another token is refused.
+	c := testenv.Redis(t)
+	lock, token := key+":lock", lockstep.NewToken()
+	held, err := lockstep.AcquireRefusedFirst(ctx, c, lock, token, time.Minute)
+	if err != nil || !held {
+		t.Fatalf("AcquireRefusedFirst = %v, %v; want true, nil", held, err)
+	}
+	if got := rdb.Get(ctx, lock).Val(); got != token {
+		t.Errorf("lock = %q, want our token %q", got, token)
+	}
+	if !lockstep.UsesSetNXFallback(c) {
+		t.Error("the client did not switch to the fallback after the syntax error")
+	}
+	if held, err := lockstep.Acquire(ctx, c, lock, lockstep.NewToken(), time.Minute); err != nil || held {
+		t.Errorf("Acquire by another token (fallback) = %v, %v; want false, nil", held, err)
+	}
+	if held, err := lockstep.Acquire(ctx, c, lock, token, time.Minute); err != nil || !held {
+		t.Errorf("Acquire by the holder's own token (fallback: SET NX nil, then GET) = %v, %v; want true, nil", held, err)
+	}
+}
