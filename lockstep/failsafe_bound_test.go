@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,4 +152,48 @@ func staleSince(t *testing.T, c *redis.Client, kss []lockstep.KeySet) []int64 {
 		out[i], _ = cmd.Int64()
 	}
 	return out
+}
+
+// TestExtendValueWithoutPexpiretime: where PEXPIRETIME is not available (Redis < 7.0, or an ACL without it),
+// extend_value.lua's pcall fails and it takes the value's expiry from TIME + PTTL: the start of staleness is then
+// the expiry to within a millisecond, and the bound still holds exactly from it (PEXPIREAT). A private Redis with
+// an ACL user denied PEXPIRETIME stands in for the old server.
+func TestExtendValueWithoutPexpiretime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := testenv.PrivateRedis(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "old", "on", ">pw", "~*", "+@all", "-pexpiretime").Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, Username: "old", Password: "pw"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	if err := rdb.Do(ctx, "pexpiretime", "x").Err(); err == nil || !strings.HasPrefix(err.Error(), "NOPERM") {
+		t.Fatalf("PEXPIRETIME as the restricted user: %v, want NOPERM", err)
+	}
+	admin.Do(ctx, "ACL", "LOG", "RESET") // forget the probe's denial
+	ks := mustFor(t, mustKeys(t, "old:", false), "1")
+	const maxStale = time.Second
+	admin.Set(ctx, ks.Cache, "v", 300*time.Millisecond)
+	expiry := expireTimes(t, admin, []lockstep.KeySet{ks}, func(ks lockstep.KeySet) string { return ks.Cache })[0]
+	for i := range 3 {
+		token := lockstep.NewToken()
+		if ok, err := lockstep.Acquire(ctx, rdb, ks.Lock, token, time.Minute); !ok || err != nil {
+			t.Fatalf("Acquire = %v, %v", ok, err)
+		}
+		res, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{ks}, token, 10*time.Second, maxStale)
+		if err != nil || (res[0].Err != nil && !errors.Is(res[0].Err, lockstep.ErrStaleLimit)) {
+			t.Fatalf("extension %d: %+v, %v", i, res, err)
+		}
+	}
+	since := staleSince(t, admin, []lockstep.KeySet{ks})[0]
+	if d := since - expiry; d < 0 || d > 1 {
+		t.Errorf("stale_since_ms = %d, want the value's expiry %d (+1 ms at most: TIME + PTTL)", since, expiry)
+	}
+	at := expireTimes(t, admin, []lockstep.KeySet{ks}, func(ks lockstep.KeySet) string { return ks.Cache })[0]
+	if at != since+maxStale.Milliseconds() {
+		t.Errorf("PEXPIRETIME = %d, want exactly stale_since_ms + max_stale = %d", at, since+maxStale.Milliseconds())
+	}
+	if denials, err := admin.Do(ctx, "ACL", "LOG").Slice(); err != nil || len(denials) == 0 {
+		t.Errorf("ACL LOG = %v, %v: the script's PEXPIRETIME was not denied, so the fallback did not run", denials, err)
+	}
 }
