@@ -45,8 +45,10 @@ func checkTTL(name string, ttl time.Duration) error {
 // answers nil, which a plain SET NX cannot tell from another holder: the caller would walk away from a lock it
 // holds, and the key would stay locked for the whole TTL. With GET the reply names the holder: nil means the key
 // was absent and this command set it, and the old value equal to our token means an earlier copy of this command
-// set it. Tokens are unique, so either way the lock is ours. The fallback gets the same answer in a second round
-// trip: after a nil reply it GETs the lock and compares the value with the token (only on contention).
+// set it. Tokens are unique, so either way the lock is ours; in the second case its TTL is then reset with
+// extend.lua (the SET did not touch it), so that a held lock lives at least ttl from the call even for a caller
+// that reuses a token. The fallback gets the same answer in a second round trip: after a nil reply it GETs the
+// lock and compares the value with the token (only on contention).
 type acquireOp struct {
 	key, token string
 	ttl        time.Duration
@@ -96,7 +98,8 @@ func refusedSetGet(err error) bool {
 
 // finishAcquires settles ops whose first round trip has run (on their own or in a caller's pipeline). Ops the
 // server refused for NX+GET are re-sent as plain SET NX in one pipeline; a plain SET NX answered nil is followed
-// by a GET of the lock, in one more pipeline, that compares its value with the token. It returns, per op, whether
+// by a GET of the lock, in one more pipeline, that compares its value with the token. A lock found holding our
+// token already gets its TTL reset by extend.lua (one more round trip, only then). It returns, per op, whether
 // the caller now holds the lock and that op's error reply (OOM, TRYAGAIN, ...; held is false then), or the first
 // transport error (then nothing else is meaningful: any SET may still have run).
 func finishAcquires(ctx context.Context, c RedisClient, ops []*acquireOp) (held []bool, replies []error, err error) {
@@ -119,7 +122,7 @@ func finishAcquires(ctx context.Context, c RedisClient, ops []*acquireOp) (held 
 	}
 	held = make([]bool, len(ops))
 	replies = make([]error, len(ops))
-	var check []int
+	var check, own []int
 	for i, op := range ops {
 		v, err := op.cmd.Text()
 		switch {
@@ -128,7 +131,9 @@ func finishAcquires(ctx context.Context, c RedisClient, ops []*acquireOp) (held 
 		case errors.Is(err, redis.Nil):
 			check = append(check, i) // plain SET NX: another holder, or our own lock found by a re-sent copy
 		case err == nil && op.get:
-			held[i] = v == op.token // an earlier copy of this command took it
+			if v == op.token { // an earlier copy of this command took it (or the caller reused a token)
+				own = append(own, i)
+			}
 		case err == nil:
 			held[i] = true // OK
 		case isRedisError(err):
@@ -137,23 +142,47 @@ func finishAcquires(ctx context.Context, c RedisClient, ops []*acquireOp) (held 
 			return nil, nil, err
 		}
 	}
-	if len(check) == 0 {
+	if len(check) > 0 {
+		gets := make([]*redis.StringCmd, len(check))
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for j, i := range check {
+				gets[j] = p.Get(ctx, ops[i].key)
+			}
+			return nil
+		})
+		for j, i := range check {
+			v, err := gets[j].Result()
+			switch {
+			case err == nil && v == ops[i].token:
+				own = append(own, i)
+			case err == nil, errors.Is(err, redis.Nil):
+				// Another holder, or its lock is gone already; ours would still be there (or have lapsed).
+			case isRedisError(err):
+				replies[i] = err
+			default:
+				return nil, nil, err
+			}
+		}
+	}
+	if len(own) == 0 {
 		return held, replies, nil
 	}
-	gets := make([]*redis.StringCmd, len(check))
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for j, i := range check {
-			gets[j] = p.Get(ctx, ops[i].key)
-		}
-		return nil
-	})
-	for j, i := range check {
-		v, err := gets[j].Result()
+	// Our own token was there already: the SET did not (re)set the TTL, so reset it to ttl now, token-checked
+	// (extend.lua), so that a held lock always lives at least ttl from the call, also for a caller that reuses
+	// a token. A lock that lapsed meanwhile is not held.
+	calls := make([]scriptCall, len(own))
+	for j, i := range own {
+		calls[j] = scriptCall{extendScript, []string{ops[i].key}, []any{ops[i].token, millis(ops[i].ttl)}}
+	}
+	cmds, err := runPipelined(ctx, c, calls)
+	if err != nil {
+		return nil, nil, err
+	}
+	for j, i := range own {
+		n, err := cmds[j].Int64()
 		switch {
 		case err == nil:
-			held[i] = v == ops[i].token
-		case errors.Is(err, redis.Nil):
-			// The holder's lock is gone already; ours would still be there (or have lapsed: not held either).
+			held[i] = n == 1
 		case isRedisError(err):
 			replies[i] = err
 		default:

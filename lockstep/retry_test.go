@@ -319,3 +319,41 @@ func TestRefusedSetGetMatchesSyntaxError(t *testing.T) {
 		t.Errorf("Acquire by the holder's own token (fallback: SET NX nil, then GET) = %v, %v; want true, nil", held, err)
 	}
 }
+
+// TestAcquireOwnTokenResetsTTL: an acquisition that finds the caller's own token (a copy of the command re-sent
+// after a lost reply, or a caller that reuses its token, as a lease renewed by re-acquiring does) reports the
+// lock held and resets its TTL to the one asked for, token-checked, in both the SET NX GET form and the fallback:
+// a held lock always lives at least ttl from the call. Another token is refused and changes nothing.
+func TestAcquireOwnTokenResetsTTL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, fallback := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fallback=%v", fallback), func(t *testing.T) {
+			t.Parallel()
+			c := testenv.Redis(t)
+			if fallback {
+				lockstep.UseSetNXFallback(c)
+			}
+			lock, token := testenv.Prefix(t, c)+"lock", lockstep.NewToken()
+			if held, err := lockstep.Acquire(ctx, c, lock, token, 200*time.Millisecond); err != nil || !held {
+				t.Fatalf("first Acquire = %v, %v; want true, nil", held, err)
+			}
+			if held, err := lockstep.Acquire(ctx, c, lock, lockstep.NewToken(), time.Hour); err != nil || held {
+				t.Fatalf("Acquire by another token = %v, %v; want false, nil", held, err)
+			}
+			if pttl := c.PTTL(ctx, lock).Val(); pttl > 200*time.Millisecond {
+				t.Fatalf("PTTL after another token's attempt = %v, want <= 200ms (untouched)", pttl)
+			}
+			held, err := lockstep.AcquireMany(ctx, c, []string{lock}, token, time.Hour)
+			if err != nil || !held[0] {
+				t.Fatalf("AcquireMany with our own token = %v, %v; want [true], nil", held, err)
+			}
+			if pttl := c.PTTL(ctx, lock).Val(); pttl < 59*time.Minute {
+				t.Errorf("PTTL after re-acquiring with our own token = %v, want about 1h (reset)", pttl)
+			}
+			if got := c.Get(ctx, lock).Val(); got != token {
+				t.Errorf("lock = %q, want our token", got)
+			}
+		})
+	}
+}
