@@ -280,18 +280,21 @@ func (c *Client) readXFetch(ctx context.Context, ks KeySet) ([]byte, error) {
 // fill runs once per process per missing key (singleflight): lock + re-read, then rebuild or wait.
 func (c *Client) fill(ctx context.Context, ks KeySet) (filled, error) {
 	token := NewToken()
-	setCmd := acquireCmd(ctx, ks.Lock, token, c.cfg.lockTTL)
 	var getCmd *redis.StringCmd
+	var lead bool
 	if err := c.call(ctx, func(ctx context.Context) error {
+		op := newAcquireOp(ctx, c.rdb, ks.Lock, token, c.cfg.lockTTL)
 		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			_ = p.Process(ctx, setCmd)
+			_ = p.Process(ctx, op.cmd)
 			getCmd = p.Get(ctx, ks.Cache)
 			return nil
 		})
-		if _, err := acquired(setCmd); err != nil {
+		held, replies, err := finishAcquires(ctx, c.rdb, []*acquireOp{op})
+		if err != nil {
 			return err
 		}
-		return nil
+		lead = held[0]
+		return replies[0]
 	}); err != nil {
 		err = fmt.Errorf("lockstep: acquire %q: %w", ks.Lock, err)
 		if replyError(err) {
@@ -299,10 +302,6 @@ func (c *Client) fill(ctx context.Context, ks KeySet) (filled, error) {
 		}
 		c.releaseLater(ks, token) // the SET NX may have run, or may run when Redis wakes
 		return c.staleFallback(ctx, ks, err)
-	}
-	lead, err := acquired(setCmd)
-	if err != nil {
-		return filled{}, fmt.Errorf("lockstep: acquire %q: %w", ks.Lock, err)
 	}
 	v, err := getCmd.Bytes()
 	if err == nil || !errors.Is(err, redis.Nil) {

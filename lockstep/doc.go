@@ -20,14 +20,18 @@
 //
 // # Token and lock
 //
-// A leader takes the lock with SET <lock> <token> NX PX <lock_ttl_ms>, where the token is 128 random bits from
-// crypto/rand as 32 lowercase hex characters (NewToken); any unique string works, so an app using UUIDs
-// interoperates. Every change made under the lock is a Lua script that first checks GET <lock> == token:
+// A leader takes the lock with SET <lock> <token> NX PX <lock_ttl_ms> GET, where the token is 128 random bits
+// from crypto/rand as 32 lowercase hex characters (NewToken); any unique string works, so an app using UUIDs
+// interoperates. The reply is nil when the lock was free (now ours), else the holder's token: our own token means
+// that go-redis re-sent the command after a lost reply and the first copy took the lock, so a lock is never lost
+// to a retry. Servers older than Redis 7.0 refuse NX with GET; there a plain SET NX is followed, on a nil reply,
+// by a GET of the lock compared with the token. Every change made under the lock is a Lua script that first checks GET <lock> == token:
 // release.lua (Release: compare-and-delete), extend.lua (Extend: compare-and-PEXPIRE, a lease watchdog for slow
 // rebuilds), publish.lua (Publish: compare, then SET the cache key PX ttl, HSET+PEXPIRE the meta hash or, without
 // meta (Write.NoMeta, the Client's default), DEL any meta hash left, SET the stale copy when asked, DEL the lock;
-// or, in delete mode, DEL cache, meta and stale), and extend_value.lua (ExtendValueMany: compare, then PEXPIRE
-// the cache key, keep the start of staleness in the meta hash, DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
+// or, in delete mode, DEL cache, meta and stale), and extend_value.lua (ExtendValueMany: compare, then PEXPIREAT
+// the cache key and the meta hash to one absolute time from one TIME, keep the start of staleness in the meta hash,
+// DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
 // (after SCRIPT FLUSH, a restart or a failover) single calls fall back to EVAL, and pipelined calls
 // (AcquireMany, PublishMany, ...) load the script with SCRIPT LOAD and retry just the failed calls.
 //
@@ -40,7 +44,7 @@
 // # Reading (Client.Get)
 //
 // A hit is one GET. On a miss, concurrent Gets of one id in a process are coalesced (singleflight); the process
-// sends SET NX of the lock and a GET of the cache key in one pipeline. If the lock was taken and the GET found a
+// sends SET NX GET of the lock and a GET of the cache key in one pipeline. If the lock was taken and the GET found a
 // value (another leader just published), the lock is released and the value returned. Otherwise the leader calls
 // the Loader and publishes: a rebuild costs exactly two round trips. A follower (lock held elsewhere) polls the
 // cache key with backoff (50ms, ×1.5, at most 200ms, 2s in all; WithWait), then serves the stale copy, or returns

@@ -1,8 +1,11 @@
--- lockstep extend-value v2 (fail-safe): when a rebuild cannot reach the origin, keep serving the old value a
+-- lockstep extend-value v3 (fail-safe): when a rebuild cannot reach the origin, keep serving the old value a
 -- while longer, but never past a fleet-wide bound. Only while the lock holds the caller's token: extend the TTL
 -- of the cache key and its meta hash, then release the lock. The start of staleness is kept in the meta hash
 -- (field stale_since_ms, Unix ms by the server's clock): the first extension sets it to the value's own expiry,
 -- later ones (by any process) keep it, and a real publish clears it, so max_stale bounds every daemon together.
+-- v3 (same arguments and replies as v2): the new expiry is an absolute time computed from one TIME and set with
+-- PEXPIREAT on both keys, and the value's own expiry is read with PEXPIRETIME (Redis >= 7.0; older servers use
+-- TIME + PTTL), so that a pause of the server inside the script cannot move either past the bound.
 -- KEYS[1] = cache key, KEYS[2] = lock key, KEYS[3] = meta key
 -- ARGV[1] = token, ARGV[2] = wanted cache TTL in milliseconds (integer >= 1),
 -- ARGV[3] = max_stale in milliseconds (integer >= 0): no extension reaches past stale_since_ms + max_stale
@@ -17,6 +20,8 @@ local mtype = redis.call("TYPE", KEYS[3])["ok"]
 if mtype ~= "hash" and mtype ~= "none" then
   return redis.error_reply("WRONGTYPE meta key " .. KEYS[3] .. " holds a " .. mtype .. ", not a hash")
 end
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local pttl = redis.call("PTTL", KEYS[1])
 if pttl == -2 then
   redis.call("DEL", KEYS[2])
@@ -26,23 +31,25 @@ if pttl == -1 then
   redis.call("DEL", KEYS[2])
   return {2, -1}
 end
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = redis.pcall("PEXPIRETIME", KEYS[1])
+if type(expiry) ~= "number" or expiry < 0 then
+  expiry = now + pttl
+end
 local since = tonumber(redis.call("HGET", KEYS[3], "stale_since_ms"))
 if since == nil then
-  since = now + pttl
+  since = expiry
 end
-local want = tonumber(ARGV[2])
-local limit = since + tonumber(ARGV[3]) - now
-if want > limit then
-  want = limit
+local at = now + tonumber(ARGV[2])
+local limit = since + tonumber(ARGV[3])
+if at > limit then
+  at = limit
 end
-if want <= pttl then
+if at <= expiry or at <= now then
   redis.call("DEL", KEYS[2])
   return {2, pttl}
 end
 redis.call("HSET", KEYS[3], "stale_since_ms", string.format("%d", since))
-redis.call("PEXPIRE", KEYS[1], want)
-redis.call("PEXPIRE", KEYS[3], want)
+redis.call("PEXPIREAT", KEYS[1], string.format("%d", at))
+redis.call("PEXPIREAT", KEYS[3], string.format("%d", at))
 redis.call("DEL", KEYS[2])
-return {1, want}
+return {1, at - now}

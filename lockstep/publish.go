@@ -200,7 +200,9 @@ type Extended struct {
 // past MetaStaleSinceField + maxStale, and deletes the lock (extend_value.lua), so the old value is served a
 // while longer instead of expiring into a stampede. The start of staleness lives in the meta hash, set by the
 // first extension to the value's original expiry and cleared by Publish, so every process shares one bound
-// (maxStale ≥ 0). A TTL is never shortened. One pipelined round trip (plus a retry only on NOSCRIPT). The first
+// (maxStale ≥ 0). The bound is exact to the millisecond: the new expiry is one absolute time (PEXPIREAT), from one
+// reading of the server's clock, and the original expiry is read with PEXPIRETIME (Redis ≥ 7.0; TIME + PTTL on
+// older servers). A TTL is never shortened. One pipelined round trip (plus a retry only on NOSCRIPT). The first
 // result has one entry per KeySet, in order. The second is ErrInvalidArgument or a transport failure.
 func ExtendValueMany(ctx context.Context, c RedisClient, keys []KeySet, token string, ttl, maxStale time.Duration) ([]Extended, error) {
 	if err := checkTTL("ttl", ttl); err != nil {

@@ -80,13 +80,14 @@ type KeyspaceConfig struct {
 	// than LeadMultiple × the key's measured rebuild p95, nor than StatementTimeout + PoolWaitTimeout, and never
 	// more than TTL/2 (MaxLeadFraction). Default TTL/5; at most TTL/2.
 	RefreshAhead time.Duration
-	// LockTTL is the lease on a key's lock while it is rebuilt; above StatementTimeout. Default
-	// max(DefaultMinLockTTL, 2 × StatementTimeout).
+	// LockTTL is the lease on a key's lock while an app rebuilds it (lockstep.WithLockTTL), and the upper bound
+	// of the daemon's own, shorter lease, renewed while a batch holds its locks (see lease); above
+	// StatementTimeout. Default max(DefaultMinLockTTL, 2 × StatementTimeout).
 	LockTTL time.Duration
 	// StaleTTL is the TTL of the stale copy, above TTL; written only when Keys has a stale template. Default
 	// DefaultStaleTTLFactor × TTL when it has one, else 0.
 	StaleTTL time.Duration
-	// StatementTimeout bounds one origin query; lease extensions stop after StatementTimeout plus a margin.
+	// StatementTimeout bounds one origin query (the client gives up after StatementTimeout + LockTTL/3).
 	// Default LockTTL/2.
 	StatementTimeout time.Duration
 	// PoolWaitTimeout bounds how long one origin query may wait for a free origin connection before it runs
@@ -346,8 +347,31 @@ func (c KeyspaceConfig) maxLead() time.Duration {
 }
 
 // queryBound is the client-side bound of one batch's origin query: the statement timeout plus a margin of a
-// third of the lock TTL (the leases are extended every LockTTL/3 while it runs, never past this bound).
+// third of the lock TTL.
 func (c KeyspaceConfig) queryBound() time.Duration { return c.StatementTimeout + c.LockTTL/3 }
+
+// Bounds of the lease on the daemon's own rebuild locks (KeyspaceConfig.lease).
+const (
+	// minLease is the shortest lease: renewed every minLease/4 = 125 ms, it survives a renewal round trip of up
+	// to a few hundred ms (and a lost renewal) on a loaded link, and costs at most 8 EVALSHA pipelines a second
+	// per batch in flight, which most batches (one origin query, tens of ms) never reach.
+	minLease = 500 * time.Millisecond
+	// leaseLeadFraction: the lease is at most this fraction of the keyspace's smallest lead, so that the locks
+	// of a replica that died (kill -9, a partition) lapse while the replicas that inherit its keys still have
+	// most of the lead to refresh them: with the demo's 2 s lead, 500 ms, and the heir, which looks at a locked
+	// key again within lead/8 (refresh.go), refreshes it about 1.25 s before it expires.
+	leaseLeadFraction = 4
+)
+
+// lease is the TTL of the daemon's own rebuild locks: min(LockTTL, max(minLease, Lead(0)/leaseLeadFraction)).
+// Lead(0), the lead without a measured rebuild time, is the keyspace's smallest lead. A batch renews its leases
+// every lease/4 from the acquisition until the release (pipeline.renewLeases), so a slow query is never cut
+// short, and gives a key up as lost once no renewal sent in the last 3/4 of a lease has succeeded, before the
+// lease can have expired. LockTTL keeps its meaning for apps (their locks, SET NX PX lock_ttl), and bounds the
+// lease from above.
+func (c KeyspaceConfig) lease() time.Duration {
+	return min(c.LockTTL, max(minLease, c.Lead(0)/leaseLeadFraction))
+}
 
 // originBound is the longest one refresh may take by the config: the wait for an origin connection plus the
 // statement timeout.

@@ -35,10 +35,11 @@
 // keyspace are grouped into batches of batch_size (keys due within a short gathering window join). Each batch:
 // waits for the keyspace's origin token bucket; acquires the locks with lockstep (pipelined); skips keys locked
 // elsewhere and re-checks them later; re-reads PTTL under the locks so a key an app just rebuilt is not rebuilt
-// again; runs one Source query, extending the leases every lock_ttl/3 while it runs (never past the statement
-// timeout plus lock_ttl/3); publishes with lockstep's token-checked script (pipelined) with TTL
-// ttl × (1 + U[0, jitter)) and the stale copy; and applies the missing policy to ids the origin no longer has.
-// At most max_origin_concurrency batches query the origin at once; when more keys are due than the budget allows
+// again; runs one Source query (bounded by the statement timeout plus lock_ttl/3); publishes with lockstep's
+// token-checked script (pipelined) with TTL ttl × (1 + U[0, jitter)) and the stale copy; and applies the missing
+// policy to ids the origin no longer has. The batch's locks are short leases, min(lock_ttl, max(500ms,
+// lead/4)), renewed every lease/4 from the acquisition to the release, so that the locks of a replica that dies
+// lapse within a fraction of the lead; lock_ttl stays the apps' lock TTL. At most max_origin_concurrency batches query the origin at once; when more keys are due than the budget allows
 // they wait in due order, the hottest first among equals.
 //
 // # Fail-safe

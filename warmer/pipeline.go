@@ -37,7 +37,12 @@ type item struct {
 	h     *hotState     // the daemon's state of a hot key; nil in a warmup
 	pttl  time.Duration // TTL left when checked under the lock (daemon only)
 	owned bool          // this batch holds (or may hold) the key's lock: released at the end
-	lost  bool          // a lease extension found the lock lost
+	lost  bool          // a lease renewal found the lock lost, or could not vouch for it (set by the batch)
+
+	// The lease renewal's view of the key (pipeline.mu guards them; the renewal goroutine touches nothing else).
+	renew     bool // the batch acquired this lock: renew it until the release
+	closing   bool // a publish or the fail-safe of this key is under way: the lock may vanish by our own doing
+	leaseLost bool // the renewal found the lock lost, or gave it up; folded into lost by the batch (foldLeases)
 
 	result      string
 	reason      string // for ResultError: which failure (ReasonX)
@@ -61,7 +66,8 @@ func (it *item) fail(reason string, err error) {
 //  2. acquire the locks, pipelined (one round trip); keys locked elsewhere are skipped as ResultLocked, keys
 //     whose SET NX got an error reply (OOM, TRYAGAIN) fail with that reason;
 //  3. optionally re-check the owned keys under their locks (the daemon's PTTL check);
-//  4. run one origin query for the rest, extending the leases every lock_ttl/3 while it runs;
+//  4. run one origin query for the rest (the leases are renewed every lease/4 from step 2 until step 6: see
+//     renewLeases);
 //  5. publish values with the token-checked script, pipelined, with the TTL that ttl returns, and apply the
 //     missing policy; each key's outcome is classified: written, lock lost (another token), lock gone (evicted
 //     or invalidated while the lease was valid), or an error reply (nothing written, the lock still ours);
@@ -91,10 +97,14 @@ type pipeline struct {
 	rebuild time.Duration // duration of the origin query, once run
 	start   time.Time     // when publishing began: a written key expires no earlier than start + ttl
 
-	// mu guards what the lease goroutine (extendLeases) shares with the batch: leaseUntil, and the items'
-	// owned, lost and result fields.
+	lease time.Duration // TTL of the batch's locks (KeyspaceConfig.lease), renewed every lease/4
+
+	// mu guards what the lease renewal (renewLeases) shares with the batch: leaseUntil, and the items' renew,
+	// closing and leaseLost fields (and owned, lost and result where the batch sets them).
 	mu         sync.Mutex
 	leaseUntil time.Time // the batch's locks cannot have expired before this
+
+	renewals *leaseRenewal // the running lease renewal; nil before the locks are acquired
 }
 
 // newPipeline returns a pipeline for one batch of k under cfg, writing values with the TTLs that ttl returns.
@@ -107,7 +117,12 @@ func (k *keyspace) newPipeline(cfg KeyspaceConfig, ttl func() time.Duration) *pi
 // retries or counts those items as failed.
 func (p *pipeline) run(ctx context.Context, items []*item) error {
 	p.token = lockstep.NewToken()
-	defer p.releaseOwned(ctx, items)
+	p.lease = p.cfg.lease()
+	defer func() {
+		p.renewals.stop() // no renewal starts after this; then the locks are released
+		p.releaseOwned(ctx, items)
+		p.renewals.wait() // a renewal still in flight (Redis slow) ends before the batch does
+	}()
 	if p.extra != nil {
 		if err := p.extra.WaitN(ctx, len(items)); err != nil {
 			return err
@@ -120,6 +135,7 @@ func (p *pipeline) run(ctx context.Context, items []*item) error {
 	if err != nil {
 		return err
 	}
+	p.renewals = p.renewLeases(ctx, owned)
 	if p.recheck != nil && len(owned) > 0 {
 		if owned, err = p.recheck(ctx, owned); err != nil {
 			return err
@@ -140,7 +156,7 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 		locks[i] = it.ks.Lock
 	}
 	sent := p.now()
-	ok, err := lockstep.AcquireMany(ctx, p.rdb, locks, p.token, p.cfg.LockTTL)
+	ok, err := lockstep.AcquireMany(ctx, p.rdb, locks, p.token, p.lease)
 	var replies lockstep.ReplyErrors
 	if err != nil && !errors.As(err, &replies) {
 		p.mu.Lock()
@@ -152,13 +168,13 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 	}
 	var owned []*item
 	p.mu.Lock()
-	p.leaseUntil = sent.Add(p.cfg.LockTTL)
+	p.leaseUntil = sent.Add(p.lease)
 	for i, it := range items {
 		switch {
 		case replies[i] != nil:
 			it.fail(redisReason(replies[i]), fmt.Errorf("acquire lock %q: %w", it.ks.Lock, replies[i]))
 		case ok[i]:
-			it.owned = true
+			it.owned, it.renew = true, true
 			owned = append(owned, it)
 		default:
 			it.result = ResultLocked
@@ -184,15 +200,12 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	for i, it := range items {
 		ids[i] = it.id
 	}
-	// The query may run up to the statement timeout plus a margin; the leases are extended while it runs, and
-	// never past that bound.
+	// The query may run up to the statement timeout plus a margin; the leases are renewed meanwhile.
 	qctx, cancel := context.WithTimeout(ctx, cfg.queryBound())
-	stopLease := p.extendLeases(qctx, items)
 	qstart := p.now()
 	values, missing, err := cfg.Src.Fetch(qctx, ids)
 	p.rebuild = p.now().Sub(qstart)
 	cancel()
-	stopLease()
 	p.m.originSeconds.WithLabelValues(cfg.Name).Observe(p.rebuild.Seconds())
 	if err != nil && ctx.Err() != nil {
 		return ctx.Err() // shutdown or an interrupted warmup: not the origin's failure
@@ -208,6 +221,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 			// a stalled VM) while PostgreSQL had answered: not the origin's failure.
 			paused := reason == ReasonOriginTimeout && p.rebuild > cfg.queryBound()+pausedSlack
 			p.k.originFailed(cfg, reason, paused, err)
+			p.closeLeases(items)
 			p.failSafe(ctx, items)
 		}
 		return nil
@@ -220,6 +234,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	var writes []lockstep.Write
 	var witems, large []*item
 	p.mu.Lock()
+	p.foldLeasesLocked(items)
 	for _, it := range items {
 		if it.lost {
 			it.result = ResultLockLost
@@ -252,6 +267,12 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 				it.result = ResultMissing
 			}
 		}
+	}
+	for _, it := range witems {
+		it.closing = true
+	}
+	for _, it := range large {
+		it.closing = true
 	}
 	p.mu.Unlock()
 	for _, it := range large {
@@ -296,59 +317,163 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	return nil
 }
 
-// extendLeases extends the batch's locks every LockTTL/3 while the origin query runs, until ctx (bounded by the
-// statement timeout plus a margin) ends or the returned stop is called. A key whose extension fails has lost
-// its lock; its result is dropped (the publish script would refuse it anyway).
-func (p *pipeline) extendLeases(ctx context.Context, items []*item) (stop func()) {
-	cfg := p.cfg
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
+// leaseRenewal is a running renewLeases: stop ends its loop, wait waits for a renewal still in flight.
+type leaseRenewal struct {
+	done     chan struct{}
+	loop     sync.WaitGroup // the ticker loop
+	inflight sync.WaitGroup // the renewal round trip under way, if any
+}
+
+func (r *leaseRenewal) stop() {
+	if r != nil && r.done != nil {
+		close(r.done)
+		r.loop.Wait()
+		r.done = nil
+	}
+}
+
+func (r *leaseRenewal) wait() {
+	if r != nil {
+		r.inflight.Wait()
+	}
+}
+
+// renewLeases renews the locks the batch acquired (items with renew set) every lease/4 with lockstep.ExtendMany,
+// from the acquisition until the returned renewal is stopped (just before the release), or ctx ends. The daemon's
+// leases are short (KeyspaceConfig.lease) so that the locks of a replica that dies lapse within a fraction of the
+// lead; renewing them for as long as the batch holds them (re-check, query, publish, fail-safe) keeps a slow
+// batch from losing them. At most one renewal is in flight; the ticker never waits for it, so that a key is given
+// up (leaseLost) at the first tick at which no renewal sent in the last 3/4 of a lease has succeeded, before its
+// lease can have expired, however long Redis takes to answer. A renewal that finds a lock gone or taken marks the
+// key lost, unless the batch's own publish or fail-safe is under way for it (closing). The batch folds leaseLost
+// into lost (foldLeasesLocked) where it decides; the publish stays token-checked regardless.
+func (p *pipeline) renewLeases(ctx context.Context, items []*item) *leaseRenewal {
+	r := &leaseRenewal{done: make(chan struct{})}
+	type result struct {
+		sent time.Time
+		live []*item
+		ok   []bool
+		err  error
+	}
+	results := make(chan result, 1) // one renewal in flight at most, so its send never blocks
+	r.loop.Add(1)
 	go func() {
-		defer wg.Done()
-		t := time.NewTicker(cfg.LockTTL / 3)
+		defer r.loop.Done()
+		t := time.NewTicker(p.lease / 4)
 		defer t.Stop()
+		busy := false
 		for {
 			select {
-			case <-done:
+			case <-r.done:
 				return
 			case <-ctx.Done():
 				return
+			case res := <-results:
+				busy = false
+				p.renewed(items, res.sent, res.live, res.ok, res.err)
+				continue
 			case <-t.C:
 			}
-			var live []*item
 			p.mu.Lock()
+			p.expireLeasesLocked(items)
+			var live []*item
 			for _, it := range items {
-				if !it.lost {
+				if it.renew && !it.leaseLost {
 					live = append(live, it)
 				}
 			}
 			p.mu.Unlock()
+			if busy || len(live) == 0 {
+				continue
+			}
+			busy = true
 			locks := make([]string, len(live))
 			for i, it := range live {
 				locks[i] = it.ks.Lock
 			}
-			sent := p.now()
-			ok, err := lockstep.ExtendMany(ctx, p.rdb, locks, p.token, cfg.LockTTL)
-			if err != nil {
-				continue // Redis trouble: the publish's token check still guards correctness
-			}
-			p.mu.Lock()
-			p.leaseUntil = sent.Add(cfg.LockTTL)
-			for i, it := range live {
-				if ok[i] {
-					p.m.leaseExtends.WithLabelValues(cfg.Name, "ok").Inc()
-					continue
-				}
-				it.lost = true
-				p.m.leaseExtends.WithLabelValues(cfg.Name, "lost").Inc()
-			}
-			p.mu.Unlock()
+			r.inflight.Add(1)
+			go func() {
+				defer r.inflight.Done()
+				rctx, cancel := context.WithTimeout(ctx, p.lease/2)
+				defer cancel()
+				sent := p.now()
+				ok, err := lockstep.ExtendMany(rctx, p.rdb, locks, p.token, p.lease)
+				results <- result{sent, live, ok, err}
+			}()
 		}
 	}()
-	return func() {
-		close(done)
-		wg.Wait()
+	return r
+}
+
+// renewed applies one renewal's result: on success the lease runs from when it was sent, and a lock found gone or
+// taken is lost (unless the batch's own publish or fail-safe may have deleted it); a failed round trip changes
+// nothing (expireLeasesLocked gives the keys up in time).
+func (p *pipeline) renewed(items []*item, sent time.Time, live []*item, ok []bool, err error) {
+	if err != nil {
+		p.k.log.Debug("lease renewal failed", "locks", len(live), "error", err)
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leaseUntil = sent.Add(p.lease)
+	var kept, lost int
+	for i, it := range live {
+		switch {
+		case ok[i]:
+			kept++
+		case it.closing:
+			it.renew = false // our publish or fail-safe deleted it
+		default:
+			it.renew, it.leaseLost = false, true
+			lost++
+		}
+	}
+	p.m.leaseExtends.WithLabelValues(p.cfg.Name, "ok").Add(float64(kept))
+	p.m.leaseExtends.WithLabelValues(p.cfg.Name, "lost").Add(float64(lost))
+	p.expireLeasesLocked(items)
+}
+
+// expireLeasesLocked gives up every renewed lock of items, not yet closing, once no renewal sent in the last 3/4
+// of a lease has succeeded (now ≥ leaseUntil − lease/4): Redis may not have seen a renewal for that long, and the
+// lease would lapse before the next tick could tell. Called with p.mu held.
+func (p *pipeline) expireLeasesLocked(items []*item) {
+	if p.now().Before(p.leaseUntil.Add(-p.lease / 4)) {
+		return
+	}
+	var n int
+	for _, it := range items {
+		if it.renew && !it.leaseLost && !it.closing {
+			it.renew, it.leaseLost = false, true
+			n++
+		}
+	}
+	if n > 0 {
+		p.m.leaseExtends.WithLabelValues(p.cfg.Name, "lost").Add(float64(n))
+		p.k.log.Warn("lease renewals did not reach Redis; giving the keys up before their locks can lapse",
+			"keys", n, "lease", p.lease)
+	}
+}
+
+// foldLeasesLocked marks lost the items whose lease the renewal gave up, at a point where the batch decides what
+// to do with them. Called with p.mu held, on the batch's goroutine (the fail-safe reads lost under the keyspace's
+// lock, so only this goroutine writes it).
+func (p *pipeline) foldLeasesLocked(items []*item) {
+	p.expireLeasesLocked(items)
+	for _, it := range items {
+		if it.leaseLost {
+			it.lost = true
+		}
+	}
+}
+
+// closeLeases folds the leases' state into items and marks them closing: the fail-safe is about to run for them,
+// and may delete their locks.
+func (p *pipeline) closeLeases(items []*item) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.foldLeasesLocked(items)
+	for _, it := range items {
+		it.closing = true
 	}
 }
 
@@ -370,7 +495,7 @@ func (p *pipeline) releaseOwned(ctx context.Context, items []*item) {
 		return
 	}
 	if err := releaseLocks(ctx, p.rdb, locks, p.token); err != nil {
-		p.k.log.Warn("release locks failed; they expire by themselves", "count", len(locks), "lock_ttl", p.cfg.LockTTL,
+		p.k.log.Warn("release locks failed; they expire by themselves", "count", len(locks), "lease", p.lease,
 			"error", err)
 	}
 }

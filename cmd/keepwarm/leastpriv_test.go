@@ -34,7 +34,7 @@ func redisACLRule(prefix string) []any {
 // redisACLCommands are the commands `keepwarm run` sends (INFO commandstats of a run with notifications, stale
 // copies, metadata, pinned and tracked keys), as docs/operations.md lists them.
 const redisACLCommands = `ping hello client|setname config|get subscribe unsubscribe
-	get set del exists type pttl pexpire pexpireat time hset hdel hget
+	get set del exists type pttl pexpire pexpireat pexpiretime time hset hdel hget
 	evalsha eval script|load
 	zincrby zunionstore zremrangebyscore zremrangebyrank zrevrangebyscore zrevrange zrange zscore zcard zrem zadd`
 

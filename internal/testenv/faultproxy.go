@@ -143,6 +143,19 @@ func (f *FaultProxy) ResetPeers() {
 	f.add("reset_peer", "upstream", map[string]any{"timeout": 0})
 }
 
+// CutReplies closes every connection once the server has sent it n bytes (toxiproxy's "limit_data" toxic on the
+// downstream direction), and every new connection the same way: the command whose reply crosses the limit has run
+// on the server, but its client sees the reply cut short and the connection gone, as after a reset between the
+// two. A client that retries such a command (go-redis does, MaxRetries) sends it a second time. Count the
+// handshake (go-redis's HELLO reply is a few hundred bytes) in n. Heal ends it.
+func (f *FaultProxy) CutReplies(n int) {
+	f.tb.Helper()
+	if n <= 0 {
+		f.tb.Fatalf("fault proxy: cut replies: %d bytes is not > 0", n)
+	}
+	f.add("limit_data", "downstream", map[string]any{"bytes": n})
+}
+
 // Cut disables the proxy: it closes every proxied connection and stops listening, so dials to Addr are refused,
 // as when the server is down. Restore (or Heal) listens again on the same address.
 func (f *FaultProxy) Cut() {

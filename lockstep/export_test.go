@@ -1,0 +1,39 @@
+package lockstep
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// UseSetNXFallback makes c acquire locks as on a server older than Redis 7.0, which refuses SET NX GET: a plain
+// SET NX and, on a nil reply, a GET of the lock (see acquireOp). Tests use it to run the fallback against Redis 7.
+func UseSetNXFallback(c RedisClient) { markRefusesSetGet(c) }
+
+// UsesSetNXFallback reports whether c has switched to the fallback.
+func UsesSetNXFallback(c RedisClient) bool { return refusesSetGet(c) }
+
+// RefusedSetGet is refusedSetGet, for the test that matches it against a real server's syntax error.
+var RefusedSetGet = refusedSetGet
+
+// AcquireRefusedFirst is Acquire whose first command gets the reply a server older than Redis 7.0 gives SET NX
+// GET: it sends "SET key token NX XX", which Redis 7 refuses with the same "ERR syntax error", then settles the
+// acquisition as Acquire does (finishAcquires: resend as plain SET NX, remember the client).
+func AcquireRefusedFirst(ctx context.Context, c RedisClient, key, token string, ttl time.Duration) (bool, error) {
+	op := newAcquireOp(ctx, c, key, token, ttl)
+	if !op.get {
+		panic("AcquireRefusedFirst: the client already uses the fallback")
+	}
+	op.cmd = redis.NewCmd(ctx, "set", key, token, "nx", "xx")
+	op.cmd.SetFirstKeyPos(1)
+	_ = c.Process(ctx, op.cmd)
+	held, replies, err := finishAcquires(ctx, c, []*acquireOp{op})
+	if err == nil {
+		err = replies[0]
+	}
+	if err != nil {
+		return false, err
+	}
+	return held[0], nil
+}

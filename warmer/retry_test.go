@@ -1,0 +1,96 @@
+package warmer_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/warmer"
+)
+
+// TestDaemonKeepsLocksThroughReplyResets is the issue's "50 ms RTT and connection resets between the daemon and
+// Redis" row: a daemon whose Redis link (go-redis's default retries on) has 50 ms RTT and loses a reply every
+// few hundred bytes, the connection closing after the command ran, keeps 20 pinned keys warm. It is the only
+// process that takes their locks, so it must never find one "held" (a re-sent SET NX finding its own lock),
+// and an outside poller must never find a key missing. Before SET NX GET, such a lock stayed until lock_ttl
+// (10 s here) and its key expired.
+func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
+	f := newFixture(t, 20)
+	ids := pinnedIDs(20)
+	hs := handshakeBytes(t)
+	proxy := testenv.Proxy(t, testenv.RedisAddr(t))
+	proxy.Latency(25*time.Millisecond, 5*time.Millisecond)
+	proxy.CutReplies(hs + 300)
+	var dials atomic.Int64
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}})
+	t.Cleanup(func() { rdb.Close() })
+	cfg := f.config(ids...)
+	cfg.TopN = 0
+	cfg.TTL, cfg.RefreshAhead, cfg.Jitter = 3*time.Second, 1500*time.Millisecond, 0.2
+	cfg.LockTTL, cfg.StatementTimeout = 10*time.Second, time.Second
+	_, reg, stop := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	testenv.Eventually(t, 15*time.Second, "all 20 keys written", func() bool {
+		n, _ := f.rdb.Exists(context.Background(), keysOf(f, ids)...).Result()
+		return n == int64(len(ids))
+	})
+	stopPoll := pollGaps(t, keysOf(f, ids))
+	time.Sleep(4 * cfg.TTL) // the poller watches the keys through four TTLs of refreshes
+	gaps := stopPoll()
+	stop()
+	for k, n := range gaps {
+		t.Errorf("the poller found %s missing in %d polls (about %v); want 0", k, n, time.Duration(n)*50*time.Millisecond)
+	}
+	acquired := counter(t, reg, "keepwarm_warmer_lock_acquisitions_total", map[string]string{"result": "acquired"})
+	held := counter(t, reg, "keepwarm_warmer_lock_acquisitions_total", map[string]string{"result": "held"})
+	expired := counter(t, reg, "keepwarm_warmer_hot_expired_total", nil)
+	t.Logf("%v locks acquired, %v found held, %d connections dialled, %v SLO misses", acquired, held, dials.Load(), expired)
+	if held != 0 {
+		t.Errorf("%v acquisitions found the lock held; want 0 (no other process takes these locks)", held)
+	}
+	if expired != 0 {
+		t.Errorf("SLO counter %v, want 0", expired)
+	}
+	if dials.Load() < 10 {
+		t.Errorf("only %d connections dialled; want >= 10 (the proxy did not cut replies)", dials.Load())
+	}
+}
+
+// handshakeBytes measures what go-redis's connection handshake (HELLO 3, CLIENT SETINFO, ...) receives from the
+// shared Redis, so that a CutReplies limit counts from its end.
+func handshakeBytes(t *testing.T) int {
+	t.Helper()
+	var n atomic.Int64
+	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return countingConn{conn, &n}, nil
+	}})
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("ping: %v", err)
+	}
+	return int(n.Load()) - len("+PONG\r\n")
+}
+
+type countingConn struct {
+	net.Conn
+	read *atomic.Int64
+}
+
+func (c countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.read.Add(int64(n))
+	return n, err
+}
