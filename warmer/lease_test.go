@@ -2,7 +2,6 @@ package warmer_test
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,7 +39,7 @@ func TestDeadReplicaLocksLapseWithinLead(t *testing.T) {
 	})
 
 	// The poller: its own client, PTTL of every key every 50 ms, from now until the end.
-	stopPoll := pollGaps(t, keysOf(f, ids))
+	obs := observe(t, f.rdb, keysOf(f, ids)...)
 
 	// a's next batch blocks in its origin query, holding its locks; then a's Redis link is cut.
 	inQuery := make(chan []string, 1)
@@ -96,8 +95,9 @@ func TestDeadReplicaLocksLapseWithinLead(t *testing.T) {
 		return true
 	})
 	time.Sleep(500 * time.Millisecond) // the poller's last look at the refreshed keys (it reads Redis, not a count)
-	for k, n := range stopPoll() {
-		t.Errorf("the poller found %s missing in %d polls (about %v); want 0", k, n, time.Duration(n)*50*time.Millisecond)
+	obs.stop()
+	for _, g := range obs.all() {
+		t.Errorf("the poller found %s missing for %v; want 0", g.key, g.end.Sub(g.start))
 	}
 	if n := counter(t, b.reg, "keepwarm_warmer_hot_expired_total", nil); n != 0 {
 		t.Errorf("b: SLO counter %v after taking over a's keys, want 0", n)
@@ -117,45 +117,3 @@ func startLeaseReplica(t *testing.T, f *fixture, rdb redis.UniversalClient, id s
 	return r
 }
 
-// pollGaps polls PTTL of every key every 50 ms from a client of its own, pipelined, trusting nothing the daemon
-// says, until the returned stop is called; stop returns, per key found missing, the number of polls that found it
-// missing (a gap of about that many × 50 ms).
-func pollGaps(t *testing.T, keys []string) (stop func() map[string]int) {
-	t.Helper()
-	poller := testenv.Redis(t)
-	missing := map[string]int{}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			cmds, err := poller.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.PTTL(ctx, k)
-				}
-				return nil
-			})
-			if err != nil {
-				continue // the poll itself failed (or the test ended): no reading
-			}
-			for i, c := range cmds {
-				if c.(*redis.DurationCmd).Val() == -2 {
-					missing[keys[i]]++
-				}
-			}
-		}
-	})
-	stop = func() map[string]int {
-		cancel()
-		wg.Wait()
-		return missing
-	}
-	t.Cleanup(func() { stop() }) // when the test ends before it called stop
-	return stop
-}

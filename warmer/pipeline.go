@@ -1,6 +1,7 @@
 package warmer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +50,7 @@ type item struct {
 	err         error
 	ttl         time.Duration // the TTL written
 	prevTTL     time.Duration // the cache key's TTL just before the publish (lockstep.PrevGone: it had expired)
+	prevUnknown bool          // a re-sent publish wrote the value: prevTTL is not known
 	missing     bool          // the origin had no row: the missing policy applied
 	rescheduled bool          // the daemon's fail-safe already rescheduled this key
 	delete      bool          // the missing policy deleted the key
@@ -313,8 +315,60 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		}
 	}
 	p.mu.Unlock()
+	p.checkOwnPublish(ctx, writes, witems)
 	p.k.warnRefused("publish refused by Redis; lock released, retrying with back-off", replies)
 	return nil
+}
+
+// checkOwnPublish reads its GETs in pipelines of ownPublishChunk keys, each tried up to ownPublishAttempts times:
+// small pipelines, so that one connection reset costs one chunk, not the whole check.
+const (
+	ownPublishChunk    = 8
+	ownPublishAttempts = 3
+)
+
+// checkOwnPublish re-reads the cache keys of the items whose publish found the lock gone (lock_gone). go-redis
+// re-sends a command whose reply was lost (a connection reset), and a re-sent publish finds the lock that its first
+// copy already deleted: the value was written, by us. A key that holds exactly the value this batch wrote is
+// therefore ResultOK (the TTL the old value had left is unknown: prevUnknown); any other is a real lock_gone (an
+// invalidation). Pipelined GETs, only when some publish reported lock_gone; an item whose GET failed stays
+// lock_gone.
+func (p *pipeline) checkOwnPublish(ctx context.Context, writes []lockstep.Write, witems []*item) {
+	var idx []int
+	for i, it := range witems {
+		if it.result == ResultLockGone && !writes[i].Delete {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return
+	}
+	gets := make([]*redis.StringCmd, len(idx))
+	for start := 0; start < len(idx); start += ownPublishChunk {
+		chunk := idx[start:min(start+ownPublishChunk, len(idx))]
+		for attempt := 0; attempt < ownPublishAttempts; attempt++ { // a connection reset may take this reply too
+			_, err := p.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+				for j, i := range chunk {
+					gets[start+j] = pl.Get(ctx, witems[i].ks.Cache)
+				}
+				return nil
+			})
+			if err == nil || errors.Is(err, redis.Nil) || isErrorReply(err) || ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for j, i := range idx {
+		if v, err := gets[j].Bytes(); err == nil && bytes.Equal(v, writes[i].Value) {
+			it := witems[i]
+			it.result, it.err, it.prevUnknown = ResultOK, nil, true
+			if it.missing {
+				it.result = ResultMissing
+			}
+		}
+	}
 }
 
 // leaseRenewal is a running renewLeases: stop ends its loop, wait waits for a renewal still in flight.

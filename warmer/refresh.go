@@ -185,6 +185,7 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 		k.scheduleLocked(h)
 	case ResultOK:
 		switch {
+		case it.prevUnknown:
 		case it.prevTTL == lockstep.PrevGone:
 			// The publish found the value already gone: an expiry the periodic check may never have seen.
 			k.noteGoneLocked(h, now)
@@ -192,7 +193,9 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 			// The value it replaced: the daemon's own, or someone's rebuild after the known expiry (a miss).
 			k.judgeReadingLocked(h, p.start, it.prevTTL, "rebuilt by another writer after it expired")
 		}
-		k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
+		if !it.prevUnknown {
+			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
+		}
 		k.judgeLocked(h, p.start)
 		h.lastRefresh = p.start
 		h.lastErr = ""

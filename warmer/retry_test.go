@@ -42,17 +42,20 @@ func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
 		n, _ := f.rdb.Exists(context.Background(), keysOf(f, ids)...).Result()
 		return n == int64(len(ids))
 	})
-	stopPoll := pollGaps(t, keysOf(f, ids))
+	obs := observe(t, f.rdb, keysOf(f, ids)...)
 	time.Sleep(4 * cfg.TTL) // the poller watches the keys through four TTLs of refreshes
-	gaps := stopPoll()
+	obs.stop()
 	stop()
-	for k, n := range gaps {
-		t.Errorf("the poller found %s missing in %d polls (about %v); want 0", k, n, time.Duration(n)*50*time.Millisecond)
+	for _, g := range obs.all() {
+		t.Errorf("the poller found %s missing for %v; want 0", g.key, g.end.Sub(g.start))
 	}
 	acquired := counter(t, reg, "keepwarm_warmer_lock_acquisitions_total", map[string]string{"result": "acquired"})
 	held := counter(t, reg, "keepwarm_warmer_lock_acquisitions_total", map[string]string{"result": "held"})
 	expired := counter(t, reg, "keepwarm_warmer_hot_expired_total", nil)
 	t.Logf("%v locks acquired, %v found held, %d connections dialled, %v SLO misses", acquired, held, dials.Load(), expired)
+	if gone := refreshes(t, reg, warmer.ResultLockGone); gone != 0 {
+		t.Errorf("%v refreshes reported lock_gone; want 0 (nobody invalidates: a re-sent publish found its own deleted lock)", gone)
+	}
 	if held != 0 {
 		t.Errorf("%v acquisitions found the lock held; want 0 (no other process takes these locks)", held)
 	}

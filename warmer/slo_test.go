@@ -27,8 +27,8 @@ type gap struct {
 	start, end time.Time
 }
 
-// observer polls keys with pipelined EXISTS every 20 ms from its own client and records every gap: a key absent
-// after it had been seen present.
+// observer polls keys with pipelined EXISTS every 20 ms from its own client (a copy of rdb's options) and records
+// every gap: a key absent after it had been seen present. It trusts nothing the daemon says.
 type observer struct {
 	mu     sync.Mutex
 	gaps   []gap
@@ -86,9 +86,21 @@ func observe(t *testing.T, rdb *redis.Client, keys ...string) *observer {
 	return o
 }
 
+// stop ends the polling; it may be called more than once.
 func (o *observer) stop() {
 	o.cancel()
 	<-o.done
+}
+
+// all returns every gap so far, those still open ending now.
+func (o *observer) all() []gap {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := append([]gap(nil), o.gaps...)
+	for k, start := range o.open {
+		out = append(out, gap{k, start, time.Now()})
+	}
+	return out
 }
 
 // closed returns the gaps that have ended so far.
