@@ -116,4 +116,3 @@ func startLeaseReplica(t *testing.T, f *fixture, rdb redis.UniversalClient, id s
 		Fleet: warmer.FleetConfig{Key: f.prefix + "fleet", ReplicaID: id, HeartbeatInterval: fleetInterval, HeartbeatTTL: fleetTTL}})
 	return r
 }
-
