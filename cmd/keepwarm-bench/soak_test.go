@@ -1,0 +1,313 @@
+package main
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keepwarm/keepwarm/internal/redisserver"
+)
+
+// absent is a PTTL reading of a missing key, as go-redis reports it.
+const absent = -2 * time.Nanosecond
+
+func TestGapTracker(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	hotA := map[string]string{"a": "track"}
+	type poll struct {
+		ms   int
+		hot  map[string]string
+		pttl map[string]time.Duration // nil: the poll failed (Redis not answering)
+	}
+	tests := []struct {
+		name   string
+		polls  []poll
+		finish int
+		want   []gap
+	}{
+		{
+			name: "present throughout: no gap",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": time.Second}},
+				{50, hotA, map[string]time.Duration{"a": 950 * time.Millisecond}},
+				{100, hotA, map[string]time.Duration{"a": 5 * time.Second}}, // refreshed before its expiry
+			},
+			finish: 150,
+		},
+		{
+			name: "expired at its predicted expiry, back three polls later",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 70 * time.Millisecond}},
+				{50, hotA, map[string]time.Duration{"a": 20 * time.Millisecond}},
+				{100, hotA, map[string]time.Duration{"a": absent}},
+				{150, hotA, map[string]time.Duration{"a": absent}},
+				{200, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 250,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(70), Length: 130 * time.Millisecond}},
+		},
+		{
+			name: "deleted (no expiry passed): the gap starts at the first poll that sees it gone",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+				{100, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 150,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond}},
+		},
+		{
+			name: "expired and rewritten between two polls: a blink",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 20 * time.Millisecond}},
+				{50, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 100,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(20), Length: 30 * time.Millisecond, Blink: true}},
+		},
+		{
+			name: "expiry within the tolerance of the poll: no blink",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 48 * time.Millisecond}},
+				{50, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 100,
+		},
+		{
+			name: "absent while not hot is no gap; turning hot while absent is a cold start",
+			polls: []poll{
+				{0, map[string]string{}, map[string]time.Duration{}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+				{100, hotA, map[string]time.Duration{"a": time.Second}},
+			},
+			finish: 150,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond, ColdStart: true}},
+		},
+		{
+			name: "a gap ends when the key stops being hot",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": time.Second}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+				{100, map[string]string{}, map[string]time.Duration{}},
+				{150, hotA, map[string]time.Duration{"a": absent}}, // hot again: a new key as far as the SLO goes
+			},
+			finish: 200,
+			want: []gap{
+				{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond},
+				{Keyspace: "track", Key: "a", Start: at(150), Length: 50 * time.Millisecond, ColdStart: true, Open: true},
+			},
+		},
+		{
+			name: "failed polls in between: the expiry is dated from the TTL read before them",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 100 * time.Millisecond}},
+				{50, hotA, nil},
+				{100, hotA, nil},
+				{150, hotA, nil},
+				{200, hotA, map[string]time.Duration{"a": absent}},
+				{250, hotA, map[string]time.Duration{"a": time.Second}},
+			},
+			finish: 300,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(100), Length: 150 * time.Millisecond}},
+		},
+		{
+			name: "still absent at the end: an open gap",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": time.Second}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+			},
+			finish: 300,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 250 * time.Millisecond, Open: true}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newGapTracker(5*time.Millisecond, 100)
+			for _, p := range tt.polls {
+				if p.pttl == nil {
+					continue // what run does with a failed poll
+				}
+				g.observe(at(p.ms), p.hot, p.pttl)
+			}
+			got := g.finish(at(tt.finish))
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("gaps:\n got  %+v\n want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestGapTrackerBound(t *testing.T) {
+	g := newGapTracker(5*time.Millisecond, 2)
+	t0 := time.Now()
+	for i := range 5 {
+		hot := map[string]string{"a": "track"}
+		g.observe(t0.Add(time.Duration(2*i)*time.Second), hot, map[string]time.Duration{"a": time.Second})
+		g.observe(t0.Add(time.Duration(2*i+1)*time.Second), hot, map[string]time.Duration{"a": absent})
+	}
+	if got := g.finish(t0.Add(time.Minute)); len(got) != 2 || g.dropped != 3 {
+		t.Errorf("kept %d gaps, dropped %d; want 2 and 3", len(got), g.dropped)
+	}
+}
+
+func TestPlanFaults(t *testing.T) {
+	plan := func(seed uint64) []plannedFault {
+		return planFaults(seed, allFaults, 30*time.Second, 29*time.Minute, 30*time.Minute, 3)
+	}
+	a, b := plan(1), plan(1)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("seed 1 twice gave different schedules:\n%v\n%v", a, b)
+	}
+	if reflect.DeepEqual(a, plan(2)) {
+		t.Errorf("seeds 1 and 2 gave the same schedule")
+	}
+	if len(a) < 20 {
+		t.Errorf("30 minutes: %d faults, want at least 20 (one every 20-40 s, longer after an outage)", len(a))
+	}
+	seen := map[string]bool{}
+	for i, f := range a {
+		seen[f.Kind] = true
+		if f.At+f.Length > 29*time.Minute || f.At < 30*time.Second {
+			t.Errorf("fault %d %+v outside [30s, 29m]", i, f)
+		}
+		if i > 0 {
+			p := a[i-1]
+			if gap := f.At - p.At; gap < 20*time.Second || gap < p.Length+10*time.Second {
+				t.Errorf("fault %d at %v follows %+v after %v: want >= 20 s and >= its length + 10 s", i, f.At, p, gap)
+			}
+		}
+		if f.Kind == faultPGOutage && (f.Length < 60*time.Second || f.Length > 150*time.Second) {
+			t.Errorf("30-minute soak: outage of %v, want 60-150 s", f.Length)
+		}
+		if f.Target < 0 || f.Target >= 3 {
+			t.Errorf("target %d out of 3 replicas", f.Target)
+		}
+	}
+	if len(seen) < len(allFaults)-2 {
+		t.Errorf("30 minutes drew only %v", seen)
+	}
+	short := planFaults(1, []string{faultPGOutage}, 30*time.Second, 150*time.Second, 3*time.Minute, 3)
+	for _, f := range short {
+		if f.Length < minOutage || f.Length > 15*time.Second {
+			t.Errorf("3-minute soak: outage of %v, want it scaled to 6-15 s (at least %v)", f.Length, minOutage)
+		}
+	}
+}
+
+func TestParseFaults(t *testing.T) {
+	if got, err := parseFaults("all"); err != nil || !reflect.DeepEqual(got, allFaults) {
+		t.Errorf("all: got %v, %v", got, err)
+	}
+	if got, err := parseFaults("flushdb, pg-restart"); err != nil || !reflect.DeepEqual(got, []string{faultFlush, faultPGRestart}) {
+		t.Errorf("two: got %v, %v", got, err)
+	}
+	if _, err := parseFaults("flushdb,meteor"); err == nil || !strings.Contains(err.Error(), "meteor") {
+		t.Errorf("unknown: got %v, want an error naming it", err)
+	}
+}
+
+func TestAttribute(t *testing.T) {
+	t0 := time.Now()
+	faults := []faultRecord{
+		{plannedFault: plannedFault{Kind: faultFlush}, started: t0.Add(10 * time.Second)},
+		{plannedFault: plannedFault{Kind: faultPGRestart}, started: t0.Add(40 * time.Second)},
+	}
+	invs := []invalidation{{key: "track:1", at: t0.Add(50 * time.Second)}}
+	tests := []struct {
+		key  string
+		at   time.Duration
+		want string
+	}{
+		{"track:2", 5 * time.Second, faultNone},
+		{"track:2", 10 * time.Second, faultFlush},
+		{"track:2", 39 * time.Second, faultFlush},
+		{"track:2", 41 * time.Second, faultPGRestart},
+		{"track:1", 50*time.Second + 30*time.Millisecond, attributionInvalid},
+		{"track:2", 50*time.Second + 30*time.Millisecond, faultPGRestart},
+		{"track:1", 61 * time.Second, faultPGRestart},
+	}
+	for _, tt := range tests {
+		if got := attribute(gap{Key: tt.key, Start: t0.Add(tt.at)}, faults, invs); got != tt.want {
+			t.Errorf("gap on %s at %v: got %s, want %s", tt.key, tt.at, got, tt.want)
+		}
+	}
+}
+
+func TestParseHotExpired(t *testing.T) {
+	page := `# HELP keepwarm_warmer_hot_expired_total Hot keys that expired before their refresh.
+# TYPE keepwarm_warmer_hot_expired_total counter
+keepwarm_warmer_hot_expired_total{keyspace="album"} 3
+keepwarm_warmer_hot_expired_total{keyspace="track"} 12
+keepwarm_warmer_hot_expired_totally{keyspace="track"} 99
+keepwarm_warmer_hot_vanished_total{keyspace="track"} 7
+`
+	got, err := parseHotExpired(strings.NewReader(page))
+	if want := map[string]float64{"album": 3, "track": 12}; err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+}
+
+func TestManifestMemoryLimit(t *testing.T) {
+	got, err := manifestMemoryLimit("../../deploy/kubernetes/deployment.yaml")
+	if err != nil || got < 16<<20 {
+		t.Fatalf("got %d, %v; want the limit (e.g. 256Mi)", got, err)
+	}
+	for s, want := range map[string]int64{"256Mi": 256 << 20, "1Gi": 1 << 30, "512Ki": 512 << 10, "1000": 1000} {
+		if got, err := parseQuantity(s); err != nil || got != want {
+			t.Errorf("parseQuantity(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+}
+
+// TestObserverOnRedis runs the observer against a private redis-server: a hot key that expires and is written
+// again 300 ms later is one gap of about 300 ms; a key that is not hot is not watched.
+func TestObserverOnRedis(t *testing.T) {
+	ctx := context.Background()
+	srv, err := redisserver.Start(ctx)
+	if err != nil {
+		t.Fatalf("%v (scripts/services up installs redis-server)", err)
+	}
+	t.Cleanup(srv.Stop)
+	rdb, err := newRedis(ctx, srv.URL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	hot := map[string]string{"track:1": "track", "track:2": "track"}
+	for k := range hot {
+		if err := rdb.Set(ctx, k, "v", 300*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.Set(ctx, "track:3", "v", 100*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	o := &observer{rdb: rdb, interval: 20 * time.Millisecond, track: newGapTracker(5*time.Millisecond, 100),
+		hot: func() map[string]string { return hot }}
+	octx, stop := context.WithCancel(ctx)
+	done := make(chan []gap)
+	go func() { done <- o.run(octx) }()
+	time.Sleep(200 * time.Millisecond)
+	if err := rdb.Set(ctx, "track:2", "v", time.Minute).Err(); err != nil { // refreshed before its expiry
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // track:1 expired at 300 ms
+	if err := rdb.Set(ctx, "track:1", "v", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	stop()
+	gaps := <-done
+	if len(gaps) != 1 || gaps[0].Key != "track:1" || gaps[0].Open || gaps[0].Blink {
+		t.Fatalf("gaps %+v: want one closed gap on track:1", gaps)
+	}
+	if l := gaps[0].Length; l < 200*time.Millisecond || l > 450*time.Millisecond {
+		t.Errorf("gap of %v, want about 300 ms", l)
+	}
+	if o.polls.Load() < 10 {
+		t.Errorf("%d polls in 700 ms at 20 ms", o.polls.Load())
+	}
+}
