@@ -15,13 +15,14 @@ import (
 // from the daemons is which keys are hot (the union of the replicas' /debug/hotkeys, re-read every second by the
 // caller and published through hot).
 type observer struct {
-	rdb      redis.UniversalClient
-	interval time.Duration                       // between polls; 50 ms in the soak
-	hot      func() map[string]string            // cache key → keyspace: the current hot union (nil: none yet)
-	blind    atomic.Int64                        // polls that failed (Redis paused, restarting, unreachable)
-	polls    atomic.Int64                        // polls that succeeded
-	track    *gapTracker                         // owned by run
-	onPoll   func(at time.Time, absent, hot int) // optional, for progress; called from run
+	rdb       redis.UniversalClient
+	interval  time.Duration                       // between polls; 50 ms in the soak
+	hot       func() map[string]string            // cache key → keyspace: the current hot union (nil: none yet)
+	blind     atomic.Int64                        // polls that failed (Redis paused, restarting, unreachable)
+	blindTime atomic.Int64                        // ns spent in failed polls, each plus one interval
+	polls     atomic.Int64                        // polls that succeeded
+	track     *gapTracker                         // owned by run
+	onPoll    func(at time.Time, absent, hot int) // optional, for progress; called from run
 }
 
 // run polls until ctx ends and returns the gaps it saw, those still open closed at the end of the run.
@@ -53,6 +54,7 @@ func (o *observer) run(ctx context.Context) []gap {
 		cancel()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			o.blind.Add(1)
+			o.blindTime.Add(int64(time.Since(at) + o.interval))
 			continue
 		}
 		pttl := make(map[string]time.Duration, len(keys))

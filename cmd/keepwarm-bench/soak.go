@@ -257,9 +257,12 @@ type soakResult struct {
 	gaps           []gap
 	droppedGaps    int
 	polls, blind   int64
+	blindTime      time.Duration
 	maxHot         int
 	invalidations  []invalidation
 	orphanLocks    []string
+	logs           []expiryLog // the daemons' "hot key expired" warnings
+	logErr         error
 	checkedValues  int
 	mismatches     []string
 	peaks          map[incarnation]int64
@@ -424,6 +427,7 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 	res.gaps = <-gapsCh
 	res.droppedGaps = obs.track.dropped
 	res.polls, res.blind, res.maxHot = obs.polls.Load(), obs.blind.Load(), int(maxHot.Load())
+	res.blindTime = time.Duration(obs.blindTime.Load())
 	stopLoad()
 	bgStop()
 	bg.Wait()
@@ -438,6 +442,7 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 		dm.stop(syscall.SIGTERM, 15*time.Second)
 	}
 	res.orphanLocks = s.lockKeys(context.Background())
+	res.logs, res.logErr = readExpiryLogs(s.f.logDir, s.keys)
 	s.bookMu.Lock()
 	res.invalidations = slices.Clone(s.invalidations)
 	for k, v := range s.peaks {

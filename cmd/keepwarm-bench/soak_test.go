@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/redisserver"
+	"github.com/keepwarm/keepwarm/lockstep"
 )
 
 // absent is a PTTL reading of a missing key, as go-redis reports it.
@@ -309,5 +313,52 @@ func TestObserverOnRedis(t *testing.T) {
 	}
 	if o.polls.Load() < 10 {
 		t.Errorf("%d polls in 700 ms at 20 ms", o.polls.Load())
+	}
+}
+
+func TestUnlogged(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	gaps := []gap{
+		{Key: "track:1", Start: at(10), Length: 2 * time.Second},        // logged at 10.05
+		{Key: "track:1", Start: at(60), Length: time.Second},            // not logged (the 10.05 line is used)
+		{Key: "track:2", Start: at(20), Length: 500 * time.Millisecond}, // logged 30 s later, by a re-check
+		{Key: "track:3", Start: at(30), Length: time.Second},            // the line is for another key
+		{Key: "track:4", Start: at(40), Length: time.Second},            // logged long before: no match
+	}
+	logs := []expiryLog{
+		{key: "track:1", at: at(10.05)},
+		{key: "track:2", at: at(50)},
+		{key: "track:9", at: at(30)},
+		{key: "track:4", at: at(5)},
+	}
+	var got []string
+	for _, g := range unlogged(gaps, logs, 5*time.Minute) {
+		got = append(got, fmt.Sprintf("%s@%.0f", g.Key, g.Start.Sub(t0).Seconds()))
+	}
+	want := []string{"track:3@30", "track:4@40", "track:1@60"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("unlogged: got %v, want %v", got, want)
+	}
+}
+
+func TestReadExpiryLogs(t *testing.T) {
+	dir := t.TempDir()
+	log := `time=2026-12-01T15:25:53.727Z level=INFO msg="refreshed" keyspace=track
+time=2026-12-01T15:25:53.727Z level=WARN msg="hot key expired before its refresh" keyspace=track id=1573 expired_ago=47.8ms
+time=2026-12-01T15:25:54.000Z level=WARN msg="hot key taken over from another replica had expired" keyspace=album id=7 fleet_key=k
+time=2026-12-01T15:25:55.000Z level=WARN msg="hot key expired before its refresh" keyspace=nosuch id=1 expired_ago=1ms
+`
+	if err := os.WriteFile(filepath.Join(dir, "r1.1.log"), []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	track, _ := lockstep.NewKeys("track:${id}", "", "", "")
+	album, _ := lockstep.NewKeys("album:${id}", "", "", "")
+	got, err := readExpiryLogs(dir, map[string]*lockstep.Keys{"track": track, "album": album})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].key != "track:1573" || got[1].key != "album:7" || got[1].at.Sub(got[0].at) != 273*time.Millisecond {
+		t.Errorf("got %+v", got)
 	}
 }

@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/keepwarm/keepwarm/lockstep"
 )
 
 // invalidationWindow is how long after an app's Invalidate a gap on that key is put down to the invalidation:
@@ -41,6 +47,7 @@ type kindRow struct {
 	long      int // gaps >= min-gap
 	blinks    int
 	cold      int
+	unlogged  int // gaps >= min-gap that no daemon logged as an expired hot key
 	counted   float64
 	longest   gap
 	hasCounts bool
@@ -48,8 +55,9 @@ type kindRow struct {
 
 // report prints the soak's tables and checks and returns an error naming the failed checks.
 func (r *soakResult) report(w io.Writer, f soakFlags) error {
-	fmt.Fprintf(w, "\nsoak: seed %d, %v of load (%v warm-up left out), observer every %v: %d polls, %d blind (Redis not answering), up to %d hot keys\n",
-		r.seed, r.end.Sub(r.start).Round(time.Second), r.warmEnd.Sub(r.start).Round(time.Second), f.interval, r.polls, r.blind, r.maxHot)
+	fmt.Fprintf(w, "\nsoak: seed %d, %v of load (%v warm-up left out), observer every %v: %d polls, %d failed (Redis not answering: blind for %v), up to %d hot keys\n",
+		r.seed, r.end.Sub(r.start).Round(time.Second), r.warmEnd.Sub(r.start).Round(time.Second), f.interval, r.polls, r.blind,
+		r.blindTime.Round(100*time.Millisecond), r.maxHot)
 	fmt.Fprintf(w, "row updates: %d (%d failed)\n\n", r.updates, r.updateErrs)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -128,9 +136,25 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		perKS[ks].counted = v - r.base[ks]
 	}
 
+	var judged []gap // the gaps the SLO counter should count: not cold starts, not invalidations
+	for _, g := range inWindow {
+		if !g.ColdStart && attribute(g, r.faults, r.invalidations) != attributionInvalid {
+			judged = append(judged, g)
+		}
+	}
+	var notLogged []gap
+	for _, g := range unlogged(judged, r.logs, 5*time.Minute) {
+		if g.Length >= f.minGap {
+			notLogged = append(notLogged, g)
+			row(attribute(g, r.faults, r.invalidations)).unlogged++
+			perKS[g.Keyspace].unlogged++
+		}
+	}
+	slices.SortFunc(notLogged, func(a, b gap) int { return int(b.Length - a.Length) })
+
 	fmt.Fprintf(w, "\nmisses by fault kind (observer gaps on hot keys, attributed to the last fault injected before each gap; counted = Σ of the replicas' keepwarm_warmer_hot_expired_total from that fault to the next)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "fault\tinjected\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tlongest gap\tits key\t\n", f.minGap)
+	fmt.Fprintf(tw, "fault\tinjected\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\tits key\t\n", f.minGap)
 	order := append(append([]string{faultNone}, allFaults...), attributionInvalid)
 	for _, k := range order {
 		x := rows[k]
@@ -145,13 +169,13 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		if k == attributionInvalid {
 			unc = "excluded"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, dur(x.longest.Length), x.longest.Key)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, x.unlogged, dur(x.longest.Length), x.longest.Key)
 	}
 	_ = tw.Flush()
 
 	fmt.Fprintf(w, "\nby keyspace (invalidation gaps included in gaps; the check below leaves them out)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "keyspace\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tlongest gap\t\n", f.minGap)
+	fmt.Fprintf(tw, "keyspace\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\t\n", f.minGap)
 	var totalUnc, totalCounted float64
 	var totalObserved, totalLong int
 	var worstKS string
@@ -176,7 +200,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		totalCounted += x.counted
 		totalObserved += allBy[ks]
 		totalLong += longBy[ks]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%s\t\n", ks, x.gaps, x.long, x.blinks, x.cold, x.counted, unc, dur(x.longest.Length))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%d\t%s\t\n", ks, x.gaps, x.long, x.blinks, x.cold, x.counted, unc, x.unlogged, dur(x.longest.Length))
 	}
 	_ = tw.Flush()
 	if r.droppedGaps > 0 {
@@ -184,6 +208,13 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	}
 	if longest.Key != "" {
 		fmt.Fprintf(w, "longest gap: %s on %s at %v (%s)\n", dur(longest.Length), longest.Key, longest.Start.Sub(r.start).Round(time.Second), attribute(longest, r.faults, r.invalidations))
+	}
+	if r.logErr != nil {
+		fmt.Fprintf(w, "daemon logs: %v (the \"not logged\" column is incomplete)\n", r.logErr)
+	}
+	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key expired\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.minGap)
+	for _, g := range notLogged[:min(10, len(notLogged))] {
+		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
 	}
 	if r.lostWindows > 0 {
 		fmt.Fprintf(w, "%d kill -9: each victim's counters were scraped just before the kill and kept; what it counted in the milliseconds between is lost\n", r.lostWindows)
@@ -206,7 +237,11 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	check(r.polls > 0 && r.maxHot > 0, "observer saw hot keys", fmt.Sprintf("%d polls, up to %d hot keys", r.polls, r.maxHot),
 		"the observer polled no hot key: every other check below would pass vacuously")
 	uncDetail := ""
-	if totalUnc > float64(f.maxUncounted) {
+	if totalUnc > float64(f.maxUncounted) && len(notLogged) > 0 {
+		g := notLogged[0]
+		uncDetail = fmt.Sprintf("e.g. key %s: gap of %s at %v, after fault %s, which no daemon logged as expired", g.Key, dur(g.Length),
+			g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
+	} else if totalUnc > float64(f.maxUncounted) {
 		// Name the longest uncounted-keyspace gap and its fault.
 		var worst gap
 		for _, g := range inWindow {
@@ -261,4 +296,91 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		return fmt.Errorf("soak seed %d: %d checks failed: %s", r.seed, len(failed), strings.Join(failed, "; "))
 	}
 	return nil
+}
+
+// expiryLog is one "hot key expired" warning of a daemon's log: the per-key trace of a count of the SLO counter.
+type expiryLog struct {
+	key string
+	at  time.Time
+}
+
+// expiryLogLine matches the warnings logged beside each increment of keepwarm_warmer_hot_expired_total
+// (warmer/expiry.go and warmer/fleet.go), in the text log format.
+var expiryLogLine = regexp.MustCompile(`^time=(\S+) level=WARN msg="(?:hot key expired before its refresh|hot key taken over from another replica had expired)" keyspace=(\S+) id=(\S+)`)
+
+// readExpiryLogs reads the expiry warnings of every daemon log (*.log) in dir, with the keys built from keys.
+func readExpiryLogs(dir string, keys map[string]*lockstep.Keys) ([]expiryLog, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil {
+		return nil, err
+	}
+	var out []expiryLog
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			m := expiryLogLine.FindStringSubmatch(sc.Text())
+			if m == nil || keys[m[2]] == nil {
+				continue
+			}
+			at, err := time.Parse(time.RFC3339Nano, m[1])
+			if err != nil {
+				continue
+			}
+			k, err := keys[m[2]].For(strings.Trim(m[3], `"`))
+			if err != nil {
+				continue
+			}
+			out = append(out, expiryLog{key: k.Cache, at: at})
+		}
+		f.Close()
+		if err := sc.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// unlogged returns the gaps that no daemon logged as an expired hot key: each log line matches at most one gap
+// of its key, the first whose window it falls in, from 1 s before the gap's start (the daemon dates an expiry
+// from the TTL it knew) until the key's next gap, and at most recheck after the gap's end.
+func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
+	byKey := map[string][]time.Time{}
+	for _, l := range logs {
+		byKey[l.key] = append(byKey[l.key], l.at)
+	}
+	for _, ts := range byKey {
+		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	}
+	sorted := slices.Clone(gaps)
+	slices.SortFunc(sorted, func(a, b gap) int { return a.Start.Compare(b.Start) })
+	next := map[string]int{} // per key: the first log line not used yet
+	var out []gap
+	for i, g := range sorted {
+		until := g.Start.Add(g.Length + recheck)
+		for _, h := range sorted[i+1:] {
+			if h.Key == g.Key {
+				if t := h.Start.Add(-time.Second); t.Before(until) {
+					until = t
+				}
+				break
+			}
+		}
+		ts := byKey[g.Key]
+		j := next[g.Key]
+		for j < len(ts) && ts[j].Before(g.Start.Add(-time.Second)) {
+			j++
+		}
+		if j < len(ts) && !ts[j].After(until) {
+			next[g.Key] = j + 1
+			continue
+		}
+		next[g.Key] = j
+		out = append(out, g)
+	}
+	return out
 }
