@@ -52,9 +52,11 @@ func (o *observer) run(ctx context.Context) []gap {
 			return nil
 		})
 		cancel()
+		if took := time.Since(at); took > 2*o.interval {
+			o.blindTime.Add(int64(took))
+		}
 		if err != nil && !errors.Is(err, redis.Nil) {
 			o.blind.Add(1)
-			o.blindTime.Add(int64(time.Since(at) + o.interval))
 			continue
 		}
 		pttl := make(map[string]time.Duration, len(keys))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -360,5 +361,61 @@ time=2026-12-01T15:25:55.000Z level=WARN msg="hot key expired before its refresh
 	}
 	if len(got) != 2 || got[0].key != "track:1573" || got[1].key != "album:7" || got[1].at.Sub(got[0].at) != 273*time.Millisecond {
 		t.Errorf("got %+v", got)
+	}
+}
+
+// TestReportChecksCanFail builds soak results by hand: a clean one passes every check, and each defect fails its
+// own check, naming the key or the fault, so that no check passes whatever happens.
+func TestReportChecksCanFail(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	flush := faultRecord{plannedFault: plannedFault{At: 40 * time.Second, Kind: faultFlush}, started: at(40), ended: at(40),
+		counterAt: map[string]float64{"track": 0}}
+	clean := func() *soakResult {
+		return &soakResult{
+			seed: 7, start: t0, warmEnd: at(30), end: at(120), polls: 1000, maxHot: 10,
+			faults:        []faultRecord{flush},
+			base:          map[string]float64{"track": 0},
+			final:         map[string]float64{"track": 1},
+			gaps:          []gap{{Keyspace: "track", Key: "track:1", Start: at(40), Length: 2 * time.Second}},
+			logs:          []expiryLog{{key: "track:1", at: at(40.5)}},
+			peaks:         map[incarnation]int64{{"r1", 1}: 40 << 20},
+			memLimit:      256 << 20,
+			checkedValues: 10,
+		}
+	}
+	f := soakFlags{interval: 50 * time.Millisecond, minGap: 100 * time.Millisecond, phantomRatio: 1.05, phantomSlack: 3,
+		settle: 5 * time.Second, duration: 2 * time.Minute}
+	tests := []struct {
+		name  string
+		spoil func(r *soakResult)
+		want  string // in the error; "" = passes
+	}{
+		{"clean", func(*soakResult) {}, ""},
+		{"uncounted gap", func(r *soakResult) { r.final["track"] = 0; r.logs = nil }, "key track:1: gap of 2.00s at 40s, after fault flushdb"},
+		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
+		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
+		{"stale value", func(r *soakResult) { r.mismatches = []string{"track:5: cached a, PostgreSQL b"} }, "track:5"},
+		{"RSS over the limit", func(r *soakResult) { r.peaks[incarnation{"r2", 3}] = 300 << 20 }, "r2 (incarnation 3)"},
+		{"observer saw nothing", func(r *soakResult) { r.maxHot, r.gaps, r.final["track"] = 0, nil, 0 }, "vacuously"},
+		{"daemon crashed", func(r *soakResult) { r.crashed = []string{"r3 (incarnation 1)"} }, "r3"},
+		{"fault failed", func(r *soakResult) { r.faults[0].err = errors.New("boom") }, "boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := clean()
+			tt.spoil(r)
+			var out strings.Builder
+			err := r.report(&out, f)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("got %v, want every check to pass\n%s", err, out.String())
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("got %v, want an error containing %q\n%s", err, tt.want, out.String())
+			}
+			if !strings.Contains(out.String(), "seed 7") {
+				t.Errorf("the report does not print the seed")
+			}
+		})
 	}
 }

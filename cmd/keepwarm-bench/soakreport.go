@@ -55,7 +55,7 @@ type kindRow struct {
 
 // report prints the soak's tables and checks and returns an error naming the failed checks.
 func (r *soakResult) report(w io.Writer, f soakFlags) error {
-	fmt.Fprintf(w, "\nsoak: seed %d, %v of load (%v warm-up left out), observer every %v: %d polls, %d failed (Redis not answering: blind for %v), up to %d hot keys\n",
+	fmt.Fprintf(w, "\nsoak: seed %d, %v of load (%v warm-up left out), observer every %v: %d polls, %d failed (Redis not answering), %v in polls slower than 2 intervals, up to %d hot keys\n",
 		r.seed, r.end.Sub(r.start).Round(time.Second), r.warmEnd.Sub(r.start).Round(time.Second), f.interval, r.polls, r.blind,
 		r.blindTime.Round(100*time.Millisecond), r.maxHot)
 	fmt.Fprintf(w, "row updates: %d (%d failed)\n\n", r.updates, r.updateErrs)
