@@ -26,13 +26,28 @@ const (
 	faultPoolExhaust   = "pool-exhaustion"     // origin queries hang on a table lock for 5–20 s, holding the pools
 	faultRedisLink     = "redis-link"          // 50 ms RTT and connection resets between the daemons and Redis
 	faultInvalidate    = "invalidate-inflight" // an app's Invalidate of a hot key while a daemon refreshes it
+	faultFailover      = "sentinel-failover"   // --sentinel: kill -9 of the primary, the Sentinels promote the replica
 	faultNone          = "none"                // gaps before the first fault
 	attributionInvalid = "invalidation"        // gaps caused by the invalidations themselves (excluded by the SLO)
 )
 
-// allFaults lists every fault kind the nemesis implements.
+// allFaults lists every fault kind the nemesis implements, in the order of the report's table.
 var allFaults = []string{faultFlush, faultRedisStop, faultRedisRestart, faultDaemonKill, faultDaemonStop,
-	faultPGRestart, faultPGOutage, faultPoolExhaust, faultRedisLink, faultInvalidate}
+	faultPGRestart, faultPGOutage, faultPoolExhaust, faultRedisLink, faultInvalidate, faultFailover}
+
+// faultsFor returns the fault kinds available on a single Redis (behind the toxiproxy) or on a Sentinel group
+// (no proxy: the Sentinels hand out the nodes' own addresses, so redis-link is not available; sentinel-failover
+// is).
+func faultsFor(sentinel bool) []string {
+	var out []string
+	for _, k := range allFaults {
+		if sentinel && k == faultRedisLink || !sentinel && k == faultFailover {
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
+}
 
 // plannedFault is one fault of the nemesis's schedule.
 type plannedFault struct {
@@ -79,16 +94,16 @@ func planFaults(seed uint64, kinds []string, from, until, total time.Duration, r
 	return out
 }
 
-// parseFaults parses --faults: "all" or a comma-separated list of kinds.
-func parseFaults(s string) ([]string, error) {
+// parseFaults parses --faults: "all" (every kind in available) or a comma-separated list of kinds.
+func parseFaults(s string, available []string) ([]string, error) {
 	if s == "" || s == "all" {
-		return allFaults, nil
+		return available, nil
 	}
 	var out []string
 	for _, k := range strings.Split(s, ",") {
 		k = strings.TrimSpace(k)
-		if !slices.Contains(allFaults, k) {
-			return nil, fmt.Errorf("--faults: unknown fault %q (known: %s)", k, strings.Join(allFaults, ", "))
+		if !slices.Contains(available, k) {
+			return nil, fmt.Errorf("--faults: unknown or unavailable fault %q (available: %s)", k, strings.Join(available, ", "))
 		}
 		out = append(out, k)
 	}
@@ -118,6 +133,8 @@ func (s *soak) inject(ctx context.Context, f plannedFault) (string, error) {
 		return s.degradeRedisLink(ctx, f.Length)
 	case faultInvalidate:
 		return s.invalidateInFlight(ctx, f.Length)
+	case faultFailover:
+		return s.sentinel.failover(ctx)
 	}
 	return "", fmt.Errorf("unknown fault %q", f.Kind)
 }
@@ -135,17 +152,30 @@ func (s *soak) flushDB(ctx context.Context) (string, error) {
 	return fmt.Sprintf("%d keys", n), s.rdb.FlushDB(ctx).Err()
 }
 
+// pauseRedis pauses the Redis server (the primary of a Sentinel group, which may then fail over).
 func (s *soak) pauseRedis(ctx context.Context, d time.Duration) (string, error) {
-	p := s.redis.Process
-	if err := p.Signal(syscall.SIGSTOP); err != nil {
+	pid := 0
+	if s.sentinel != nil {
+		n, err := s.sentinel.master(ctx)
+		if err != nil {
+			return "", err
+		}
+		pid = n.pid()
+	} else {
+		pid = s.redis.Process.Pid
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return "", err
 	}
-	defer p.Signal(syscall.SIGCONT)
+	defer syscall.Kill(pid, syscall.SIGCONT)
 	sleep(ctx, d)
-	return fmt.Sprintf("pid %d for %v", p.Pid, d.Round(100*time.Millisecond)), nil
+	return fmt.Sprintf("pid %d for %v", pid, d.Round(100*time.Millisecond)), nil
 }
 
 func (s *soak) restartRedis(ctx context.Context) (string, error) {
+	if s.sentinel != nil {
+		return s.sentinel.restartMaster(ctx)
+	}
 	t0 := time.Now()
 	if err := s.redis.Restart(ctx); err != nil {
 		return "", err

@@ -44,21 +44,23 @@ type soakFlags struct {
 	phantomSlack float64
 	settle       time.Duration
 	manifest     string
+	sentinel     bool
 }
 
 // soak is one run of `keepwarm-bench soak`: private servers, a fleet of daemons, the load, the updater, the
 // observer and the nemesis, and what they recorded.
 type soak struct {
-	f       soakFlags
-	cfg     *config.Config // the demo config with the private servers' URLs (the apps' view: Redis directly)
-	rdb     redis.UniversalClient
-	redis   *redisserver.Server
-	pg      *privatePostgres
-	proxy   *redisProxy
-	daemons []*daemon
-	srcs    map[string]*postgres.Source
-	keys    map[string]*lockstep.Keys // by keyspace
-	start   time.Time
+	f        soakFlags
+	cfg      *config.Config // the demo config with the private servers' URLs (the apps' view: Redis directly)
+	rdb      redis.UniversalClient
+	redis    *redisserver.Server // the single Redis; nil with --sentinel
+	sentinel *sentinelGroup      // with --sentinel
+	pg       *privatePostgres
+	proxy    *redisProxy
+	daemons  []*daemon
+	srcs     map[string]*postgres.Source
+	keys     map[string]*lockstep.Keys // by keyspace
+	start    time.Time
 
 	hot atomic.Pointer[hotUnion] // published by the hot-set reader every second
 
@@ -109,7 +111,9 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&f.workers, "workers", 50, "load workers (Zipf readers through lockstep clients)")
 	fs.Float64Var(&f.zipf, "zipf", 1.1, "Zipf exponent of the load's ids")
 	fs.Float64Var(&f.updateRate, "update-rate", 20, "track row updates per second")
-	fs.StringVar(&f.faults, "faults", "all", "fault kinds the nemesis picks from: all, or a comma-separated list of "+strings.Join(allFaults, ", "))
+	fs.StringVar(&f.faults, "faults", "all", "fault kinds the nemesis picks from: all, or a comma-separated list of "+strings.Join(allFaults, ", ")+
+		" (redis-link needs a single Redis, sentinel-failover --sentinel)")
+	fs.BoolVar(&f.sentinel, "sentinel", false, "run Redis as a Sentinel group (primary, replica, 3 Sentinels) instead of one server behind a toxiproxy")
 	fs.DurationVar(&f.interval, "interval", 50*time.Millisecond, "the observer's poll interval")
 	fs.DurationVar(&f.minGap, "min-gap", 100*time.Millisecond, "observer gaps at least this long must be counted by the SLO counter")
 	fs.IntVar(&f.maxUncounted, "max-uncounted", 0, "check: uncounted gaps allowed")
@@ -120,7 +124,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	kinds, err := parseFaults(f.faults)
+	kinds, err := parseFaults(f.faults, faultsFor(f.sentinel))
 	if err != nil {
 		return usageError{err}
 	}
@@ -128,6 +132,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usageError{errors.New("--duration must be >= 1m, --replicas, --workers and --interval > 0")}
 	}
 	fmt.Fprintf(stdout, "soak: seed %d, duration %v, %d daemons, %d workers, faults %s\n", f.seed, f.duration, f.replicas, f.workers, strings.Join(kinds, ","))
+	redis.SetLogger(quietRedisLog{})
 	s := &soak{f: f, counters: map[incarnation]map[string]float64{}, peaks: map[incarnation]int64{}}
 	defer s.teardown(stderr)
 	if err := s.setup(ctx, stderr); err != nil {
@@ -164,17 +169,23 @@ func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
 	if !filepath.IsAbs(s.f.manifest) {
 		s.f.manifest = filepath.Join(root, s.f.manifest)
 	}
-	if s.redis, err = redisserver.Start(ctx); err != nil {
-		return err
+	if s.f.sentinel {
+		if s.sentinel, err = startSentinelGroup(ctx, stderr); err != nil {
+			return err
+		}
+	} else {
+		if s.redis, err = redisserver.Start(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "soak: private Redis %s\n", s.redis.URL)
+		if s.proxy, err = startRedisProxy(strings.TrimSuffix(strings.TrimPrefix(s.redis.URL, "redis://"), "/0")); err != nil {
+			return err
+		}
 	}
-	fmt.Fprintf(stderr, "soak: private Redis %s\n", s.redis.URL)
 	if s.pg, err = startPostgres(ctx, stderr); err != nil {
 		return err
 	}
 	if err := s.pg.loadDemo(ctx, s.f.keepwarm, cfgPath); err != nil {
-		return err
-	}
-	if s.proxy, err = startRedisProxy(strings.TrimSuffix(strings.TrimPrefix(s.redis.URL, "redis://"), "/0")); err != nil {
 		return err
 	}
 	// The inherited KEEPWARM_* variables (the Makefile exports the shared servers' URLs) must not reach the
@@ -186,7 +197,13 @@ func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
 		}
 	}
 	common := append(slices.Clip(base), "KEEPWARM_POSTGRES_DSN="+s.pg.dsn("chinook"), "KEEPWARM_REDIS_NOTIFICATIONS=auto")
-	if s.cfg, err = config.LoadEnv(cfgPath, append(slices.Clip(common), "KEEPWARM_REDIS_URL="+s.redis.URL)); err != nil {
+	apps := append(slices.Clip(common), "KEEPWARM_REDIS_URL="+s.redisURL())
+	if s.sentinel != nil {
+		common = append(common, "KEEPWARM_REDIS_MODE=sentinel", "KEEPWARM_REDIS_ADDRESSES="+strings.Join(s.sentinel.sentinelAddrs(), ","),
+			"KEEPWARM_REDIS_MASTER_NAME="+sentinelMaster)
+		apps = common
+	}
+	if s.cfg, err = config.LoadEnv(cfgPath, apps); err != nil {
 		return err
 	}
 	if s.rdb, err = wire.Redis(ctx, s.cfg, 5*time.Second); err != nil {
@@ -210,8 +227,10 @@ func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
 		}
 		d := &daemon{id: fmt.Sprintf("r%d", i+1), addr: fmt.Sprintf("127.0.0.1:%d", port), bin: s.f.keepwarm,
 			config: cfgPath, logDir: s.f.logDir}
-		d.env = append(slices.Clip(common), "KEEPWARM_REDIS_URL=redis://"+s.proxy.addr()+"/0",
-			"KEEPWARM_DAEMON_LISTEN="+d.addr, "KEEPWARM_FLEET_REPLICA_ID="+d.id)
+		d.env = append(slices.Clip(common), "KEEPWARM_DAEMON_LISTEN="+d.addr, "KEEPWARM_FLEET_REPLICA_ID="+d.id)
+		if s.proxy != nil {
+			d.env = append(d.env, "KEEPWARM_REDIS_URL=redis://"+s.proxy.addr()+"/0")
+		}
 		if err := d.start(); err != nil {
 			return err
 		}
@@ -240,6 +259,9 @@ func (s *soak) teardown(stderr io.Writer) {
 	if s.redis != nil {
 		_ = s.redis.Process.Signal(syscall.SIGCONT)
 		s.redis.Stop()
+	}
+	if s.sentinel != nil {
+		s.sentinel.stop()
 	}
 	if s.pg != nil {
 		s.pg.remove()
@@ -323,7 +345,7 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 	defer func() { bgStop(); bg.Wait() }()
 
 	// The observer, with its own Redis client.
-	orb, err := newRedis(ctx, s.redis.URL, 4)
+	orb, err := s.observerClient(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -625,4 +647,28 @@ func (s *soak) lockKeys(ctx context.Context) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// redisURL is the single Redis's URL ("" with --sentinel).
+func (s *soak) redisURL() string {
+	if s.redis == nil {
+		return ""
+	}
+	return s.redis.URL
+}
+
+// observerClient returns the observer's own client: to the single Redis, or to the Sentinel group's primary
+// (following failovers).
+func (s *soak) observerClient(ctx context.Context) (redis.UniversalClient, error) {
+	if s.sentinel == nil {
+		return newRedis(ctx, s.redis.URL, 4)
+	}
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: s.sentinel.sentinelAddrs(), PoolSize: 4})
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("the Sentinel group's primary: %w", err)
+	}
+	return c, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,7 +161,7 @@ func TestGapTrackerBound(t *testing.T) {
 
 func TestPlanFaults(t *testing.T) {
 	plan := func(seed uint64) []plannedFault {
-		return planFaults(seed, allFaults, 30*time.Second, 29*time.Minute, 30*time.Minute, 3)
+		return planFaults(seed, faultsFor(false), 30*time.Second, 29*time.Minute, 30*time.Minute, 3)
 	}
 	a, b := plan(1), plan(1)
 	if !reflect.DeepEqual(a, b) {
@@ -191,7 +192,7 @@ func TestPlanFaults(t *testing.T) {
 			t.Errorf("target %d out of 3 replicas", f.Target)
 		}
 	}
-	if len(seen) < len(allFaults)-2 {
+	if len(seen) < len(faultsFor(false))-2 {
 		t.Errorf("30 minutes drew only %v", seen)
 	}
 	short := planFaults(1, []string{faultPGOutage}, 30*time.Second, 150*time.Second, 3*time.Minute, 3)
@@ -203,14 +204,21 @@ func TestPlanFaults(t *testing.T) {
 }
 
 func TestParseFaults(t *testing.T) {
-	if got, err := parseFaults("all"); err != nil || !reflect.DeepEqual(got, allFaults) {
-		t.Errorf("all: got %v, %v", got, err)
+	single, sentinel := faultsFor(false), faultsFor(true)
+	if got, err := parseFaults("all", single); err != nil || !reflect.DeepEqual(got, single) || slices.Contains(got, faultFailover) || !slices.Contains(got, faultRedisLink) {
+		t.Errorf("all on a single Redis: got %v, %v", got, err)
 	}
-	if got, err := parseFaults("flushdb, pg-restart"); err != nil || !reflect.DeepEqual(got, []string{faultFlush, faultPGRestart}) {
+	if got, err := parseFaults("all", sentinel); err != nil || slices.Contains(got, faultRedisLink) || !slices.Contains(got, faultFailover) {
+		t.Errorf("all on a Sentinel group: got %v, %v", got, err)
+	}
+	if got, err := parseFaults("flushdb, pg-restart", single); err != nil || !reflect.DeepEqual(got, []string{faultFlush, faultPGRestart}) {
 		t.Errorf("two: got %v, %v", got, err)
 	}
-	if _, err := parseFaults("flushdb,meteor"); err == nil || !strings.Contains(err.Error(), "meteor") {
+	if _, err := parseFaults("flushdb,meteor", single); err == nil || !strings.Contains(err.Error(), "meteor") {
 		t.Errorf("unknown: got %v, want an error naming it", err)
+	}
+	if _, err := parseFaults("sentinel-failover", single); err == nil {
+		t.Errorf("sentinel-failover on a single Redis: no error")
 	}
 }
 
