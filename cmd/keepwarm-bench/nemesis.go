@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/lockstep"
 )
@@ -313,7 +314,7 @@ func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (st
 	var done []string
 	end := time.Now().Add(window)
 	for time.Now().Before(end) && ctx.Err() == nil && len(done) < 5 {
-		cmds := make([]interface{ Val() int64 }, len(locks))
+		cmds := make([]*redis.IntCmd, len(locks))
 		pipe := s.rdb.Pipeline()
 		for i, l := range locks {
 			cmds[i] = pipe.Exists(ctx, l)

@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -425,5 +430,110 @@ func TestReportChecksCanFail(t *testing.T) {
 				t.Errorf("the report does not print the seed")
 			}
 		})
+	}
+}
+
+// TestPrivatePostgres starts the soak's own PostgreSQL cluster, restarts it as the pg-restart fault does, and
+// checks that remove leaves no server and no files.
+func TestPrivatePostgres(t *testing.T) {
+	ctx := context.Background()
+	pg, err := startPostgres(ctx, io.Discard)
+	if err != nil {
+		t.Fatalf("%v (scripts/services up installs PostgreSQL)", err)
+	}
+	t.Cleanup(pg.remove)
+	ping := func() error {
+		conn, err := pgx.Connect(ctx, pg.dsn("postgres"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		var level string
+		if err := conn.QueryRow(ctx, "show wal_level").Scan(&level); err != nil {
+			return err
+		}
+		if level != "logical" {
+			return fmt.Errorf("wal_level %s, want logical (the change stream needs it)", level)
+		}
+		return nil
+	}
+	if err := ping(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.stop(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(); err == nil {
+		t.Fatal("PostgreSQL answers after stop")
+	}
+	if err := pg.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+	pg.remove()
+	if _, err := os.Stat(pg.base); !os.IsNotExist(err) {
+		t.Errorf("%s still there after remove (%v)", pg.base, err)
+	}
+	if err := ping(); err == nil {
+		t.Error("PostgreSQL still answers after remove")
+	}
+}
+
+// TestSentinelFailover starts the soak's Sentinel group, fails it over as the sentinel-failover fault does, and
+// checks that a failover client follows it, that the killed node is back as a replica, and that stop leaves
+// nothing running.
+func TestSentinelFailover(t *testing.T) {
+	ctx := context.Background()
+	g, err := startSentinelGroup(ctx, io.Discard)
+	if err != nil {
+		t.Fatalf("%v (scripts/services up installs redis-server)", err)
+	}
+	t.Cleanup(g.stop)
+	redis.SetLogger(quietRedisLog{})
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: g.sentinelAddrs()})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := g.master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT for the replica: %d, %v", n, err)
+	}
+	detail, err := g.failover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := g.master(ctx)
+	if err != nil || after == before {
+		t.Fatalf("master %v after the failover (%v), was %s; detail %q", after, err, before.addr(), detail)
+	}
+	var got string
+	for i := 0; i < 50; i++ {
+		if got, err = c.Get(ctx, "k").Result(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got != "v" {
+		t.Errorf("GET k through the failover client: %q, %v", got, err)
+	}
+	role, err := redis.NewClient(&redis.Options{Addr: before.addr()}).Do(ctx, "ROLE").Slice()
+	if err != nil || len(role) == 0 || role[0] != "slave" {
+		t.Errorf("the killed node's ROLE: %v, %v; want it back as a replica", role, err)
+	}
+	pids := []int{}
+	for _, n := range append(append([]*redisNode{}, g.nodes...), g.sentinels...) {
+		pids = append(pids, n.pid())
+	}
+	g.stop()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); err == nil {
+			t.Errorf("pid %d still running after stop", pid)
+		}
 	}
 }

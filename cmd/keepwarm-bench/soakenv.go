@@ -249,7 +249,8 @@ func (d *daemon) stop(sig syscall.Signal, wait time.Duration) {
 	}
 }
 
-// waitReady waits until the daemon's /readyz answers 200 (or its /healthz, when it is up but degraded).
+// waitReady waits until the daemon's /healthz answers 200 (it is up; /readyz may stay degraded while a fault
+// lasts, which is not a reason to wait).
 func (d *daemon) waitReady(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	c := http.Client{Timeout: time.Second}
