@@ -28,21 +28,24 @@ const (
 	faultRedisLink     = "redis-link"          // 50 ms RTT and connection resets between the daemons and Redis
 	faultInvalidate    = "invalidate-inflight" // an app's Invalidate of a hot key while a daemon refreshes it
 	faultFailover      = "sentinel-failover"   // --sentinel: kill -9 of the primary, the Sentinels promote the replica
+	faultMigration     = "cluster-migration"   // --cluster: hot keys' slots moved to another master key by key
 	faultNone          = "none"                // gaps before the first fault
 	attributionInvalid = "invalidation"        // gaps caused by the invalidations themselves (excluded by the SLO)
 )
 
 // allFaults lists every fault kind the nemesis implements, in the order of the report's table.
 var allFaults = []string{faultFlush, faultRedisStop, faultRedisRestart, faultDaemonKill, faultDaemonStop,
-	faultPGRestart, faultPGOutage, faultPoolExhaust, faultRedisLink, faultInvalidate, faultFailover}
+	faultPGRestart, faultPGOutage, faultPoolExhaust, faultRedisLink, faultInvalidate, faultFailover, faultMigration}
 
-// faultsFor returns the fault kinds available on a single Redis (behind the toxiproxy) or on a Sentinel group
-// (no proxy: the Sentinels hand out the nodes' own addresses, so redis-link is not available; sentinel-failover
-// is).
-func faultsFor(sentinel bool) []string {
+// faultsFor returns the fault kinds available with a Redis mode: "single" (one server behind the toxiproxy),
+// "sentinel" or "cluster". redis-link needs the proxy, which the Sentinels and the Cluster's redirections would
+// bypass by handing out the nodes' own addresses.
+func faultsFor(mode string) []string {
 	var out []string
 	for _, k := range allFaults {
-		if sentinel && k == faultRedisLink || !sentinel && k == faultFailover {
+		switch {
+		case k == faultRedisLink && mode != "single", k == faultFailover && mode != "sentinel",
+			k == faultMigration && mode != "cluster":
 			continue
 		}
 		out = append(out, k)
@@ -117,9 +120,9 @@ func (s *soak) inject(ctx context.Context, f plannedFault) (string, error) {
 	case faultFlush:
 		return s.flushDB(ctx)
 	case faultRedisStop:
-		return s.pauseRedis(ctx, f.Length)
+		return s.pauseRedis(ctx, f.Length, f.Target)
 	case faultRedisRestart:
-		return s.restartRedis(ctx)
+		return s.restartRedis(ctx, f.Target)
 	case faultDaemonKill:
 		return s.killDaemon(ctx, s.daemons[f.Target], f.Length)
 	case faultDaemonStop:
@@ -136,6 +139,8 @@ func (s *soak) inject(ctx context.Context, f plannedFault) (string, error) {
 		return s.invalidateInFlight(ctx, f.Length)
 	case faultFailover:
 		return s.sentinel.failover(ctx)
+	case faultMigration:
+		return s.migrateSlots(ctx)
 	}
 	return "", fmt.Errorf("unknown fault %q", f.Kind)
 }
@@ -150,13 +155,32 @@ func sleep(ctx context.Context, d time.Duration) {
 
 func (s *soak) flushDB(ctx context.Context) (string, error) {
 	n, _ := s.rdb.DBSize(ctx).Result()
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		return fmt.Sprintf("%d keys on every master", n), cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.FlushDB(ctx).Err()
+		})
+	}
 	return fmt.Sprintf("%d keys", n), s.rdb.FlushDB(ctx).Err()
 }
 
-// pauseRedis pauses the Redis server (the primary of a Sentinel group, which may then fail over).
-func (s *soak) pauseRedis(ctx context.Context, d time.Duration) (string, error) {
+// migrateSlots moves the slots of up to 8 hot keys to another master, key by key, 100 ms apart.
+func (s *soak) migrateSlots(ctx context.Context) (string, error) {
+	var keys []string
+	if h := s.hot.Load(); h != nil {
+		for k := range h.keys {
+			keys = append(keys, k)
+		}
+	}
+	return s.cluster.migrate(ctx, s.rdb.(*redis.ClusterClient), keys, 8, 100*time.Millisecond)
+}
+
+// pauseRedis pauses the Redis server (the primary of a Sentinel group, which may then fail over; master target
+// of a Cluster).
+func (s *soak) pauseRedis(ctx context.Context, d time.Duration, target int) (string, error) {
 	pid := 0
-	if s.sentinel != nil {
+	if s.cluster != nil {
+		pid = s.cluster.nodes[target%len(s.cluster.nodes)].pid()
+	} else if s.sentinel != nil {
 		n, err := s.sentinel.master(ctx)
 		if err != nil {
 			return "", err
@@ -173,7 +197,10 @@ func (s *soak) pauseRedis(ctx context.Context, d time.Duration) (string, error) 
 	return fmt.Sprintf("pid %d for %v", pid, d.Round(100*time.Millisecond)), nil
 }
 
-func (s *soak) restartRedis(ctx context.Context) (string, error) {
+func (s *soak) restartRedis(ctx context.Context, target int) (string, error) {
+	if s.cluster != nil {
+		return s.cluster.restart(ctx, s.cluster.nodes[target%len(s.cluster.nodes)])
+	}
 	if s.sentinel != nil {
 		return s.sentinel.restartMaster(ctx)
 	}

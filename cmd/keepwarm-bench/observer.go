@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"time"
 
@@ -45,7 +44,7 @@ func (o *observer) run(ctx context.Context) []gap {
 		}
 		pctx, cancel := context.WithTimeout(ctx, o.interval*4)
 		at := time.Now()
-		cmds, err := o.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
+		cmds, _ := o.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
 			for _, k := range keys {
 				p.PTTL(pctx, k)
 			}
@@ -55,10 +54,7 @@ func (o *observer) run(ctx context.Context) []gap {
 		if took := time.Since(at); took > 2*o.interval {
 			o.blindTime.Add(int64(took))
 		}
-		if err != nil && !errors.Is(err, redis.Nil) {
-			o.blind.Add(1)
-			continue
-		}
+		// A Cluster pipeline fails as a whole when one node does; the readings from the others still count.
 		pttl := make(map[string]time.Duration, len(keys))
 		for i, c := range cmds {
 			d, err := c.(*redis.DurationCmd).Result()
@@ -66,6 +62,10 @@ func (o *observer) run(ctx context.Context) []gap {
 				continue
 			}
 			pttl[keys[i]] = d
+		}
+		if len(pttl) == 0 && len(keys) > 0 {
+			o.blind.Add(1)
+			continue
 		}
 		o.polls.Add(1)
 		absent := o.track.observe(at, hot, pttl)

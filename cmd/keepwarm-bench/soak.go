@@ -45,6 +45,18 @@ type soakFlags struct {
 	settle       time.Duration
 	manifest     string
 	sentinel     bool
+	cluster      bool
+}
+
+// mode is the Redis side's shape: "single", "sentinel" or "cluster".
+func (f soakFlags) mode() string {
+	switch {
+	case f.sentinel:
+		return "sentinel"
+	case f.cluster:
+		return "cluster"
+	}
+	return "single"
 }
 
 // soak is one run of `keepwarm-bench soak`: private servers, a fleet of daemons, the load, the updater, the
@@ -55,6 +67,7 @@ type soak struct {
 	rdb      redis.UniversalClient
 	redis    *redisserver.Server // the single Redis; nil with --sentinel
 	sentinel *sentinelGroup      // with --sentinel
+	cluster  *clusterGroup       // with --cluster
 	pg       *privatePostgres
 	proxy    *redisProxy
 	daemons  []*daemon
@@ -112,8 +125,9 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&f.zipf, "zipf", 1.1, "Zipf exponent of the load's ids")
 	fs.Float64Var(&f.updateRate, "update-rate", 20, "track row updates per second")
 	fs.StringVar(&f.faults, "faults", "all", "fault kinds the nemesis picks from: all, or a comma-separated list of "+strings.Join(allFaults, ", ")+
-		" (redis-link needs a single Redis, sentinel-failover --sentinel)")
+		" (redis-link needs a single Redis, sentinel-failover --sentinel, cluster-migration --cluster)")
 	fs.BoolVar(&f.sentinel, "sentinel", false, "run Redis as a Sentinel group (primary, replica, 3 Sentinels) instead of one server behind a toxiproxy")
+	fs.BoolVar(&f.cluster, "cluster", false, "run Redis as a Cluster of 3 masters, with the config's key templates hash-tagged by id")
 	fs.DurationVar(&f.interval, "interval", 50*time.Millisecond, "the observer's poll interval")
 	fs.DurationVar(&f.minGap, "min-gap", 100*time.Millisecond, "observer gaps at least this long must be counted by the SLO counter")
 	fs.IntVar(&f.maxUncounted, "max-uncounted", 0, "check: uncounted gaps allowed")
@@ -124,7 +138,10 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	kinds, err := parseFaults(f.faults, faultsFor(f.sentinel))
+	if f.sentinel && f.cluster {
+		return usageError{errors.New("--sentinel and --cluster: pick one")}
+	}
+	kinds, err := parseFaults(f.faults, faultsFor(f.mode()))
 	if err != nil {
 		return usageError{err}
 	}
@@ -169,11 +186,21 @@ func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
 	if !filepath.IsAbs(s.f.manifest) {
 		s.f.manifest = filepath.Join(root, s.f.manifest)
 	}
-	if s.f.sentinel {
+	switch {
+	case s.f.cluster:
+		if s.cluster, err = startCluster(ctx, stderr); err != nil {
+			return err
+		}
+		derived := filepath.Join(s.f.logDir, "soak-cluster.toml")
+		if err := clusterConfig(cfgPath, derived); err != nil {
+			return err
+		}
+		cfgPath = derived
+	case s.f.sentinel:
 		if s.sentinel, err = startSentinelGroup(ctx, stderr); err != nil {
 			return err
 		}
-	} else {
+	default:
 		if s.redis, err = redisserver.Start(ctx); err != nil {
 			return err
 		}
@@ -201,6 +228,10 @@ func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
 	if s.sentinel != nil {
 		common = append(common, "KEEPWARM_REDIS_MODE=sentinel", "KEEPWARM_REDIS_ADDRESSES="+strings.Join(s.sentinel.sentinelAddrs(), ","),
 			"KEEPWARM_REDIS_MASTER_NAME="+sentinelMaster)
+		apps = common
+	}
+	if s.cluster != nil {
+		common = append(common, "KEEPWARM_REDIS_MODE=cluster", "KEEPWARM_REDIS_ADDRESSES="+strings.Join(s.cluster.addrs(), ","))
 		apps = common
 	}
 	if s.cfg, err = config.LoadEnv(cfgPath, apps); err != nil {
@@ -262,6 +293,9 @@ func (s *soak) teardown(stderr io.Writer) {
 	}
 	if s.sentinel != nil {
 		s.sentinel.stop()
+	}
+	if s.cluster != nil {
+		s.cluster.stop()
 	}
 	if s.pg != nil {
 		s.pg.remove()
@@ -632,18 +666,30 @@ func (s *soak) verifyHot(ctx context.Context) (int, []string) {
 	return checked, bad
 }
 
-// lockKeys lists the lock keys left in Redis (SCAN of each keyspace's lock template with id "*").
+// lockKeys lists the lock keys left in Redis (SCAN of each keyspace's lock template with id "*", on every master
+// of a Cluster).
 func (s *soak) lockKeys(ctx context.Context) []string {
+	var mu sync.Mutex
 	var out []string
-	for _, ks := range s.cfg.Keyspaces {
-		k, err := s.keys[ks.Name].For("*")
-		if err != nil {
-			continue
+	scan := func(ctx context.Context, c redis.UniversalClient) error {
+		for _, ks := range s.cfg.Keyspaces {
+			k, err := s.keys[ks.Name].For("*")
+			if err != nil {
+				continue
+			}
+			iter := c.Scan(ctx, 0, k.Lock, 1000).Iterator()
+			for iter.Next(ctx) {
+				mu.Lock()
+				out = append(out, iter.Val())
+				mu.Unlock()
+			}
 		}
-		iter := s.rdb.Scan(ctx, 0, k.Lock, 1000).Iterator()
-		for iter.Next(ctx) {
-			out = append(out, iter.Val())
-		}
+		return nil
+	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		_ = scan(ctx, s.rdb)
 	}
 	slices.Sort(out)
 	return out
@@ -660,15 +706,20 @@ func (s *soak) redisURL() string {
 // observerClient returns the observer's own client: to the single Redis, or to the Sentinel group's primary
 // (following failovers).
 func (s *soak) observerClient(ctx context.Context) (redis.UniversalClient, error) {
-	if s.sentinel == nil {
+	var c redis.UniversalClient
+	switch {
+	case s.cluster != nil:
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.cluster.addrs(), PoolSize: 4})
+	case s.sentinel != nil:
+		c = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: s.sentinel.sentinelAddrs(), PoolSize: 4})
+	default:
 		return newRedis(ctx, s.redis.URL, 4)
 	}
-	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: s.sentinel.sentinelAddrs(), PoolSize: 4})
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("the Sentinel group's primary: %w", err)
+		return nil, fmt.Errorf("the observer's Redis client: %w", err)
 	}
 	return c, nil
 }

@@ -166,7 +166,7 @@ func TestGapTrackerBound(t *testing.T) {
 
 func TestPlanFaults(t *testing.T) {
 	plan := func(seed uint64) []plannedFault {
-		return planFaults(seed, faultsFor(false), 30*time.Second, 29*time.Minute, 30*time.Minute, 3)
+		return planFaults(seed, faultsFor("single"), 30*time.Second, 29*time.Minute, 30*time.Minute, 3)
 	}
 	a, b := plan(1), plan(1)
 	if !reflect.DeepEqual(a, b) {
@@ -197,7 +197,7 @@ func TestPlanFaults(t *testing.T) {
 			t.Errorf("target %d out of 3 replicas", f.Target)
 		}
 	}
-	if len(seen) < len(faultsFor(false))-2 {
+	if len(seen) < len(faultsFor("single"))-2 {
 		t.Errorf("30 minutes drew only %v", seen)
 	}
 	short := planFaults(1, []string{faultPGOutage}, 30*time.Second, 150*time.Second, 3*time.Minute, 3)
@@ -209,7 +209,7 @@ func TestPlanFaults(t *testing.T) {
 }
 
 func TestParseFaults(t *testing.T) {
-	single, sentinel := faultsFor(false), faultsFor(true)
+	single, sentinel := faultsFor("single"), faultsFor("sentinel")
 	if got, err := parseFaults("all", single); err != nil || !reflect.DeepEqual(got, single) || slices.Contains(got, faultFailover) || !slices.Contains(got, faultRedisLink) {
 		t.Errorf("all on a single Redis: got %v, %v", got, err)
 	}
@@ -224,6 +224,9 @@ func TestParseFaults(t *testing.T) {
 	}
 	if _, err := parseFaults("sentinel-failover", single); err == nil {
 		t.Errorf("sentinel-failover on a single Redis: no error")
+	}
+	if got := faultsFor("cluster"); !slices.Contains(got, faultMigration) || slices.Contains(got, faultRedisLink) || slices.Contains(got, faultFailover) {
+		t.Errorf("cluster: got %v", got)
 	}
 }
 
@@ -535,5 +538,25 @@ func TestSentinelFailover(t *testing.T) {
 		if err := syscall.Kill(pid, 0); err == nil {
 			t.Errorf("pid %d still running after stop", pid)
 		}
+	}
+}
+
+func TestClusterConfig(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "soak-cluster.toml")
+	if err := clusterConfig("../../config.toml", dst); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`key = "track:{${id}}"`, `key = "chart:genre:{${id}}"`, `lock = "lock:${key}"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("derived config lacks %s", want)
+		}
+	}
+	abs, _ := filepath.Abs("../../examples/hotkeys/black-friday.txt")
+	if !strings.Contains(string(b), `file = "`+abs+`"`) {
+		t.Errorf("derived config: the hotkeys file is not %s", abs)
 	}
 }
