@@ -98,10 +98,14 @@ func planFaults(seed uint64, kinds []string, from, until, total time.Duration, r
 	return out
 }
 
-// parseFaults parses --faults: "all" (every kind in available) or a comma-separated list of kinds.
+// parseFaults parses --faults: "all" (every kind in available), "none" (a control run) or a comma-separated list
+// of kinds.
 func parseFaults(s string, available []string) ([]string, error) {
-	if s == "" || s == "all" {
+	switch s {
+	case "", "all":
 		return available, nil
+	case "none": // a control run: the same load and checks, no fault
+		return nil, nil
 	}
 	var out []string
 	for _, k := range strings.Split(s, ",") {

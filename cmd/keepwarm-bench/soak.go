@@ -124,7 +124,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&f.workers, "workers", 50, "load workers (Zipf readers through lockstep clients)")
 	fs.Float64Var(&f.zipf, "zipf", 1.1, "Zipf exponent of the load's ids")
 	fs.Float64Var(&f.updateRate, "update-rate", 20, "track row updates per second")
-	fs.StringVar(&f.faults, "faults", "all", "fault kinds the nemesis picks from: all, or a comma-separated list of "+strings.Join(allFaults, ", ")+
+	fs.StringVar(&f.faults, "faults", "all", "fault kinds the nemesis picks from: all, none (a control run), or a comma-separated list of "+strings.Join(allFaults, ", ")+
 		" (redis-link needs a single Redis, sentinel-failover --sentinel, cluster-migration --cluster)")
 	fs.BoolVar(&f.sentinel, "sentinel", false, "run Redis as a Sentinel group (primary, replica, 3 Sentinels) instead of one server behind a toxiproxy")
 	fs.BoolVar(&f.cluster, "cluster", false, "run Redis as a Cluster of 3 masters, with the config's key templates hash-tagged by id")

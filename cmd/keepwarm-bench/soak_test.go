@@ -222,6 +222,9 @@ func TestParseFaults(t *testing.T) {
 	if _, err := parseFaults("flushdb,meteor", single); err == nil || !strings.Contains(err.Error(), "meteor") {
 		t.Errorf("unknown: got %v, want an error naming it", err)
 	}
+	if got, err := parseFaults("none", single); err != nil || len(got) != 0 || len(planFaults(1, got, 0, time.Hour, time.Hour, 3)) != 0 {
+		t.Errorf("none: got %v, %v; want no kind and no fault planned", got, err)
+	}
 	if _, err := parseFaults("sentinel-failover", single); err == nil {
 		t.Errorf("sentinel-failover on a single Redis: no error")
 	}
