@@ -148,7 +148,12 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if f.duration < time.Minute || f.replicas < 1 || f.workers < 1 || f.interval <= 0 {
 		return usageError{errors.New("--duration must be >= 1m, --replicas, --workers and --interval > 0")}
 	}
-	fmt.Fprintf(stdout, "soak: seed %d, duration %v, %d daemons, %d workers, faults %s\n", f.seed, f.duration, f.replicas, f.workers, strings.Join(kinds, ","))
+	names := strings.Join(kinds, ",")
+	if names == "" {
+		names = "none (a control run)"
+	}
+	fmt.Fprintf(stdout, "soak: seed %d, duration %v, Redis %s, %d daemons, %d workers, faults %s\n", f.seed, f.duration, f.mode(),
+		f.replicas, f.workers, names)
 	redis.SetLogger(quietRedisLog{})
 	s := &soak{f: f, counters: map[incarnation]map[string]float64{}, peaks: map[incarnation]int64{}}
 	defer s.teardown(stderr)

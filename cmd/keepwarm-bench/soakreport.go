@@ -291,7 +291,14 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 			check(false, "fault "+fr.Kind+" injected", fr.err.Error(), fmt.Sprintf("%s at %v: %v", fr.Kind, fr.At, fr.err))
 		}
 	}
-	fmt.Fprintf(w, "seed %d: replay with keepwarm-bench soak --duration %v --seed %d\n", r.seed, f.duration, r.seed)
+	replay := fmt.Sprintf("keepwarm-bench soak --duration %v --seed %d", f.duration, r.seed)
+	if f.mode() != "single" {
+		replay += " --" + f.mode()
+	}
+	if f.faults != "" && f.faults != "all" {
+		replay += " --faults " + f.faults
+	}
+	fmt.Fprintf(w, "seed %d: replay with %s\n", r.seed, replay)
 	if len(failed) > 0 {
 		return fmt.Errorf("soak seed %d: %d checks failed: %s", r.seed, len(failed), strings.Join(failed, "; "))
 	}
