@@ -79,6 +79,7 @@ type soak struct {
 
 	bookMu        sync.Mutex                            // guards lastHot, counters, peaks and invalidations
 	lastHot       map[string]map[string]map[string]bool // replica → keyspace → id: its last /debug/hotkeys
+	lastHotAt     map[string]time.Time                  // replica → when it last answered
 	counters      map[incarnation]map[string]float64
 	peaks         map[incarnation]int64
 	invalidations []invalidation
@@ -518,20 +519,39 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 	return res, nil
 }
 
-// readHot re-reads every replica's /debug/hotkeys and publishes the union. A replica that does not answer
-// (paused, restarting) keeps its last known set: its keys are still hot for the apps that read them.
+// readHot re-reads every replica's /debug/hotkeys (each lists the whole hot set, owned or not) and publishes the
+// union. A key is hot at a moment if some replica lists it, so a replica that stops answering (paused, killed)
+// stops contributing once staleHot has passed since its last answer, provided another replica answered this
+// round; its stale set would otherwise keep keys the others have dropped, and their later expiries would read as
+// misses. When no replica answers (a paused Redis can hold every /debug/hotkeys), every last set is kept, so
+// that the observer does not stop watching exactly when keys expire.
 func (s *soak) readHot() {
+	const staleHot = 2 * time.Second
+	now := time.Now()
 	s.bookMu.Lock()
 	if s.lastHot == nil {
 		s.lastHot = map[string]map[string]map[string]bool{}
+		s.lastHotAt = map[string]time.Time{}
 	}
 	s.bookMu.Unlock()
+	answered := 0
 	for _, d := range s.daemons {
 		if h, _ := daemonHot(d.addr); h != nil {
+			answered++
 			s.bookMu.Lock()
-			s.lastHot[d.id] = h
+			s.lastHot[d.id], s.lastHotAt[d.id] = h, now
 			s.bookMu.Unlock()
 		}
+	}
+	if answered > 0 {
+		s.bookMu.Lock()
+		for id, at := range s.lastHotAt {
+			if now.Sub(at) > staleHot {
+				delete(s.lastHot, id)
+				delete(s.lastHotAt, id)
+			}
+		}
+		s.bookMu.Unlock()
 	}
 	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}}
 	s.bookMu.Lock()
