@@ -18,7 +18,7 @@ type observer struct {
 	interval  time.Duration                       // between polls; 50 ms in the soak
 	hot       func() map[string]string            // cache key → keyspace: the current hot union (nil: none yet)
 	blind     atomic.Int64                        // polls that failed (Redis paused, restarting, unreachable)
-	blindTime atomic.Int64                        // ns spent in failed polls, each plus one interval
+	blindTime atomic.Int64                        // ns spent in polls that took more than two intervals
 	polls     atomic.Int64                        // polls that succeeded
 	track     *gapTracker                         // owned by run
 	onPoll    func(at time.Time, absent, hot int) // optional, for progress; called from run
@@ -42,6 +42,9 @@ func (o *observer) run(ctx context.Context) []gap {
 		for k := range hot {
 			keys = append(keys, k)
 		}
+		// go-redis bounds a poll by its read timeout (3 s by default), not by this context, unless the client has
+		// ContextTimeoutEnabled: a paused Redis stalls the observer for that long, which blindTime reports. The gaps
+		// start right (at the key's predicted expiry, whichever poll finds it gone); an end can be late by the stall.
 		pctx, cancel := context.WithTimeout(ctx, o.interval*4)
 		at := time.Now()
 		cmds, _ := o.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
