@@ -1,4 +1,5 @@
-# keepwarm: `make run` runs the daemon on the Chinook demo; `make test` runs every test against real services.
+# keepwarm: `make run` runs the daemon on the Chinook demo; `make test` runs every test against real services,
+# then a 3-minute fault soak with a fixed seed (see `soak` below).
 SHELL := /bin/bash
 GO ?= go
 
@@ -39,6 +40,7 @@ vet:
 test: services pgbouncer cluster sentinel test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	$(GO) run ./cmd/keepwarm-bench soak --duration 3m --seed 1
 
 # The Chinook demo (examples/chinook): the catalog in database chinook, plus keepwarm's schema in the same
 # database. Idempotent: a second run changes nothing.
