@@ -1,4 +1,5 @@
-# keepwarm: `make run` runs the daemon on the Chinook demo; `make test` runs every test against real services.
+# keepwarm: `make run` runs the daemon on the Chinook demo; `make test` runs every test against real services,
+# then a 3-minute fault soak with a fixed seed (see `soak` below).
 SHELL := /bin/bash
 GO ?= go
 
@@ -39,6 +40,7 @@ vet:
 test: services pgbouncer cluster sentinel test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	$(GO) run ./cmd/keepwarm-bench soak --duration 3m --seed 1
 
 # The Chinook demo (examples/chinook): the catalog in database chinook, plus keepwarm's schema in the same
 # database. Idempotent: a second run changes nothing.
@@ -83,6 +85,20 @@ verify-deploy: test-deps
 .PHONY: statuspage-screenshot
 statuspage-screenshot: services test-deps
 	$(GO) test -count=1 -run TestStatusPageInBrowser ./cmd/keepwarm -args -statuspage.screenshot=$(CURDIR)/docs/statuspage.png
+
+# The randomized fault soak (issue 20, docs/benchmarks.md "Fault soak"): 3 daemons on the Chinook demo under the
+# Zipf load and row updates, a nemesis drawing a fault every 20-40 s from SOAK_SEED, and an independent miss
+# observer. It starts its own Redis and PostgreSQL on free loopback ports (never the shared ones; `services` only
+# makes sure redis-server and PostgreSQL are installed) and stops them at the end, also on Ctrl-C. Exits non-zero
+# when a check fails. `make soak SOAK_DURATION=3m SOAK_SEED=2` for a short one.
+SOAK_DURATION ?= 30m
+SOAK_SEED ?= 1
+SOAK_ARGS ?=
+.PHONY: soak
+soak: services
+	mkdir -p .run/soak
+	$(GO) build -o .run/soak/keepwarm-bench ./cmd/keepwarm-bench
+	.run/soak/keepwarm-bench soak --duration $(SOAK_DURATION) --seed $(SOAK_SEED) $(SOAK_ARGS)
 
 # The benchmarks of docs/benchmarks.md, in full (about 45 minutes; never part of `make test`): the stampede table
 # (6 strategies × 5 min), the OLTP trace and Zipf replays against their oracles, and the warmer's own scale. Plots

@@ -134,52 +134,10 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		defer wg.Done()
 		sampler.run(rctx, rdb, spaces)
 	}()
-	var clientsMu sync.Mutex
-	var clients []*lockstep.Client
-	var setupErr error
-	for w := 0; w < f.workers; w++ {
-		wk := &worker{r: rand.New(rand.NewPCG(f.seed, uint64(w)))}
-		cs := make([]*lockstep.Client, len(spaces))
-		for i, ls := range spaces {
-			c, err := ls.client(rdb, wk, f.sample)
-			if err != nil {
-				setupErr = err
-				break
-			}
-			cs[i] = c
-		}
-		if setupErr != nil {
-			break
-		}
-		clientsMu.Lock()
-		clients = append(clients, cs...)
-		clientsMu.Unlock()
-		zipfs := make([]*rand.Zipf, len(spaces))
-		for i, ls := range spaces {
-			zipfs[i] = rand.NewZipf(wk.r, f.zipf, 1, uint64(len(ls.ids)-1))
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; rctx.Err() == nil; n++ {
-				i := n % len(spaces)
-				ls := spaces[i]
-				id := ls.ids[zipfs[i].Uint64()]
-				wk.outcome = outcomeHit
-				t0 := time.Now()
-				_, err := cs[i].Get(rctx, id)
-				lat := time.Since(t0)
-				if rctx.Err() != nil {
-					return
-				}
-				hot := false
-				if h := hotNow.Load(); h != nil {
-					hot = (*h)[ls.name][id]
-				}
-				ls.record(id, wk.outcome, lat, err, t0.After(warmEnd), hot)
-			}
-		}()
-	}
+	clients, setupErr := startWorkers(rctx, &wg, rdb, spaces, f, warmEnd, func(ks, id string) bool {
+		h := hotNow.Load()
+		return h != nil && (*h)[ks][id]
+	})
 	wg.Wait()
 	for _, c := range clients {
 		_ = c.Close(context.Background())
@@ -204,6 +162,49 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	report(stdout, spaces, elapsed, f, source)
 	sampler.report(stdout, spaces)
 	return nil
+}
+
+// startWorkers starts f.workers readers on wg, each with its own lockstep client per keyspace and its own Zipf
+// draw (seeded from f.seed and its number), reading until ctx ends; hot says whether an id was hot at the moment
+// of a read. It returns the clients, which the caller closes after wg.Wait, and the first error setting them up
+// (the workers started before it run on).
+func startWorkers(ctx context.Context, wg *sync.WaitGroup, rdb redis.UniversalClient, spaces []*loadSpace, f loadFlags,
+	warmEnd time.Time, hot func(ks, id string) bool) ([]*lockstep.Client, error) {
+	var clients []*lockstep.Client
+	for w := 0; w < f.workers; w++ {
+		wk := &worker{r: rand.New(rand.NewPCG(f.seed, uint64(w)))}
+		cs := make([]*lockstep.Client, len(spaces))
+		for i, ls := range spaces {
+			c, err := ls.client(rdb, wk, f.sample)
+			if err != nil {
+				return clients, err
+			}
+			cs[i] = c
+			clients = append(clients, c)
+		}
+		zipfs := make([]*rand.Zipf, len(spaces))
+		for i, ls := range spaces {
+			zipfs[i] = rand.NewZipf(wk.r, f.zipf, 1, uint64(len(ls.ids)-1))
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ctx.Err() == nil; n++ {
+				i := n % len(spaces)
+				ls := spaces[i]
+				id := ls.ids[zipfs[i].Uint64()]
+				wk.outcome = outcomeHit
+				t0 := time.Now()
+				_, err := cs[i].Get(ctx, id)
+				lat := time.Since(t0)
+				if ctx.Err() != nil {
+					return
+				}
+				ls.record(id, wk.outcome, lat, err, t0.After(warmEnd), hot(ls.name, id))
+			}
+		}()
+	}
+	return clients, nil
 }
 
 // Outcomes of one Get, as the worker's recorder saw them.
@@ -254,6 +255,7 @@ type loadSpace struct {
 	errs      int
 	firstErr  error
 	latencies []time.Duration
+	maxLat    int                 // keep at most this many latencies (0: all), to bound a long run's memory
 	perID     map[string]*idStats // reads and misses after the warm-up window
 	hot       map[string]bool
 	// reads (and misses) after the warm-up of ids that the daemon held hot at the moment of the read
@@ -302,7 +304,9 @@ func (ls *loadSpace) record(id string, outcome int, lat time.Duration, err error
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	ls.reads++
-	ls.latencies = append(ls.latencies, lat)
+	if ls.maxLat == 0 || len(ls.latencies) < ls.maxLat {
+		ls.latencies = append(ls.latencies, lat)
+	}
 	if err != nil && !errors.Is(err, lockstep.ErrNotFound) {
 		ls.errs++
 		if ls.firstErr == nil {

@@ -41,6 +41,8 @@ commands:
   scale     the warmer itself: memory per tracked key, refresh throughput, Redis commands per refresh, idle CPU
   changes   update track rows at a rate; time commit-to-Redis; check cached keys against the origin
   meta      Redis memory, CPU and warmup keys/s per cached key, meta hash on and off, vs a plain SET and redis-benchmark
+  soak      a fleet of 3 daemons under load, row updates and a randomized nemesis; an independent miss observer
+            checks the SLO counter, and the end checks orphaned locks, stale values and peak RSS
   plot      redraw a benchmark's SVG from the JSON its --json flag wrote
 
 Run 'keepwarm-bench <command> -h' for a command's flags.
@@ -68,6 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runChanges(ctx, args[1:], stdout, stderr)
 	case "meta":
 		return runMeta(ctx, args[1:], stdout, stderr)
+	case "soak":
+		return runSoak(ctx, args[1:], stdout, stderr)
 	case "plot":
 		return runPlot(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":

@@ -1,0 +1,368 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// The nemesis's fault kinds, in the order issue 20 ranks them for the soak. Each is one method of soak below.
+const (
+	faultFlush         = "flushdb"             // FLUSHDB on the Redis the fleet uses
+	faultRedisStop     = "redis-sigstop"       // Redis paused (SIGSTOP) for 5–20 s
+	faultRedisRestart  = "redis-restart"       // Redis stopped and started again: every key and setting gone
+	faultDaemonKill    = "daemon-kill9"        // kill -9 of one daemon, restarted 1–5 s later
+	faultDaemonStop    = "daemon-sigstop"      // one daemon paused (SIGSTOP) for 5–20 s
+	faultPGRestart     = "pg-restart"          // PostgreSQL restarted (pg_ctl stop -m fast, start)
+	faultPGOutage      = "pg-outage"           // PostgreSQL down for 60–150 s, scaled down on short soaks
+	faultPoolExhaust   = "pool-exhaustion"     // origin queries hang on a table lock for 5–20 s, holding the pools
+	faultRedisLink     = "redis-link"          // 50 ms RTT and connection resets between the daemons and Redis
+	faultInvalidate    = "invalidate-inflight" // an app's Invalidate of a hot key while a daemon refreshes it
+	faultFailover      = "sentinel-failover"   // --sentinel: kill -9 of the primary, the Sentinels promote the replica
+	faultMigration     = "cluster-migration"   // --cluster: hot keys' slots moved to another master key by key
+	faultNone          = "none"                // gaps before the first fault
+	attributionInvalid = "invalidation"        // gaps caused by the invalidations themselves (excluded by the SLO)
+)
+
+// allFaults lists every fault kind the nemesis implements, in the order of the report's table.
+var allFaults = []string{faultFlush, faultRedisStop, faultRedisRestart, faultDaemonKill, faultDaemonStop,
+	faultPGRestart, faultPGOutage, faultPoolExhaust, faultRedisLink, faultInvalidate, faultFailover, faultMigration}
+
+// faultsFor returns the fault kinds available with a Redis mode: "single" (one server behind the toxiproxy),
+// "sentinel" or "cluster". redis-link needs the proxy, which the Sentinels and the Cluster's redirections would
+// bypass by handing out the nodes' own addresses.
+func faultsFor(mode string) []string {
+	var out []string
+	for _, k := range allFaults {
+		switch {
+		case k == faultRedisLink && mode != "single", k == faultFailover && mode != "sentinel",
+			k == faultMigration && mode != "cluster":
+			continue
+		}
+		out = append(out, k)
+	}
+	return out
+}
+
+// plannedFault is one fault of the nemesis's schedule.
+type plannedFault struct {
+	At     time.Duration // since the start of the load
+	Kind   string
+	Length time.Duration // how long the fault lasts (the downtime of a kill -9); 0 for an instant fault
+	Target int           // the daemon a daemon fault hits, 0-based
+}
+
+// fullOutage is the PostgreSQL outage's length range on a soak of at least fullSoak; shorter soaks scale it down
+// in proportion (never below minOutage), so that a 3-minute soak still has room for other faults.
+const (
+	fullSoak  = 30 * time.Minute
+	minOutage = 10 * time.Second
+)
+
+// planFaults draws the nemesis's schedule from seed alone (math/rand/v2's PCG), so that the same seed replays
+// the same faults at the same offsets: a fault kind among kinds every 20–40 s (later when the previous fault
+// lasts longer), from from until every fault has ended by until. total is the soak's duration, which scales the
+// PostgreSQL outage. replicas is the fleet's size.
+func planFaults(seed uint64, kinds []string, from, until, total time.Duration, replicas int) []plannedFault {
+	r := rand.New(rand.NewPCG(seed, 0x6e656d65736973))
+	uniform := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(r.Int64N(int64(hi-lo)+1)) }
+	scale := min(1, float64(total)/float64(fullSoak))
+	var out []plannedFault
+	for at := from; len(kinds) > 0; {
+		f := plannedFault{At: at, Kind: kinds[r.IntN(len(kinds))], Target: r.IntN(max(replicas, 1))}
+		switch f.Kind {
+		case faultRedisStop, faultDaemonStop, faultPoolExhaust, faultRedisLink:
+			f.Length = uniform(5*time.Second, 20*time.Second)
+		case faultDaemonKill:
+			f.Length = uniform(time.Second, 5*time.Second)
+		case faultPGOutage:
+			f.Length = max(minOutage, time.Duration(float64(uniform(60*time.Second, 150*time.Second))*scale).Round(time.Second))
+		case faultInvalidate:
+			f.Length = 10 * time.Second // the window in which it looks for refreshes in flight
+		}
+		if at+f.Length > until {
+			break
+		}
+		out = append(out, f)
+		at += max(uniform(20*time.Second, 40*time.Second), f.Length+10*time.Second)
+	}
+	return out
+}
+
+// parseFaults parses --faults: "all" (every kind in available), "none" (a control run) or a comma-separated list
+// of kinds.
+func parseFaults(s string, available []string) ([]string, error) {
+	switch s {
+	case "", "all":
+		return available, nil
+	case "none": // a control run: the same load and checks, no fault
+		return nil, nil
+	}
+	var out []string
+	for _, k := range strings.Split(s, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(available, k) {
+			return nil, fmt.Errorf("--faults: unknown or unavailable fault %q (available: %s)", k, strings.Join(available, ", "))
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+// inject runs one fault to its end (healing it on the way out, also when ctx ends) and returns what it did.
+func (s *soak) inject(ctx context.Context, f plannedFault) (string, error) {
+	switch f.Kind {
+	case faultFlush:
+		return s.flushDB(ctx)
+	case faultRedisStop:
+		return s.pauseRedis(ctx, f.Length, f.Target)
+	case faultRedisRestart:
+		return s.restartRedis(ctx, f.Target)
+	case faultDaemonKill:
+		return s.killDaemon(ctx, s.daemons[f.Target], f.Length)
+	case faultDaemonStop:
+		return s.pauseDaemon(ctx, s.daemons[f.Target], f.Length)
+	case faultPGRestart:
+		return s.restartPostgres(ctx)
+	case faultPGOutage:
+		return s.postgresOutage(ctx, f.Length)
+	case faultPoolExhaust:
+		return s.exhaustPool(ctx, f.Length)
+	case faultRedisLink:
+		return s.degradeRedisLink(ctx, f.Length)
+	case faultInvalidate:
+		return s.invalidateInFlight(ctx, f.Length)
+	case faultFailover:
+		return s.sentinel.failover(ctx)
+	case faultMigration:
+		return s.migrateSlots(ctx)
+	}
+	return "", fmt.Errorf("unknown fault %q", f.Kind)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func (s *soak) flushDB(ctx context.Context) (string, error) {
+	n, _ := s.rdb.DBSize(ctx).Result()
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		return fmt.Sprintf("%d keys on every master", n), cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.FlushDB(ctx).Err()
+		})
+	}
+	return fmt.Sprintf("%d keys", n), s.rdb.FlushDB(ctx).Err()
+}
+
+// migrateSlots moves the slots of up to 8 hot keys to another master, key by key, 100 ms apart.
+func (s *soak) migrateSlots(ctx context.Context) (string, error) {
+	var keys []string
+	if h := s.hot.Load(); h != nil {
+		for k := range h.keys {
+			keys = append(keys, k)
+		}
+	}
+	return s.cluster.migrate(ctx, s.rdb.(*redis.ClusterClient), keys, 8, 100*time.Millisecond)
+}
+
+// pauseRedis pauses the Redis server (the primary of a Sentinel group, which may then fail over; master target
+// of a Cluster).
+func (s *soak) pauseRedis(ctx context.Context, d time.Duration, target int) (string, error) {
+	pid := 0
+	if s.cluster != nil {
+		pid = s.cluster.nodes[target%len(s.cluster.nodes)].pid()
+	} else if s.sentinel != nil {
+		n, err := s.sentinel.master(ctx)
+		if err != nil {
+			return "", err
+		}
+		pid = n.pid()
+	} else {
+		pid = s.redis.Process.Pid
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return "", err
+	}
+	defer syscall.Kill(pid, syscall.SIGCONT)
+	sleep(ctx, d)
+	return fmt.Sprintf("pid %d for %v", pid, d.Round(100*time.Millisecond)), nil
+}
+
+func (s *soak) restartRedis(ctx context.Context, target int) (string, error) {
+	if s.cluster != nil {
+		return s.cluster.restart(ctx, s.cluster.nodes[target%len(s.cluster.nodes)])
+	}
+	if s.sentinel != nil {
+		return s.sentinel.restartMaster(ctx)
+	}
+	t0 := time.Now()
+	if err := s.redis.Restart(ctx); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("down %v", time.Since(t0).Round(time.Millisecond)), nil
+}
+
+// killDaemon scrapes the daemon's SLO counter, kills it with SIGKILL and starts it again after down. What it
+// counted between that last scrape and the kill (a few milliseconds) is lost; the report says so.
+func (s *soak) killDaemon(ctx context.Context, d *daemon, down time.Duration) (string, error) {
+	s.scrapeOne(d)
+	pid, inc, done := d.pid()
+	if pid == 0 {
+		return "", fmt.Errorf("daemon %s is not running", d.id)
+	}
+	s.recordPeak(d.id, inc, pid) // /proc/PID is gone once it has been reaped
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return "", err
+	}
+	<-done
+	sleep(ctx, down)
+	if err := d.start(); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s (pid %d) down %v", d.id, pid, down.Round(100*time.Millisecond)), d.waitReady(ctx, 30*time.Second)
+}
+
+func (s *soak) pauseDaemon(ctx context.Context, d *daemon, length time.Duration) (string, error) {
+	if err := d.signal(syscall.SIGSTOP); err != nil {
+		return "", err
+	}
+	defer d.signal(syscall.SIGCONT)
+	sleep(ctx, length)
+	return fmt.Sprintf("%s for %v", d.id, length.Round(100*time.Millisecond)), nil
+}
+
+func (s *soak) restartPostgres(ctx context.Context) (string, error) {
+	t0 := time.Now()
+	if err := s.pg.stop(ctx, "fast"); err != nil {
+		return "", err
+	}
+	if err := s.pg.start(context.Background()); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("down %v", time.Since(t0).Round(time.Millisecond)), nil
+}
+
+func (s *soak) postgresOutage(ctx context.Context, d time.Duration) (string, error) {
+	if err := s.pg.stop(ctx, "fast"); err != nil {
+		return "", err
+	}
+	sleep(ctx, d)
+	return fmt.Sprintf("down %v", d), s.pg.start(context.Background())
+}
+
+// exhaustPool holds an ACCESS EXCLUSIVE lock on the track table for d: every origin query of the demo's
+// keyspaces joins track, so the daemons' fetches hang until their statement_timeout, holding their pool's
+// connections, and the fetches queued behind them wait for a connection until pool_wait_timeout (the "hung
+// rebuilds hold the pool" fault of issue 20).
+func (s *soak) exhaustPool(ctx context.Context, d time.Duration) (string, error) {
+	conn, err := pgx.Connect(ctx, s.pg.dsn("chinook"))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "set local lock_timeout = '5s'"); err != nil {
+		return "", err
+	}
+	if _, err := tx.Exec(ctx, "lock table track in access exclusive mode"); err != nil {
+		return "", fmt.Errorf("lock table track: %w", err)
+	}
+	sleep(ctx, d)
+	return fmt.Sprintf("track locked %v", d.Round(100*time.Millisecond)), nil
+}
+
+// degradeRedisLink adds 25 ms of latency each way (50 ms RTT) between the daemons and Redis and, every 2 s,
+// resets about 5% of the proxied connections (a reset_peer toxic at toxicity 0.05, removed 200 ms later).
+func (s *soak) degradeRedisLink(ctx context.Context, d time.Duration) (string, error) {
+	defer s.proxy.heal()
+	for _, stream := range []string{"upstream", "downstream"} {
+		if err := s.proxy.toxic("latency", stream, 1, map[string]any{"latency": 25}); err != nil {
+			return "", err
+		}
+	}
+	end := time.Now().Add(d)
+	resets := 0
+	for time.Now().Before(end) && ctx.Err() == nil {
+		if err := s.proxy.toxic("reset_peer", "downstream", 0.05, map[string]any{"timeout": 0}); err != nil {
+			return "", err
+		}
+		name := fmt.Sprintf("reset_peer_downstream_%d", s.proxy.n)
+		resets++
+		sleep(ctx, 200*time.Millisecond)
+		_ = s.proxy.proxy.Toxics.RemoveToxic(context.Background(), name)
+		sleep(ctx, min(1800*time.Millisecond, time.Until(end)))
+	}
+	return fmt.Sprintf("50 ms RTT for %v, %d reset rounds", d.Round(100*time.Millisecond), resets), nil
+}
+
+// invalidateInFlight watches the lock keys of up to 50 hot track keys for window and, each time one is held (a
+// rebuild in flight, usually a daemon's refresh), invalidates that id through a lockstep.Client as an app's write
+// path would: at most 5 times per fault. Each invalidation is recorded, so that the gap it causes is attributed
+// to it (the SLO excludes explicit invalidations) and not to the fault.
+func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (string, error) {
+	ks := s.cfg.Keyspace("track")
+	keys := ks.Keys()
+	c, err := lockstep.New(s.rdb, ks.Name, keys, loaderOf(s.srcs[ks.Name]), ks.TTL)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close(context.Background())
+	var ids []string
+	for id := range s.hotIDs("track") {
+		ids = append(ids, id)
+		if len(ids) == 50 {
+			break
+		}
+	}
+	if len(ids) == 0 {
+		return "no hot track ids", nil
+	}
+	locks := make([]string, len(ids))
+	for i, id := range ids {
+		k, err := keys.For(id)
+		if err != nil {
+			return "", err
+		}
+		locks[i] = k.Lock
+	}
+	var done []string
+	end := time.Now().Add(window)
+	for time.Now().Before(end) && ctx.Err() == nil && len(done) < 5 {
+		cmds := make([]*redis.IntCmd, len(locks))
+		pipe := s.rdb.Pipeline()
+		for i, l := range locks {
+			cmds[i] = pipe.Exists(ctx, l)
+		}
+		_, _ = pipe.Exec(ctx)
+		for i, cmd := range cmds {
+			if cmd.Val() == 1 && !slices.Contains(done, ids[i]) {
+				k, _ := keys.For(ids[i])
+				at := time.Now()
+				if err := c.Invalidate(ctx, ids[i]); err == nil {
+					s.recordInvalidation(k.Cache, at)
+					done = append(done, ids[i])
+				}
+				break
+			}
+		}
+		sleep(ctx, 5*time.Millisecond)
+	}
+	return fmt.Sprintf("%d invalidations (track %s)", len(done), strings.Join(done, ",")), nil
+}

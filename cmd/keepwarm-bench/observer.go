@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// observer is the independent miss observer of issue 20 (§7): it polls every hot key with one pipelined PTTL
+// per key every interval, through its own Redis client, and records every gap (the key absent while hot) with
+// its start, its length and its keyspace. It trusts nothing the daemon says about misses; the only thing it takes
+// from the daemons is which keys are hot (the union of the replicas' /debug/hotkeys, re-read every second by the
+// caller and published through hot).
+type observer struct {
+	rdb       redis.UniversalClient
+	interval  time.Duration                       // between polls; 50 ms in the soak
+	hot       func() map[string]string            // cache key → keyspace: the current hot union (nil: none yet)
+	blind     atomic.Int64                        // polls that failed (Redis paused, restarting, unreachable)
+	blindTime atomic.Int64                        // ns spent in polls that took more than two intervals
+	polls     atomic.Int64                        // polls that succeeded
+	track     *gapTracker                         // owned by run
+	onPoll    func(at time.Time, absent, hot int) // optional, for progress; called from run
+}
+
+// run polls until ctx ends and returns the gaps it saw, those still open closed at the end of the run.
+func (o *observer) run(ctx context.Context) []gap {
+	t := time.NewTicker(o.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return o.track.finish(time.Now())
+		case <-t.C:
+		}
+		hot := o.hot()
+		if hot == nil {
+			continue
+		}
+		keys := make([]string, 0, len(hot))
+		for k := range hot {
+			keys = append(keys, k)
+		}
+		// go-redis bounds a poll by its read timeout (3 s by default), not by this context, unless the client has
+		// ContextTimeoutEnabled: a paused Redis stalls the observer for that long, which blindTime reports. The gaps
+		// start right (at the key's predicted expiry, whichever poll finds it gone); an end can be late by the stall.
+		pctx, cancel := context.WithTimeout(ctx, o.interval*4)
+		at := time.Now()
+		cmds, _ := o.rdb.Pipelined(pctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.PTTL(pctx, k)
+			}
+			return nil
+		})
+		cancel()
+		if took := time.Since(at); took > 2*o.interval {
+			o.blindTime.Add(int64(took))
+		}
+		// A Cluster pipeline fails as a whole when one node does; the readings from the others still count.
+		pttl := make(map[string]time.Duration, len(keys))
+		for i, c := range cmds {
+			d, err := c.(*redis.DurationCmd).Result()
+			if err != nil {
+				continue
+			}
+			pttl[keys[i]] = d
+		}
+		if len(pttl) == 0 && len(keys) > 0 {
+			o.blind.Add(1)
+			continue
+		}
+		o.polls.Add(1)
+		absent := o.track.observe(at, hot, pttl)
+		if o.onPoll != nil {
+			o.onPoll(at, absent, len(hot))
+		}
+	}
+}
+
+// gap is one interval in which a hot key was absent from Redis, as the observer saw it.
+type gap struct {
+	Keyspace string
+	Key      string
+	Start    time.Time
+	// Length is the time from Start to the first poll that found the key back (or no longer hot). Its error is
+	// one poll interval either way.
+	Length time.Duration
+	// Blink marks a key whose predicted expiry passed between two polls that both found it present with a new
+	// TTL: it expired and was rewritten within one interval, or it was refreshed in the last moment before its
+	// expiry; the observer cannot tell which. Length is then an upper bound.
+	Blink bool
+	// ColdStart marks a key that was absent when it entered the hot set and has not been seen present since: not
+	// an expiry of a value the daemon kept, but a hot key it had not written yet.
+	ColdStart bool
+	// Open marks a gap that was still open when the observer stopped.
+	Open bool
+}
+
+// keyState is what the observer knows of one hot key.
+type keyState struct {
+	ks       string
+	expiry   time.Time // predicted from the last PTTL reading; zero when absent or without a TTL
+	lastPoll time.Time // the last poll that read the key
+	seen     bool      // read present since it entered the hot set
+	gap      *gap      // the open gap, if absent
+}
+
+// gapTracker turns the observer's polls into gaps. It has no clock and no Redis, so that tests can drive it.
+type gapTracker struct {
+	// tolerance is how far past a key's predicted expiry a poll must be before a rewritten key counts as a
+	// blink: the PTTL reading's own error (the round trip) is absorbed by it.
+	tolerance time.Duration
+	maxGaps   int // the soak's memory bound: gaps beyond it are counted in dropped only
+	keys      map[string]*keyState
+	gaps      []gap
+	dropped   int
+}
+
+func newGapTracker(tolerance time.Duration, maxGaps int) *gapTracker {
+	return &gapTracker{tolerance: tolerance, maxGaps: maxGaps, keys: map[string]*keyState{}}
+}
+
+// observe records one poll taken at at: hot maps each hot key to its keyspace, pttl holds the PTTL readings
+// (-2 ns absent, as go-redis reports a missing key; -1 ns no TTL) of the hot keys that were read. A hot key with
+// no reading is left as it was. It returns how many hot keys were absent.
+func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[string]time.Duration) int {
+	for k, st := range g.keys {
+		if _, ok := hot[k]; !ok {
+			if st.gap != nil {
+				g.close(st, at)
+			}
+			delete(g.keys, k) // not hot any more: its next absence is not a miss
+		}
+	}
+	absent := 0
+	for k, ks := range hot {
+		p, ok := pttl[k]
+		if !ok {
+			continue
+		}
+		st := g.keys[k]
+		if st == nil {
+			st = &keyState{ks: ks}
+			g.keys[k] = st
+		}
+		if p == -2 {
+			absent++
+			if st.gap == nil {
+				start := at
+				// It expired at its predicted expiry if that fell after the previous reading.
+				if !st.expiry.IsZero() && st.expiry.Before(at) && st.expiry.After(st.lastPoll) {
+					start = st.expiry
+				}
+				st.gap = &gap{Keyspace: ks, Key: k, Start: start, ColdStart: !st.seen}
+			}
+			st.expiry = time.Time{}
+		} else {
+			if st.gap != nil {
+				g.close(st, at)
+			} else if st.seen && !st.expiry.IsZero() && at.Sub(st.expiry) > g.tolerance {
+				var next time.Time
+				if p >= 0 {
+					next = at.Add(p)
+				}
+				if next.IsZero() || next.After(st.expiry) {
+					g.add(gap{Keyspace: ks, Key: k, Start: st.expiry, Length: at.Sub(st.expiry), Blink: true})
+				}
+			}
+			st.seen = true
+			st.expiry = time.Time{}
+			if p >= 0 {
+				st.expiry = at.Add(p)
+			}
+		}
+		st.lastPoll = at
+	}
+	return absent
+}
+
+func (g *gapTracker) close(st *keyState, at time.Time) {
+	st.gap.Length = at.Sub(st.gap.Start)
+	g.add(*st.gap)
+	st.gap = nil
+}
+
+func (g *gapTracker) add(x gap) {
+	if len(g.gaps) >= g.maxGaps {
+		g.dropped++
+		return
+	}
+	g.gaps = append(g.gaps, x)
+}
+
+// finish closes the gaps still open at at, marked Open, and returns every gap.
+func (g *gapTracker) finish(at time.Time) []gap {
+	for _, st := range g.keys {
+		if st.gap != nil {
+			st.gap.Open = true
+			g.close(st, at)
+		}
+	}
+	return g.gaps
+}

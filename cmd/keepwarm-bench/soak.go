@@ -1,0 +1,750 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/internal/redisserver"
+	"github.com/keepwarm/keepwarm/internal/wire"
+	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/sources/postgres"
+)
+
+type soakFlags struct {
+	duration     time.Duration
+	seed         uint64
+	config       string
+	keepwarm     string
+	logDir       string
+	replicas     int
+	workers      int
+	zipf         float64
+	updateRate   float64
+	faults       string
+	interval     time.Duration
+	minGap       time.Duration
+	maxUncounted int
+	phantomRatio float64
+	phantomSlack float64
+	settle       time.Duration
+	manifest     string
+	sentinel     bool
+	cluster      bool
+}
+
+// mode is the Redis side's shape: "single", "sentinel" or "cluster".
+func (f soakFlags) mode() string {
+	switch {
+	case f.sentinel:
+		return "sentinel"
+	case f.cluster:
+		return "cluster"
+	}
+	return "single"
+}
+
+// soak is one run of `keepwarm-bench soak`: private servers, a fleet of daemons, the load, the updater, the
+// observer and the nemesis, and what they recorded.
+type soak struct {
+	f        soakFlags
+	cfg      *config.Config // the demo config with the private servers' URLs (the apps' view: Redis directly)
+	rdb      redis.UniversalClient
+	redis    *redisserver.Server // the single Redis; nil with --sentinel
+	sentinel *sentinelGroup      // with --sentinel
+	cluster  *clusterGroup       // with --cluster
+	pg       *privatePostgres
+	proxy    *redisProxy
+	daemons  []*daemon
+	srcs     map[string]*postgres.Source
+	keys     map[string]*lockstep.Keys // by keyspace
+	start    time.Time
+
+	hot atomic.Pointer[hotUnion] // published by the hot-set reader every second
+
+	bookMu        sync.Mutex                            // guards lastHot, counters, peaks and invalidations
+	lastHot       map[string]map[string]map[string]bool // replica → keyspace → id: its last /debug/hotkeys
+	lastHotAt     map[string]time.Time                  // replica → when it last answered
+	counters      map[incarnation]map[string]float64
+	peaks         map[incarnation]int64
+	invalidations []invalidation
+}
+
+// incarnation is one process of a replica: its counters start from 0 again after a restart.
+type incarnation struct {
+	id string
+	n  int
+}
+
+// hotUnion is the union of the replicas' hot sets.
+type hotUnion struct {
+	keys map[string]string          // cache key → keyspace
+	ids  map[string]map[string]bool // keyspace → id → true
+}
+
+type invalidation struct {
+	key string
+	at  time.Time
+}
+
+// faultRecord is one injected fault.
+type faultRecord struct {
+	plannedFault
+	started, ended time.Time
+	detail         string
+	err            error
+	counterAt      map[string]float64 // Σ of the replicas' SLO counters just before it started
+}
+
+// runSoak is `keepwarm-bench soak` (issue 20 §8).
+func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var f soakFlags
+	fs := flag.NewFlagSet("soak", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&f.duration, "duration", 30*time.Minute, "how long the load runs (the setup before and the checks after come on top)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the nemesis's schedule and of the load (replay a failure with the same seed)")
+	fs.StringVar(&f.config, "config", "config.toml", "the demo config; its [redis] and [postgres] are replaced by the soak's private servers")
+	fs.StringVar(&f.keepwarm, "keepwarm", "", "a keepwarm binary to run ('' = go build ./cmd/keepwarm)")
+	fs.StringVar(&f.logDir, "logs", "", "where the daemons' logs go ('' = .run/soak/seed-S-TIME)")
+	fs.IntVar(&f.replicas, "replicas", 3, "daemons in the fleet")
+	fs.IntVar(&f.workers, "workers", 50, "load workers (Zipf readers through lockstep clients)")
+	fs.Float64Var(&f.zipf, "zipf", 1.1, "Zipf exponent of the load's ids")
+	fs.Float64Var(&f.updateRate, "update-rate", 20, "track row updates per second")
+	fs.StringVar(&f.faults, "faults", "all", "fault kinds the nemesis picks from: all, none (a control run), or a comma-separated list of "+strings.Join(allFaults, ", ")+
+		" (redis-link needs a single Redis, sentinel-failover --sentinel, cluster-migration --cluster)")
+	fs.BoolVar(&f.sentinel, "sentinel", false, "run Redis as a Sentinel group (primary, replica, 3 Sentinels) instead of one server behind a toxiproxy")
+	fs.BoolVar(&f.cluster, "cluster", false, "run Redis as a Cluster of 3 masters, with the config's key templates hash-tagged by id")
+	fs.DurationVar(&f.interval, "interval", 50*time.Millisecond, "the observer's poll interval")
+	fs.DurationVar(&f.minGap, "min-gap", 100*time.Millisecond, "observer gaps at least this long must be counted by the SLO counter")
+	fs.IntVar(&f.maxUncounted, "max-uncounted", 0, "check: uncounted gaps allowed")
+	fs.Float64Var(&f.phantomRatio, "phantom-ratio", 1.05, "check: the counters' sum may exceed the observer's gaps by this factor ...")
+	fs.Float64Var(&f.phantomSlack, "phantom-slack", 3, "... plus this many (keys that turn hot and expire within the observer's 1 s hot-set refresh)")
+	fs.DurationVar(&f.settle, "settle", 5*time.Second, "wait after the last row update before comparing cached values with PostgreSQL")
+	fs.StringVar(&f.manifest, "manifest", "deploy/kubernetes/deployment.yaml", "the Kubernetes manifest whose memory limit the daemons' peak RSS is checked against")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if f.sentinel && f.cluster {
+		return usageError{errors.New("--sentinel and --cluster: pick one")}
+	}
+	kinds, err := parseFaults(f.faults, faultsFor(f.mode()))
+	if err != nil {
+		return usageError{err}
+	}
+	if f.duration < time.Minute || f.replicas < 1 || f.workers < 1 || f.interval <= 0 {
+		return usageError{errors.New("--duration must be >= 1m, --replicas, --workers and --interval > 0")}
+	}
+	names := strings.Join(kinds, ",")
+	if names == "" {
+		names = "none (a control run)"
+	}
+	fmt.Fprintf(stdout, "soak: seed %d, duration %v, Redis %s, %d daemons, %d workers, faults %s\n", f.seed, f.duration, f.mode(),
+		f.replicas, f.workers, names)
+	redis.SetLogger(quietRedisLog{})
+	s := &soak{f: f, counters: map[incarnation]map[string]float64{}, peaks: map[incarnation]int64{}}
+	defer s.teardown(stderr)
+	if err := s.setup(ctx, stderr); err != nil {
+		return err
+	}
+	res, err := s.run(ctx, kinds, stderr)
+	if err != nil {
+		return err
+	}
+	return res.report(stdout, f)
+}
+
+// setup starts the private servers and the fleet.
+func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
+	root := moduleRoot()
+	if s.f.logDir == "" {
+		s.f.logDir = filepath.Join(root, ".run", "soak", fmt.Sprintf("seed-%d-%s", s.f.seed, time.Now().UTC().Format("20060102T150405")))
+	}
+	if err := os.MkdirAll(s.f.logDir, 0o755); err != nil {
+		return err
+	}
+	if s.f.keepwarm == "" {
+		s.f.keepwarm = filepath.Join(s.f.logDir, "keepwarm")
+		build := exec.CommandContext(ctx, "go", "build", "-o", s.f.keepwarm, "./cmd/keepwarm")
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ./cmd/keepwarm: %w: %s", err, out)
+		}
+	}
+	cfgPath, err := filepath.Abs(s.f.config)
+	if err != nil {
+		return err
+	}
+	if !filepath.IsAbs(s.f.manifest) {
+		s.f.manifest = filepath.Join(root, s.f.manifest)
+	}
+	switch {
+	case s.f.cluster:
+		if s.cluster, err = startCluster(ctx, stderr); err != nil {
+			return err
+		}
+		derived := filepath.Join(s.f.logDir, "soak-cluster.toml")
+		if err := clusterConfig(cfgPath, derived); err != nil {
+			return err
+		}
+		cfgPath = derived
+	case s.f.sentinel:
+		if s.sentinel, err = startSentinelGroup(ctx, stderr); err != nil {
+			return err
+		}
+	default:
+		if s.redis, err = redisserver.Start(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "soak: private Redis %s\n", s.redis.URL)
+		if s.proxy, err = startRedisProxy(strings.TrimSuffix(strings.TrimPrefix(s.redis.URL, "redis://"), "/0")); err != nil {
+			return err
+		}
+	}
+	if s.pg, err = startPostgres(ctx, stderr); err != nil {
+		return err
+	}
+	if err := s.pg.loadDemo(ctx, s.f.keepwarm, cfgPath); err != nil {
+		return err
+	}
+	// The inherited KEEPWARM_* variables (the Makefile exports the shared servers' URLs) must not reach the
+	// daemons or the config: everything points at the private servers.
+	var base []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, config.EnvPrefix) {
+			base = append(base, kv)
+		}
+	}
+	common := append(slices.Clip(base), "KEEPWARM_POSTGRES_DSN="+s.pg.dsn("chinook"), "KEEPWARM_REDIS_NOTIFICATIONS=auto")
+	apps := append(slices.Clip(common), "KEEPWARM_REDIS_URL="+s.redisURL())
+	if s.sentinel != nil {
+		common = append(common, "KEEPWARM_REDIS_MODE=sentinel", "KEEPWARM_REDIS_ADDRESSES="+strings.Join(s.sentinel.sentinelAddrs(), ","),
+			"KEEPWARM_REDIS_MASTER_NAME="+sentinelMaster)
+		apps = common
+	}
+	if s.cluster != nil {
+		common = append(common, "KEEPWARM_REDIS_MODE=cluster", "KEEPWARM_REDIS_ADDRESSES="+strings.Join(s.cluster.addrs(), ","))
+		apps = common
+	}
+	if s.cfg, err = config.LoadEnv(cfgPath, apps); err != nil {
+		return err
+	}
+	if s.rdb, err = wire.Redis(ctx, s.cfg, 5*time.Second); err != nil {
+		return err
+	}
+	pool, err := wire.Postgres(ctx, s.cfg, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	if s.srcs, err = wire.Sources(pool, s.cfg); err != nil {
+		return err
+	}
+	s.keys = map[string]*lockstep.Keys{}
+	for _, ks := range s.cfg.Keyspaces {
+		s.keys[ks.Name] = ks.Keys()
+	}
+	for i := range s.f.replicas {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		d := &daemon{id: fmt.Sprintf("r%d", i+1), addr: fmt.Sprintf("127.0.0.1:%d", port), bin: s.f.keepwarm,
+			config: cfgPath, logDir: s.f.logDir}
+		d.env = append(slices.Clip(common), "KEEPWARM_DAEMON_LISTEN="+d.addr, "KEEPWARM_FLEET_REPLICA_ID="+d.id)
+		if s.proxy != nil {
+			d.env = append(d.env, "KEEPWARM_REDIS_URL=redis://"+s.proxy.addr()+"/0")
+		}
+		if err := d.start(); err != nil {
+			return err
+		}
+		s.daemons = append(s.daemons, d)
+	}
+	for _, d := range s.daemons {
+		if err := d.waitReady(ctx, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stderr, "soak: %d daemons up (logs in %s)\n", len(s.daemons), s.f.logDir)
+	return nil
+}
+
+// teardown stops everything setup started, whatever state the run left it in (also after a Ctrl-C).
+func (s *soak) teardown(stderr io.Writer) {
+	for _, d := range s.daemons {
+		d.stop(syscall.SIGTERM, 15*time.Second)
+	}
+	if s.rdb != nil {
+		_ = s.rdb.Close()
+	}
+	if s.proxy != nil {
+		s.proxy.close()
+	}
+	if s.redis != nil {
+		_ = s.redis.Process.Signal(syscall.SIGCONT)
+		s.redis.Stop()
+	}
+	if s.sentinel != nil {
+		s.sentinel.stop()
+	}
+	if s.cluster != nil {
+		s.cluster.stop()
+	}
+	if s.pg != nil {
+		s.pg.remove()
+	}
+	fmt.Fprintln(stderr, "soak: private servers stopped")
+}
+
+// soakResult is everything the checks look at.
+type soakResult struct {
+	seed           uint64
+	start, warmEnd time.Time
+	end            time.Time // when the load stopped
+	faults         []faultRecord
+	base, final    map[string]float64 // Σ SLO counters at the end of the warm-up and at the end
+	gaps           []gap
+	droppedGaps    int
+	polls, blind   int64
+	blindTime      time.Duration
+	maxHot         int
+	invalidations  []invalidation
+	orphanLocks    []string
+	logs           []expiryLog // the daemons' "hot key expired" warnings
+	logErr         error
+	checkedValues  int
+	mismatches     []string
+	peaks          map[incarnation]int64
+	memLimit       int64
+	memLimitErr    error
+	crashed        []string
+	lostWindows    int // kills: counts between the last scrape and the kill are lost
+	updates        int64
+	updateErrs     int64
+}
+
+// run runs the load, the updater, the observer and the nemesis for the duration, then the end checks' reads.
+func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soakResult, error) {
+	d := s.f.duration
+	warm := min(30*time.Second, d/6)
+	tail := min(60*time.Second, max(20*time.Second, d/6))
+	plan := planFaults(s.f.seed, kinds, warm, d-tail, d, len(s.daemons))
+	fmt.Fprintf(stderr, "soak: %d faults planned between %v and %v\n", len(plan), warm, d-tail)
+
+	var spaces []*loadSpace
+	lf := loadFlags{workers: s.f.workers, zipf: s.f.zipf, sample: 1, seed: s.f.seed}
+	for _, ks := range s.cfg.Keyspaces {
+		if ks.IDsQuery == "" {
+			continue
+		}
+		ls, err := newLoadSpace(ctx, s.rdb, ks, s.srcs[ks.Name], lf)
+		if err != nil {
+			return nil, err
+		}
+		ls.maxLat = 100_000
+		spaces = append(spaces, ls)
+	}
+
+	res := &soakResult{seed: s.f.seed, peaks: map[incarnation]int64{}}
+	res.memLimit, res.memLimitErr = manifestMemoryLimit(s.f.manifest)
+	s.start = time.Now()
+	res.start, res.warmEnd = s.start, s.start.Add(warm)
+
+	// Background readers: the hot sets and the counters every second, until everything else has stopped.
+	bgCtx, bgStop := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	s.readHot()
+	bg.Add(1)
+	go func() {
+		defer bg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-bgCtx.Done():
+				return
+			case <-t.C:
+			}
+			s.readHot()
+			s.scrapeAll()
+		}
+	}()
+	defer func() { bgStop(); bg.Wait() }()
+
+	// The observer, with its own Redis client.
+	orb, err := s.observerClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer orb.Close()
+	obs := &observer{rdb: orb, interval: s.f.interval, track: newGapTracker(5*time.Millisecond, 500_000),
+		hot: func() map[string]string {
+			if h := s.hot.Load(); h != nil {
+				return h.keys
+			}
+			return nil
+		}}
+	var maxHot atomic.Int64
+	obs.onPoll = func(_ time.Time, _, hot int) {
+		if int64(hot) > maxHot.Load() {
+			maxHot.Store(int64(hot))
+		}
+	}
+	obsCtx, obsStop := context.WithCancel(ctx)
+	gapsCh := make(chan []gap, 1)
+	go func() { gapsCh <- obs.run(obsCtx) }()
+
+	// The load.
+	loadCtx, loadStop := context.WithCancel(ctx)
+	var loadWG sync.WaitGroup
+	clients, err := startWorkers(loadCtx, &loadWG, s.rdb, spaces, lf, res.warmEnd, func(ks, id string) bool {
+		h := s.hot.Load()
+		return h != nil && h.ids[ks][id]
+	})
+	stopLoad := func() {
+		loadStop()
+		loadWG.Wait()
+		for _, c := range clients {
+			_ = c.Close(context.Background())
+		}
+	}
+	if err != nil {
+		obsStop()
+		<-gapsCh
+		stopLoad()
+		return nil, err
+	}
+
+	// The row updates, until the end of the duration.
+	var upRep changesReport
+	upDone := make(chan error, 1)
+	go func() {
+		cf := changesFlags{rate: s.f.updateRate, duration: d, workers: 4, moveEvery: 100, zipf: 1.1}
+		pool, err := wire.Postgres(ctx, s.cfg, 5*time.Second)
+		if err != nil {
+			upDone <- err
+			return
+		}
+		defer pool.Close()
+		upDone <- updateLoop(ctx, cf, s.cfg, s.rdb, pool, &upRep, io.Discard)
+	}()
+
+	// The nemesis.
+	nemDone := make(chan []faultRecord, 1)
+	go func() {
+		var out []faultRecord
+		sleep(ctx, time.Until(res.warmEnd))
+		s.scrapeAll()
+		res.base = s.counterSum()
+		for _, p := range plan {
+			sleep(ctx, time.Until(s.start.Add(p.At)))
+			if ctx.Err() != nil {
+				break
+			}
+			s.scrapeAll()
+			r := faultRecord{plannedFault: p, counterAt: s.counterSum(), started: time.Now()}
+			r.detail, r.err = s.inject(ctx, p)
+			r.ended = time.Now()
+			fmt.Fprintf(stderr, "soak: %6v %-20s %s", p.At.Round(time.Second), p.Kind, r.detail)
+			if r.err != nil {
+				fmt.Fprintf(stderr, " (error: %v)", r.err)
+			}
+			fmt.Fprintln(stderr)
+			out = append(out, r)
+		}
+		nemDone <- out
+	}()
+
+	res.faults = <-nemDone
+	if err := <-upDone; err != nil {
+		fmt.Fprintf(stderr, "soak: updater: %v\n", err)
+	}
+	res.updates, res.updateErrs = upRep.Updates, upRep.Errors
+	sleep(ctx, s.f.settle)
+	if ctx.Err() != nil {
+		obsStop()
+		<-gapsCh
+		stopLoad()
+		return nil, ctx.Err()
+	}
+	// Values against PostgreSQL, 5 s after the last update, while the fleet still runs.
+	res.checkedValues, res.mismatches = s.verifyHot(ctx)
+	s.scrapeAll()
+	res.final = s.counterSum()
+	res.end = time.Now()
+	obsStop()
+	res.gaps = <-gapsCh
+	res.droppedGaps = obs.track.dropped
+	res.polls, res.blind, res.maxHot = obs.polls.Load(), obs.blind.Load(), int(maxHot.Load())
+	res.blindTime = time.Duration(obs.blindTime.Load())
+	stopLoad()
+	bgStop()
+	bg.Wait()
+	for _, dm := range s.daemons {
+		pid, inc, done := dm.pid()
+		select {
+		case <-done:
+			res.crashed = append(res.crashed, fmt.Sprintf("%s (incarnation %d)", dm.id, inc))
+		default:
+			s.recordPeak(dm.id, inc, pid)
+		}
+		dm.stop(syscall.SIGTERM, 15*time.Second)
+	}
+	res.orphanLocks = s.lockKeys(context.Background())
+	res.logs, res.logErr = readExpiryLogs(s.f.logDir, s.keys)
+	s.bookMu.Lock()
+	res.invalidations = slices.Clone(s.invalidations)
+	for k, v := range s.peaks {
+		res.peaks[k] = v
+	}
+	s.bookMu.Unlock()
+	for _, r := range res.faults {
+		if r.Kind == faultDaemonKill {
+			res.lostWindows++
+		}
+	}
+	return res, nil
+}
+
+// readHot re-reads every replica's /debug/hotkeys (each lists the whole hot set, owned or not) and publishes the
+// union. A key is hot at a moment if some replica lists it, so a replica that stops answering (paused, killed)
+// stops contributing once staleHot has passed since its last answer, provided another replica answered this
+// round; its stale set would otherwise keep keys the others have dropped, and their later expiries would read as
+// misses. When no replica answers (a paused Redis can hold every /debug/hotkeys), every last set is kept, so
+// that the observer does not stop watching exactly when keys expire.
+func (s *soak) readHot() {
+	const staleHot = 2 * time.Second
+	now := time.Now()
+	s.bookMu.Lock()
+	if s.lastHot == nil {
+		s.lastHot = map[string]map[string]map[string]bool{}
+		s.lastHotAt = map[string]time.Time{}
+	}
+	s.bookMu.Unlock()
+	answered := 0
+	for _, d := range s.daemons {
+		if h, _ := daemonHot(d.addr); h != nil {
+			answered++
+			s.bookMu.Lock()
+			s.lastHot[d.id], s.lastHotAt[d.id] = h, now
+			s.bookMu.Unlock()
+		}
+	}
+	if answered > 0 {
+		s.bookMu.Lock()
+		for id, at := range s.lastHotAt {
+			if now.Sub(at) > staleHot {
+				delete(s.lastHot, id)
+				delete(s.lastHotAt, id)
+			}
+		}
+		s.bookMu.Unlock()
+	}
+	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}}
+	s.bookMu.Lock()
+	for _, h := range s.lastHot {
+		for ks, ids := range h {
+			keys := s.keys[ks]
+			if keys == nil {
+				continue
+			}
+			if u.ids[ks] == nil {
+				u.ids[ks] = map[string]bool{}
+			}
+			for id := range ids {
+				k, err := keys.For(id)
+				if err != nil {
+					continue
+				}
+				u.ids[ks][id] = true
+				u.keys[k.Cache] = ks
+			}
+		}
+	}
+	s.bookMu.Unlock()
+	s.hot.Store(u)
+}
+
+func (s *soak) hotIDs(ks string) map[string]bool {
+	if h := s.hot.Load(); h != nil {
+		return h.ids[ks]
+	}
+	return nil
+}
+
+// scrapeOne records the daemon's SLO counters under its current incarnation. A scrape that straddles a restart
+// is dropped.
+func (s *soak) scrapeOne(d *daemon) {
+	pid, inc, _ := d.pid()
+	if pid == 0 {
+		return
+	}
+	vals, err := hotExpired(d.addr)
+	if err != nil {
+		return
+	}
+	if _, inc2, _ := d.pid(); inc2 != inc {
+		return
+	}
+	s.bookMu.Lock()
+	s.counters[incarnation{d.id, inc}] = vals
+	s.bookMu.Unlock()
+}
+
+func (s *soak) scrapeAll() {
+	for _, d := range s.daemons {
+		s.scrapeOne(d)
+		pid, inc, _ := d.pid()
+		s.recordPeak(d.id, inc, pid)
+	}
+}
+
+// counterSum is the sum of every incarnation's last scraped SLO counters, by keyspace.
+func (s *soak) counterSum() map[string]float64 {
+	s.bookMu.Lock()
+	defer s.bookMu.Unlock()
+	out := map[string]float64{}
+	for _, vals := range s.counters {
+		for ks, v := range vals {
+			out[ks] += v
+		}
+	}
+	return out
+}
+
+// recordPeak reads the process's VmHWM (its peak RSS so far) under its incarnation.
+func (s *soak) recordPeak(id string, inc, pid int) {
+	if pid == 0 {
+		return
+	}
+	hwm, err := vmHWM(pid)
+	if err != nil {
+		return
+	}
+	s.bookMu.Lock()
+	defer s.bookMu.Unlock()
+	k := incarnation{id, inc}
+	s.peaks[k] = max(s.peaks[k], hwm)
+}
+
+func (s *soak) recordInvalidation(key string, at time.Time) {
+	s.bookMu.Lock()
+	defer s.bookMu.Unlock()
+	s.invalidations = append(s.invalidations, invalidation{key, at})
+}
+
+// verifyHot compares the cached value of every hot key of the change-fed keyspaces with a fresh fetch from
+// PostgreSQL (the cache read first, so that a refresh in between can only make the cache newer). It returns how
+// many values it compared and the keys that differ.
+func (s *soak) verifyHot(ctx context.Context) (int, []string) {
+	h := s.hot.Load()
+	if h == nil {
+		return 0, nil
+	}
+	checked := 0
+	var bad []string
+	for _, ks := range s.cfg.Keyspaces {
+		if len(ks.FedBy) == 0 {
+			continue
+		}
+		var ids []string
+		for id := range h.ids[ks.Name] {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+		for start := 0; start < len(ids); start += 100 {
+			batch := ids[start:min(start+100, len(ids))]
+			cached := map[string][]byte{}
+			for _, id := range batch {
+				k, _ := s.keys[ks.Name].For(id)
+				if v, err := s.rdb.Get(ctx, k.Cache).Bytes(); err == nil {
+					cached[id] = v
+				}
+			}
+			values, _, err := s.srcs[ks.Name].Fetch(ctx, batch)
+			if err != nil {
+				bad = append(bad, fmt.Sprintf("%s: fetch from PostgreSQL failed: %v", ks.Name, err))
+				continue
+			}
+			for id, v := range cached {
+				checked++
+				if !bytes.Equal(v, values[id]) {
+					k, _ := s.keys[ks.Name].For(id)
+					bad = append(bad, fmt.Sprintf("%s: cached %.60q, PostgreSQL %.60q", k.Cache, v, values[id]))
+				}
+			}
+		}
+	}
+	return checked, bad
+}
+
+// lockKeys lists the lock keys left in Redis (SCAN of each keyspace's lock template with id "*", on every master
+// of a Cluster).
+func (s *soak) lockKeys(ctx context.Context) []string {
+	var mu sync.Mutex
+	var out []string
+	scan := func(ctx context.Context, c redis.UniversalClient) error {
+		for _, ks := range s.cfg.Keyspaces {
+			k, err := s.keys[ks.Name].For("*")
+			if err != nil {
+				continue
+			}
+			iter := c.Scan(ctx, 0, k.Lock, 1000).Iterator()
+			for iter.Next(ctx) {
+				mu.Lock()
+				out = append(out, iter.Val())
+				mu.Unlock()
+			}
+		}
+		return nil
+	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		_ = scan(ctx, s.rdb)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// redisURL is the single Redis's URL ("" with --sentinel).
+func (s *soak) redisURL() string {
+	if s.redis == nil {
+		return ""
+	}
+	return s.redis.URL
+}
+
+// observerClient returns the observer's own client: to the single Redis, or to the Sentinel group's primary
+// (following failovers).
+func (s *soak) observerClient(ctx context.Context) (redis.UniversalClient, error) {
+	var c redis.UniversalClient
+	switch {
+	case s.cluster != nil:
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.cluster.addrs(), PoolSize: 4})
+	case s.sentinel != nil:
+		c = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: s.sentinel.sentinelAddrs(), PoolSize: 4})
+	default:
+		return newRedis(ctx, s.redis.URL, 4)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("the observer's Redis client: %w", err)
+	}
+	return c, nil
+}

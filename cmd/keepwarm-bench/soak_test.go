@@ -1,0 +1,565 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/redisserver"
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// absent is a PTTL reading of a missing key, as go-redis reports it.
+const absent = -2 * time.Nanosecond
+
+func TestGapTracker(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	hotA := map[string]string{"a": "track"}
+	type poll struct {
+		ms   int
+		hot  map[string]string
+		pttl map[string]time.Duration // nil: the poll failed (Redis not answering)
+	}
+	tests := []struct {
+		name   string
+		polls  []poll
+		finish int
+		want   []gap
+	}{
+		{
+			name: "present throughout: no gap",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": time.Second}},
+				{50, hotA, map[string]time.Duration{"a": 950 * time.Millisecond}},
+				{100, hotA, map[string]time.Duration{"a": 5 * time.Second}}, // refreshed before its expiry
+			},
+			finish: 150,
+		},
+		{
+			name: "expired at its predicted expiry, back three polls later",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 70 * time.Millisecond}},
+				{50, hotA, map[string]time.Duration{"a": 20 * time.Millisecond}},
+				{100, hotA, map[string]time.Duration{"a": absent}},
+				{150, hotA, map[string]time.Duration{"a": absent}},
+				{200, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 250,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(70), Length: 130 * time.Millisecond}},
+		},
+		{
+			name: "deleted (no expiry passed): the gap starts at the first poll that sees it gone",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+				{100, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 150,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond}},
+		},
+		{
+			name: "expired and rewritten between two polls: a blink",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 20 * time.Millisecond}},
+				{50, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 100,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(20), Length: 30 * time.Millisecond, Blink: true}},
+		},
+		{
+			name: "expiry within the tolerance of the poll: no blink",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 48 * time.Millisecond}},
+				{50, hotA, map[string]time.Duration{"a": 10 * time.Second}},
+			},
+			finish: 100,
+		},
+		{
+			name: "absent while not hot is no gap; turning hot while absent is a cold start",
+			polls: []poll{
+				{0, map[string]string{}, map[string]time.Duration{}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+				{100, hotA, map[string]time.Duration{"a": time.Second}},
+			},
+			finish: 150,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond, ColdStart: true}},
+		},
+		{
+			name: "a gap ends when the key stops being hot",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": time.Second}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+				{100, map[string]string{}, map[string]time.Duration{}},
+				{150, hotA, map[string]time.Duration{"a": absent}}, // hot again: a new key as far as the SLO goes
+			},
+			finish: 200,
+			want: []gap{
+				{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond},
+				{Keyspace: "track", Key: "a", Start: at(150), Length: 50 * time.Millisecond, ColdStart: true, Open: true},
+			},
+		},
+		{
+			name: "failed polls in between: the expiry is dated from the TTL read before them",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": 100 * time.Millisecond}},
+				{50, hotA, nil},
+				{100, hotA, nil},
+				{150, hotA, nil},
+				{200, hotA, map[string]time.Duration{"a": absent}},
+				{250, hotA, map[string]time.Duration{"a": time.Second}},
+			},
+			finish: 300,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(100), Length: 150 * time.Millisecond}},
+		},
+		{
+			name: "still absent at the end: an open gap",
+			polls: []poll{
+				{0, hotA, map[string]time.Duration{"a": time.Second}},
+				{50, hotA, map[string]time.Duration{"a": absent}},
+			},
+			finish: 300,
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 250 * time.Millisecond, Open: true}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newGapTracker(5*time.Millisecond, 100)
+			for _, p := range tt.polls {
+				if p.pttl == nil {
+					continue // what run does with a failed poll
+				}
+				g.observe(at(p.ms), p.hot, p.pttl)
+			}
+			got := g.finish(at(tt.finish))
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("gaps:\n got  %+v\n want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestGapTrackerBound(t *testing.T) {
+	g := newGapTracker(5*time.Millisecond, 2)
+	t0 := time.Now()
+	for i := range 5 {
+		hot := map[string]string{"a": "track"}
+		g.observe(t0.Add(time.Duration(2*i)*time.Second), hot, map[string]time.Duration{"a": time.Second})
+		g.observe(t0.Add(time.Duration(2*i+1)*time.Second), hot, map[string]time.Duration{"a": absent})
+	}
+	if got := g.finish(t0.Add(time.Minute)); len(got) != 2 || g.dropped != 3 {
+		t.Errorf("kept %d gaps, dropped %d; want 2 and 3", len(got), g.dropped)
+	}
+}
+
+func TestPlanFaults(t *testing.T) {
+	plan := func(seed uint64) []plannedFault {
+		return planFaults(seed, faultsFor("single"), 30*time.Second, 29*time.Minute, 30*time.Minute, 3)
+	}
+	a, b := plan(1), plan(1)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("seed 1 twice gave different schedules:\n%v\n%v", a, b)
+	}
+	if reflect.DeepEqual(a, plan(2)) {
+		t.Errorf("seeds 1 and 2 gave the same schedule")
+	}
+	if len(a) < 20 {
+		t.Errorf("30 minutes: %d faults, want at least 20 (one every 20-40 s, longer after an outage)", len(a))
+	}
+	seen := map[string]bool{}
+	for i, f := range a {
+		seen[f.Kind] = true
+		if f.At+f.Length > 29*time.Minute || f.At < 30*time.Second {
+			t.Errorf("fault %d %+v outside [30s, 29m]", i, f)
+		}
+		if i > 0 {
+			p := a[i-1]
+			if gap := f.At - p.At; gap < 20*time.Second || gap < p.Length+10*time.Second {
+				t.Errorf("fault %d at %v follows %+v after %v: want >= 20 s and >= its length + 10 s", i, f.At, p, gap)
+			}
+		}
+		if f.Kind == faultPGOutage && (f.Length < 60*time.Second || f.Length > 150*time.Second) {
+			t.Errorf("30-minute soak: outage of %v, want 60-150 s", f.Length)
+		}
+		if f.Target < 0 || f.Target >= 3 {
+			t.Errorf("target %d out of 3 replicas", f.Target)
+		}
+	}
+	if len(seen) < len(faultsFor("single"))-2 {
+		t.Errorf("30 minutes drew only %v", seen)
+	}
+	short := planFaults(1, []string{faultPGOutage}, 30*time.Second, 150*time.Second, 3*time.Minute, 3)
+	for _, f := range short {
+		if f.Length < minOutage || f.Length > 15*time.Second {
+			t.Errorf("3-minute soak: outage of %v, want it scaled to 6-15 s (at least %v)", f.Length, minOutage)
+		}
+	}
+}
+
+func TestParseFaults(t *testing.T) {
+	single, sentinel := faultsFor("single"), faultsFor("sentinel")
+	if got, err := parseFaults("all", single); err != nil || !reflect.DeepEqual(got, single) || slices.Contains(got, faultFailover) || !slices.Contains(got, faultRedisLink) {
+		t.Errorf("all on a single Redis: got %v, %v", got, err)
+	}
+	if got, err := parseFaults("all", sentinel); err != nil || slices.Contains(got, faultRedisLink) || !slices.Contains(got, faultFailover) {
+		t.Errorf("all on a Sentinel group: got %v, %v", got, err)
+	}
+	if got, err := parseFaults("flushdb, pg-restart", single); err != nil || !reflect.DeepEqual(got, []string{faultFlush, faultPGRestart}) {
+		t.Errorf("two: got %v, %v", got, err)
+	}
+	if _, err := parseFaults("flushdb,meteor", single); err == nil || !strings.Contains(err.Error(), "meteor") {
+		t.Errorf("unknown: got %v, want an error naming it", err)
+	}
+	if got, err := parseFaults("none", single); err != nil || len(got) != 0 || len(planFaults(1, got, 0, time.Hour, time.Hour, 3)) != 0 {
+		t.Errorf("none: got %v, %v; want no kind and no fault planned", got, err)
+	}
+	if _, err := parseFaults("sentinel-failover", single); err == nil {
+		t.Errorf("sentinel-failover on a single Redis: no error")
+	}
+	if got := faultsFor("cluster"); !slices.Contains(got, faultMigration) || slices.Contains(got, faultRedisLink) || slices.Contains(got, faultFailover) {
+		t.Errorf("cluster: got %v", got)
+	}
+}
+
+func TestAttribute(t *testing.T) {
+	t0 := time.Now()
+	faults := []faultRecord{
+		{plannedFault: plannedFault{Kind: faultFlush}, started: t0.Add(10 * time.Second)},
+		{plannedFault: plannedFault{Kind: faultPGRestart}, started: t0.Add(40 * time.Second)},
+	}
+	invs := []invalidation{{key: "track:1", at: t0.Add(50 * time.Second)}}
+	tests := []struct {
+		key  string
+		at   time.Duration
+		want string
+	}{
+		{"track:2", 5 * time.Second, faultNone},
+		{"track:2", 10 * time.Second, faultFlush},
+		{"track:2", 39 * time.Second, faultFlush},
+		{"track:2", 41 * time.Second, faultPGRestart},
+		{"track:1", 50*time.Second + 30*time.Millisecond, attributionInvalid},
+		{"track:2", 50*time.Second + 30*time.Millisecond, faultPGRestart},
+		{"track:1", 61 * time.Second, faultPGRestart},
+	}
+	for _, tt := range tests {
+		if got := attribute(gap{Key: tt.key, Start: t0.Add(tt.at)}, faults, invs); got != tt.want {
+			t.Errorf("gap on %s at %v: got %s, want %s", tt.key, tt.at, got, tt.want)
+		}
+	}
+}
+
+func TestParseHotExpired(t *testing.T) {
+	page := `# HELP keepwarm_warmer_hot_expired_total Hot keys that expired before their refresh.
+# TYPE keepwarm_warmer_hot_expired_total counter
+keepwarm_warmer_hot_expired_total{keyspace="album"} 3
+keepwarm_warmer_hot_expired_total{keyspace="track"} 12
+keepwarm_warmer_hot_expired_totally{keyspace="track"} 99
+keepwarm_warmer_hot_vanished_total{keyspace="track"} 7
+`
+	got, err := parseHotExpired(strings.NewReader(page))
+	if want := map[string]float64{"album": 3, "track": 12}; err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+}
+
+func TestManifestMemoryLimit(t *testing.T) {
+	got, err := manifestMemoryLimit("../../deploy/kubernetes/deployment.yaml")
+	if err != nil || got < 16<<20 {
+		t.Fatalf("got %d, %v; want the limit (e.g. 256Mi)", got, err)
+	}
+	for s, want := range map[string]int64{"256Mi": 256 << 20, "1Gi": 1 << 30, "512Ki": 512 << 10, "1000": 1000} {
+		if got, err := parseQuantity(s); err != nil || got != want {
+			t.Errorf("parseQuantity(%q) = %d, %v; want %d", s, got, err, want)
+		}
+	}
+}
+
+// TestObserverOnRedis runs the observer against a private redis-server: a hot key that expires and is written
+// again 300 ms later is one gap of about 300 ms; a key that is not hot is not watched.
+func TestObserverOnRedis(t *testing.T) {
+	ctx := context.Background()
+	srv, err := redisserver.Start(ctx)
+	if err != nil {
+		t.Fatalf("%v (scripts/services up installs redis-server)", err)
+	}
+	t.Cleanup(srv.Stop)
+	rdb, err := newRedis(ctx, srv.URL, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	hot := map[string]string{"track:1": "track", "track:2": "track"}
+	for k := range hot {
+		if err := rdb.Set(ctx, k, "v", 300*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rdb.Set(ctx, "track:3", "v", 100*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	o := &observer{rdb: rdb, interval: 20 * time.Millisecond, track: newGapTracker(5*time.Millisecond, 100),
+		hot: func() map[string]string { return hot }}
+	octx, stop := context.WithCancel(ctx)
+	done := make(chan []gap)
+	go func() { done <- o.run(octx) }()
+	time.Sleep(200 * time.Millisecond)
+	if err := rdb.Set(ctx, "track:2", "v", time.Minute).Err(); err != nil { // refreshed before its expiry
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // track:1 expired at 300 ms
+	if err := rdb.Set(ctx, "track:1", "v", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	stop()
+	gaps := <-done
+	if len(gaps) != 1 || gaps[0].Key != "track:1" || gaps[0].Open || gaps[0].Blink {
+		t.Fatalf("gaps %+v: want one closed gap on track:1", gaps)
+	}
+	if l := gaps[0].Length; l < 200*time.Millisecond || l > 450*time.Millisecond {
+		t.Errorf("gap of %v, want about 300 ms", l)
+	}
+	if o.polls.Load() < 10 {
+		t.Errorf("%d polls in 700 ms at 20 ms", o.polls.Load())
+	}
+}
+
+func TestUnlogged(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	gaps := []gap{
+		{Key: "track:1", Start: at(10), Length: 2 * time.Second},        // logged at 10.05
+		{Key: "track:1", Start: at(60), Length: time.Second},            // not logged (the 10.05 line is used)
+		{Key: "track:2", Start: at(20), Length: 500 * time.Millisecond}, // logged 30 s later, by a re-check
+		{Key: "track:3", Start: at(30), Length: time.Second},            // the line is for another key
+		{Key: "track:4", Start: at(40), Length: time.Second},            // logged long before: no match
+	}
+	logs := []expiryLog{
+		{key: "track:1", at: at(10.05)},
+		{key: "track:2", at: at(50)},
+		{key: "track:9", at: at(30)},
+		{key: "track:4", at: at(5)},
+	}
+	var got []string
+	for _, g := range unlogged(gaps, logs, 5*time.Minute) {
+		got = append(got, fmt.Sprintf("%s@%.0f", g.Key, g.Start.Sub(t0).Seconds()))
+	}
+	want := []string{"track:3@30", "track:4@40", "track:1@60"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("unlogged: got %v, want %v", got, want)
+	}
+}
+
+func TestReadExpiryLogs(t *testing.T) {
+	dir := t.TempDir()
+	log := `time=2026-12-01T15:25:53.727Z level=INFO msg="refreshed" keyspace=track
+time=2026-12-01T15:25:53.727Z level=WARN msg="hot key expired before its refresh" keyspace=track id=1573 expired_ago=47.8ms
+time=2026-12-01T15:25:54.000Z level=WARN msg="hot key taken over from another replica had expired" keyspace=album id=7 fleet_key=k
+time=2026-12-01T15:25:55.000Z level=WARN msg="hot key expired before its refresh" keyspace=nosuch id=1 expired_ago=1ms
+`
+	if err := os.WriteFile(filepath.Join(dir, "r1.1.log"), []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	track, _ := lockstep.NewKeys("track:${id}", "", "", "")
+	album, _ := lockstep.NewKeys("album:${id}", "", "", "")
+	got, err := readExpiryLogs(dir, map[string]*lockstep.Keys{"track": track, "album": album})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].key != "track:1573" || got[1].key != "album:7" || got[1].at.Sub(got[0].at) != 273*time.Millisecond {
+		t.Errorf("got %+v", got)
+	}
+}
+
+// TestReportChecksCanFail builds soak results by hand: a clean one passes every check, and each defect fails its
+// own check, naming the key or the fault, so that no check passes whatever happens.
+func TestReportChecksCanFail(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	flush := faultRecord{plannedFault: plannedFault{At: 40 * time.Second, Kind: faultFlush}, started: at(40), ended: at(40),
+		counterAt: map[string]float64{"track": 0}}
+	clean := func() *soakResult {
+		return &soakResult{
+			seed: 7, start: t0, warmEnd: at(30), end: at(120), polls: 1000, maxHot: 10,
+			faults:        []faultRecord{flush},
+			base:          map[string]float64{"track": 0},
+			final:         map[string]float64{"track": 1},
+			gaps:          []gap{{Keyspace: "track", Key: "track:1", Start: at(40), Length: 2 * time.Second}},
+			logs:          []expiryLog{{key: "track:1", at: at(40.5)}},
+			peaks:         map[incarnation]int64{{"r1", 1}: 40 << 20},
+			memLimit:      256 << 20,
+			checkedValues: 10,
+		}
+	}
+	f := soakFlags{interval: 50 * time.Millisecond, minGap: 100 * time.Millisecond, phantomRatio: 1.05, phantomSlack: 3,
+		settle: 5 * time.Second, duration: 2 * time.Minute}
+	tests := []struct {
+		name  string
+		spoil func(r *soakResult)
+		want  string // in the error; "" = passes
+	}{
+		{"clean", func(*soakResult) {}, ""},
+		{"uncounted gap", func(r *soakResult) { r.final["track"] = 0; r.logs = nil }, "key track:1: gap of 2.00s at 40s, after fault flushdb"},
+		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
+		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
+		{"stale value", func(r *soakResult) { r.mismatches = []string{"track:5: cached a, PostgreSQL b"} }, "track:5"},
+		{"RSS over the limit", func(r *soakResult) { r.peaks[incarnation{"r2", 3}] = 300 << 20 }, "r2 (incarnation 3)"},
+		{"observer saw nothing", func(r *soakResult) { r.maxHot, r.gaps, r.final["track"] = 0, nil, 0 }, "vacuously"},
+		{"daemon crashed", func(r *soakResult) { r.crashed = []string{"r3 (incarnation 1)"} }, "r3"},
+		{"fault failed", func(r *soakResult) { r.faults[0].err = errors.New("boom") }, "boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := clean()
+			tt.spoil(r)
+			var out strings.Builder
+			err := r.report(&out, f)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("got %v, want every check to pass\n%s", err, out.String())
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("got %v, want an error containing %q\n%s", err, tt.want, out.String())
+			}
+			if !strings.Contains(out.String(), "seed 7") {
+				t.Errorf("the report does not print the seed")
+			}
+		})
+	}
+}
+
+// TestPrivatePostgres starts the soak's own PostgreSQL cluster, restarts it as the pg-restart fault does, and
+// checks that remove leaves no server and no files.
+func TestPrivatePostgres(t *testing.T) {
+	ctx := context.Background()
+	pg, err := startPostgres(ctx, io.Discard)
+	if err != nil {
+		t.Fatalf("%v (scripts/services up installs PostgreSQL)", err)
+	}
+	t.Cleanup(pg.remove)
+	ping := func() error {
+		conn, err := pgx.Connect(ctx, pg.dsn("postgres"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		var level string
+		if err := conn.QueryRow(ctx, "show wal_level").Scan(&level); err != nil {
+			return err
+		}
+		if level != "logical" {
+			return fmt.Errorf("wal_level %s, want logical (the change stream needs it)", level)
+		}
+		return nil
+	}
+	if err := ping(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.stop(ctx, "fast"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(); err == nil {
+		t.Fatal("PostgreSQL answers after stop")
+	}
+	if err := pg.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(); err != nil {
+		t.Fatalf("after restart: %v", err)
+	}
+	pg.remove()
+	if _, err := os.Stat(pg.base); !os.IsNotExist(err) {
+		t.Errorf("%s still there after remove (%v)", pg.base, err)
+	}
+	if err := ping(); err == nil {
+		t.Error("PostgreSQL still answers after remove")
+	}
+}
+
+// TestSentinelFailover starts the soak's Sentinel group, fails it over as the sentinel-failover fault does, and
+// checks that a failover client follows it, that the killed node is back as a replica, and that stop leaves
+// nothing running.
+func TestSentinelFailover(t *testing.T) {
+	ctx := context.Background()
+	g, err := startSentinelGroup(ctx, io.Discard)
+	if err != nil {
+		t.Fatalf("%v (scripts/services up installs redis-server)", err)
+	}
+	t.Cleanup(g.stop)
+	redis.SetLogger(quietRedisLog{})
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: g.sentinelAddrs()})
+	t.Cleanup(func() { c.Close() })
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := g.master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Do(ctx, "WAIT", 1, 5000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT for the replica: %d, %v", n, err)
+	}
+	detail, err := g.failover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := g.master(ctx)
+	if err != nil || after == before {
+		t.Fatalf("master %v after the failover (%v), was %s; detail %q", after, err, before.addr(), detail)
+	}
+	var got string
+	for i := 0; i < 50; i++ {
+		if got, err = c.Get(ctx, "k").Result(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got != "v" {
+		t.Errorf("GET k through the failover client: %q, %v", got, err)
+	}
+	role, err := redis.NewClient(&redis.Options{Addr: before.addr()}).Do(ctx, "ROLE").Slice()
+	if err != nil || len(role) == 0 || role[0] != "slave" {
+		t.Errorf("the killed node's ROLE: %v, %v; want it back as a replica", role, err)
+	}
+	pids := []int{}
+	for _, n := range append(append([]*redisNode{}, g.nodes...), g.sentinels...) {
+		pids = append(pids, n.pid())
+	}
+	g.stop()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); err == nil {
+			t.Errorf("pid %d still running after stop", pid)
+		}
+	}
+}
+
+func TestClusterConfig(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "soak-cluster.toml")
+	if err := clusterConfig("../../config.toml", dst); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`key = "track:{${id}}"`, `key = "chart:genre:{${id}}"`, `lock = "lock:${key}"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("derived config lacks %s", want)
+		}
+	}
+	abs, _ := filepath.Abs("../../examples/hotkeys/black-friday.txt")
+	if !strings.Contains(string(b), `file = "`+abs+`"`) {
+		t.Errorf("derived config: the hotkeys file is not %s", abs)
+	}
+}

@@ -1,0 +1,374 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/keepwarm/keepwarm/examples/chinook"
+)
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// privatePostgres is the soak's own PostgreSQL cluster (initdb + pg_ctl, as scripts/services starts the shared
+// one), so that the nemesis can restart it and take it down without touching anyone else's server. As root it
+// runs as the postgres user, which PostgreSQL requires.
+type privatePostgres struct {
+	base, data string
+	port       int
+	osUser     string // "" = this user
+}
+
+func startPostgres(ctx context.Context, stderr io.Writer) (*privatePostgres, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	base, err := os.MkdirTemp("", "keepwarm-soak-pg-")
+	if err != nil {
+		return nil, err
+	}
+	pg := &privatePostgres{base: base, data: filepath.Join(base, "data"), port: port}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			os.RemoveAll(base)
+			return nil, fmt.Errorf("running as root, PostgreSQL needs the postgres user (scripts/services up creates it with the package): %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(base, uid, gid); err != nil {
+			os.RemoveAll(base)
+			return nil, err
+		}
+		pg.osUser = "postgres"
+	}
+	if out, err := pg.cmd(ctx, "initdb", "-D", pg.data, "-U", "keepwarm", "--auth=trust", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
+		os.RemoveAll(base)
+		return nil, fmt.Errorf("initdb (is PostgreSQL installed? scripts/services up installs it): %w: %s", err, out)
+	}
+	if err := pg.start(ctx); err != nil {
+		pg.remove()
+		return nil, err
+	}
+	fmt.Fprintf(stderr, "soak: private PostgreSQL on 127.0.0.1:%d (%s)\n", port, pg.data)
+	return pg, nil
+}
+
+// cmd runs a PostgreSQL binary as the cluster's owner.
+func (pg *privatePostgres) cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
+	if pg.osUser != "" {
+		return exec.CommandContext(ctx, "runuser", append([]string{"-u", pg.osUser, "--", name}, args...)...)
+	}
+	return exec.CommandContext(ctx, name, args...)
+}
+
+func (pg *privatePostgres) start(ctx context.Context) error {
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -c unix_socket_directories=%s -c max_connections=100 "+
+		"-c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c synchronous_commit=off "+
+		"-c full_page_writes=off", pg.port, pg.base)
+	out, err := pg.cmd(ctx, "pg_ctl", "-D", pg.data, "-l", filepath.Join(pg.base, "postgres.log"), "-w", "-t", "60",
+		"-o", opts, "start").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl start: %w: %s (log %s)", err, out, filepath.Join(pg.base, "postgres.log"))
+	}
+	return nil
+}
+
+// stop stops the server: mode is pg_ctl's -m (fast, immediate).
+func (pg *privatePostgres) stop(ctx context.Context, mode string) error {
+	out, err := pg.cmd(ctx, "pg_ctl", "-D", pg.data, "-m", mode, "-w", "-t", "60", "stop").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pg_ctl stop: %w: %s", err, out)
+	}
+	return nil
+}
+
+// remove stops the server if it runs (on a fresh context: it runs on the way out, after a Ctrl-C) and deletes
+// its files.
+func (pg *privatePostgres) remove() {
+	if _, err := os.Stat(filepath.Join(pg.data, "postmaster.pid")); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		_ = pg.stop(ctx, "immediate")
+		cancel()
+	}
+	os.RemoveAll(pg.base)
+}
+
+// dsn is the URL of database db on the private server.
+func (pg *privatePostgres) dsn(db string) string {
+	return fmt.Sprintf("postgres://keepwarm@127.0.0.1:%d/%s?sslmode=disable", pg.port, db)
+}
+
+// loadDemo loads the Chinook catalog and keepwarm's schema (what `make demo-data` does on the shared server).
+func (pg *privatePostgres) loadDemo(ctx context.Context, keepwarmBin, configPath string) error {
+	if _, err := chinook.Load(ctx, pg.dsn("chinook")); err != nil {
+		return fmt.Errorf("load chinook: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, keepwarmBin, "migrate", "up", "--replica-identity-full", "--config", configPath)
+	cmd.Env = append(os.Environ(), "KEEPWARM_POSTGRES_DSN="+pg.dsn("chinook"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("keepwarm migrate up: %w: %s", err, out)
+	}
+	return nil
+}
+
+// redisProxy is an in-process toxiproxy between the daemons and Redis (the apps and the observer connect to
+// Redis directly), for the redis-link fault.
+type redisProxy struct {
+	server *toxiproxy.ApiServer
+	proxy  *toxiproxy.Proxy
+	n      int // names the toxics; used by the nemesis goroutine only
+}
+
+func startRedisProxy(upstream string) (*redisProxy, error) {
+	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+	p := toxiproxy.NewProxy(server, "soak_redis", "127.0.0.1:0", upstream)
+	if err := server.Collection.Add(p, true); err != nil {
+		return nil, fmt.Errorf("start toxiproxy to %s: %w", upstream, err)
+	}
+	return &redisProxy{server: server, proxy: p}, nil
+}
+
+func (rp *redisProxy) addr() string { return rp.proxy.Listen }
+
+// toxic adds one toxic of typ on stream ("upstream", "downstream") at the given toxicity.
+func (rp *redisProxy) toxic(typ, stream string, toxicity float64, attrs map[string]any) error {
+	rp.n++
+	body, err := json.Marshal(map[string]any{"name": fmt.Sprintf("%s_%s_%d", typ, stream, rp.n), "type": typ,
+		"stream": stream, "toxicity": toxicity, "attributes": attrs})
+	if err != nil {
+		return err
+	}
+	_, err = rp.proxy.Toxics.AddToxicJson(strings.NewReader(string(body)))
+	return err
+}
+
+func (rp *redisProxy) heal() { rp.proxy.Toxics.ResetToxics(context.Background()) }
+
+func (rp *redisProxy) close() { _ = rp.server.Collection.Clear() }
+
+// daemon is one replica of the soak's fleet: a keepwarm process, restarted by the nemesis under the same
+// replica id and HTTP address.
+type daemon struct {
+	id, addr string
+	bin      string
+	env      []string
+	config   string
+	logDir   string
+
+	mu          sync.Mutex // guards cmd, done, incarnation
+	cmd         *exec.Cmd
+	done        chan struct{} // closed when cmd has exited
+	incarnation int
+}
+
+func (d *daemon) start() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.incarnation++
+	logf, err := os.Create(filepath.Join(d.logDir, fmt.Sprintf("%s.%d.log", d.id, d.incarnation)))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(d.bin, "run", "--config", d.config)
+	cmd.Env = d.env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// The daemons die with the soak even if it is killed itself.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start daemon %s: %w", d.id, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(done)
+	}()
+	d.cmd, d.done = cmd, done
+	return nil
+}
+
+// pid returns the current process's id and incarnation.
+func (d *daemon) pid() (int, int, chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil {
+		return 0, d.incarnation, nil
+	}
+	return d.cmd.Process.Pid, d.incarnation, d.done
+}
+
+func (d *daemon) signal(sig syscall.Signal) error {
+	pid, _, _ := d.pid()
+	if pid == 0 {
+		return errors.New("not running")
+	}
+	return syscall.Kill(pid, sig)
+}
+
+// stop ends the daemon with sig and waits up to wait for it to exit (then kills it).
+func (d *daemon) stop(sig syscall.Signal, wait time.Duration) {
+	pid, _, done := d.pid()
+	if pid == 0 {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+	_ = syscall.Kill(pid, sig)
+	select {
+	case <-done:
+	case <-time.After(wait):
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+// waitReady waits until the daemon's /healthz answers 200 (it is up; /readyz may stay degraded while a fault
+// lasts, which is not a reason to wait).
+func (d *daemon) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	c := http.Client{Timeout: time.Second}
+	for time.Now().Before(deadline) {
+		if resp, err := c.Get("http://" + d.addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("daemon %s did not answer /healthz on %s within %v (log in %s)", d.id, d.addr, timeout, d.logDir)
+}
+
+// hotExpired scrapes keepwarm_warmer_hot_expired_total by keyspace from the daemon's /metrics.
+func hotExpired(addr string) (map[string]float64, error) {
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	return parseHotExpired(resp.Body)
+}
+
+// parseHotExpired reads keepwarm_warmer_hot_expired_total{keyspace="x"} samples from a Prometheus text page.
+func parseHotExpired(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	const name = `keepwarm_warmer_hot_expired_total{`
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), name)
+		if !ok {
+			continue
+		}
+		labels, val, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		ks := ""
+		for _, l := range strings.Split(labels, ",") {
+			if v, ok := strings.CutPrefix(l, `keyspace="`); ok {
+				ks = strings.TrimSuffix(v, `"`)
+			}
+		}
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			continue
+		}
+		out[ks] += f
+	}
+	return out, sc.Err()
+}
+
+// vmHWM returns a process's peak resident set (VmHWM in /proc/PID/status), in bytes.
+func vmHWM(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				kb, err := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10, err
+			}
+		}
+	}
+	return 0, errors.New("no VmHWM")
+}
+
+// manifestMemoryLimit reads the container's memory limit from deploy/kubernetes/deployment.yaml (the first
+// "memory:" under "limits:"), in bytes.
+func manifestMemoryLimit(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	inLimits := false
+	for _, line := range strings.Split(string(b), "\n") {
+		t := strings.TrimSpace(line)
+		if t == "limits:" {
+			inLimits = true
+			continue
+		}
+		if inLimits {
+			if v, ok := strings.CutPrefix(t, "memory:"); ok {
+				return parseQuantity(strings.TrimSpace(v))
+			}
+			if !strings.HasPrefix(line, "              ") {
+				inLimits = false
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s: no limits.memory", path)
+}
+
+// parseQuantity parses a Kubernetes memory quantity with a binary suffix (Ki, Mi, Gi) or none.
+func parseQuantity(s string) (int64, error) {
+	mult := int64(1)
+	for suf, m := range map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30} {
+		if v, ok := strings.CutSuffix(s, suf); ok {
+			s, mult = v, m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("memory quantity %q: %w", s, err)
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,393 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// invalidationWindow is how long after an app's Invalidate a gap on that key is put down to the invalidation:
+// the SLO excludes explicit invalidations (issue 20 §1), and the next read or the daemon rebuilds the key well
+// within it.
+const invalidationWindow = 10 * time.Second
+
+// attribute names what a gap is put down to: attributionInvalid when it starts within invalidationWindow after
+// an app invalidated its key, else the kind of the last fault injected at or before its start, else faultNone.
+// faults are in injection order.
+func attribute(g gap, faults []faultRecord, invs []invalidation) string {
+	for _, inv := range invs {
+		if inv.key == g.Key && !g.Start.Before(inv.at.Add(-100*time.Millisecond)) && g.Start.Sub(inv.at) <= invalidationWindow {
+			return attributionInvalid
+		}
+	}
+	kind := faultNone
+	for _, f := range faults {
+		if f.started.After(g.Start) {
+			break
+		}
+		kind = f.Kind
+	}
+	return kind
+}
+
+// kindRow is one row of the misses-by-fault table.
+type kindRow struct {
+	injected  int
+	gaps      int // every gap (blinks included), cold starts excluded
+	long      int // gaps >= min-gap
+	blinks    int
+	cold      int
+	unlogged  int // gaps >= min-gap that no daemon logged as an expired hot key
+	counted   float64
+	longest   gap
+	hasCounts bool
+}
+
+// report prints the soak's tables and checks and returns an error naming the failed checks.
+func (r *soakResult) report(w io.Writer, f soakFlags) error {
+	fmt.Fprintf(w, "\nsoak: seed %d, %v of load (%v warm-up left out), observer every %v: %d polls, %d failed (Redis not answering), %v in polls slower than 2 intervals, up to %d hot keys\n",
+		r.seed, r.end.Sub(r.start).Round(time.Second), r.warmEnd.Sub(r.start).Round(time.Second), f.interval, r.polls, r.blind,
+		r.blindTime.Round(100*time.Millisecond), r.maxHot)
+	fmt.Fprintf(w, "row updates: %d (%d failed)\n\n", r.updates, r.updateErrs)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "at\tfault\tlasted\tdetail")
+	for _, fr := range r.faults {
+		d := fr.detail
+		if fr.err != nil {
+			d += " (error: " + fr.err.Error() + ")"
+		}
+		fmt.Fprintf(tw, "%v\t%s\t%v\t%s\n", fr.started.Sub(r.start).Round(time.Second), fr.Kind, fr.ended.Sub(fr.started).Round(100*time.Millisecond), d)
+	}
+	_ = tw.Flush()
+
+	// Counter deltas between one fault and the next go to the first.
+	rows := map[string]*kindRow{}
+	row := func(k string) *kindRow {
+		if rows[k] == nil {
+			rows[k] = &kindRow{}
+		}
+		return rows[k]
+	}
+	sum := func(m map[string]float64) float64 {
+		t := 0.0
+		for _, v := range m {
+			t += v
+		}
+		return t
+	}
+	prevKind, prev := faultNone, sum(r.base)
+	row(faultNone).hasCounts = true
+	for _, fr := range r.faults {
+		row(fr.Kind).injected++
+		row(prevKind).counted += sum(fr.counterAt) - prev
+		row(fr.Kind).hasCounts = true
+		prevKind, prev = fr.Kind, sum(fr.counterAt)
+	}
+	row(prevKind).counted += sum(r.final) - prev
+
+	perKS := map[string]*kindRow{}
+	var longest gap
+	var inWindow []gap
+	for _, g := range r.gaps {
+		if g.Start.Before(r.warmEnd) || g.Start.After(r.end) {
+			continue
+		}
+		inWindow = append(inWindow, g)
+		kr := row(attribute(g, r.faults, r.invalidations))
+		if perKS[g.Keyspace] == nil {
+			perKS[g.Keyspace] = &kindRow{}
+		}
+		ks := perKS[g.Keyspace]
+		for _, x := range []*kindRow{kr, ks} {
+			if g.ColdStart {
+				x.cold++
+				continue
+			}
+			x.gaps++
+			if g.Blink {
+				x.blinks++
+			}
+			if g.Length >= f.minGap {
+				x.long++
+			}
+			if g.Length > x.longest.Length {
+				x.longest = g
+			}
+		}
+		if !g.ColdStart && attribute(g, r.faults, r.invalidations) != attributionInvalid && g.Length > longest.Length {
+			longest = g
+		}
+	}
+	for ks, v := range r.final {
+		if perKS[ks] == nil {
+			perKS[ks] = &kindRow{}
+		}
+		perKS[ks].counted = v - r.base[ks]
+	}
+
+	var judged []gap // the gaps the SLO counter should count: not cold starts, not invalidations
+	for _, g := range inWindow {
+		if !g.ColdStart && attribute(g, r.faults, r.invalidations) != attributionInvalid {
+			judged = append(judged, g)
+		}
+	}
+	var notLogged []gap
+	for _, g := range unlogged(judged, r.logs, 5*time.Minute) {
+		if g.Length >= f.minGap {
+			notLogged = append(notLogged, g)
+			row(attribute(g, r.faults, r.invalidations)).unlogged++
+			perKS[g.Keyspace].unlogged++
+		}
+	}
+	slices.SortFunc(notLogged, func(a, b gap) int { return int(b.Length - a.Length) })
+
+	fmt.Fprintf(w, "\nmisses by fault kind (observer gaps on hot keys, attributed to the last fault injected before each gap; counted = Σ of the replicas' keepwarm_warmer_hot_expired_total from that fault to the next)\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "fault\tinjected\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\tits key\t\n", f.minGap)
+	order := append(append([]string{faultNone}, allFaults...), attributionInvalid)
+	for _, k := range order {
+		x := rows[k]
+		if x == nil {
+			continue
+		}
+		counted, unc := "-", "-"
+		if x.hasCounts {
+			counted = fmt.Sprintf("%.0f", x.counted)
+			unc = fmt.Sprintf("%.0f", max(0, float64(x.long)-x.counted))
+		}
+		if k == attributionInvalid {
+			unc = "excluded"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, x.unlogged, dur(x.longest.Length), x.longest.Key)
+	}
+	_ = tw.Flush()
+
+	fmt.Fprintf(w, "\nby keyspace (invalidation gaps included in gaps; the check below leaves them out)\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "keyspace\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\t\n", f.minGap)
+	var totalUnc, totalCounted float64
+	var totalObserved, totalLong int
+	var worstKS string
+	// The check's numbers leave out invalidation gaps.
+	longBy, allBy := map[string]int{}, map[string]int{}
+	for _, g := range inWindow {
+		if g.ColdStart || attribute(g, r.faults, r.invalidations) == attributionInvalid {
+			continue
+		}
+		allBy[g.Keyspace]++
+		if g.Length >= f.minGap {
+			longBy[g.Keyspace]++
+		}
+	}
+	for _, ks := range slices.Sorted(maps.Keys(perKS)) {
+		x := perKS[ks]
+		unc := max(0, float64(longBy[ks])-x.counted)
+		if unc > 0 && worstKS == "" {
+			worstKS = ks
+		}
+		totalUnc += unc
+		totalCounted += x.counted
+		totalObserved += allBy[ks]
+		totalLong += longBy[ks]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%d\t%s\t\n", ks, x.gaps, x.long, x.blinks, x.cold, x.counted, unc, x.unlogged, dur(x.longest.Length))
+	}
+	_ = tw.Flush()
+	if r.droppedGaps > 0 {
+		fmt.Fprintf(w, "(the observer dropped %d gaps beyond its memory bound)\n", r.droppedGaps)
+	}
+	if longest.Key != "" {
+		fmt.Fprintf(w, "longest gap: %s on %s at %v (%s)\n", dur(longest.Length), longest.Key, longest.Start.Sub(r.start).Round(time.Second), attribute(longest, r.faults, r.invalidations))
+	}
+	if r.logErr != nil {
+		fmt.Fprintf(w, "daemon logs: %v (the \"not logged\" column is incomplete)\n", r.logErr)
+	}
+	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key expired\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.minGap)
+	for _, g := range notLogged[:min(10, len(notLogged))] {
+		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
+	}
+	if r.lostWindows > 0 {
+		fmt.Fprintf(w, "%d kill -9: each victim's counters were scraped just before the kill and kept; what it counted in the milliseconds between is lost\n", r.lostWindows)
+	}
+
+	// The checks.
+	var failed []string
+	check := func(ok bool, name, got, detail string) {
+		res := "PASS"
+		if !ok {
+			res = "FAIL"
+			failed = append(failed, name+": "+detail)
+		}
+		fmt.Fprintf(w, "  %s  %s: %s\n", res, name, got)
+		if !ok && detail != "" {
+			fmt.Fprintf(w, "        %s\n", detail)
+		}
+	}
+	fmt.Fprintf(w, "\nchecks (seed %d)\n", r.seed)
+	check(r.polls > 0 && r.maxHot > 0, "observer saw hot keys", fmt.Sprintf("%d polls, up to %d hot keys", r.polls, r.maxHot),
+		"the observer polled no hot key: every other check below would pass vacuously")
+	uncDetail := ""
+	if totalUnc > float64(f.maxUncounted) && len(notLogged) > 0 {
+		g := notLogged[0]
+		uncDetail = fmt.Sprintf("e.g. key %s: gap of %s at %v, after fault %s, which no daemon logged as expired", g.Key, dur(g.Length),
+			g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
+	} else if totalUnc > float64(f.maxUncounted) {
+		// Name the longest uncounted-keyspace gap and its fault.
+		var worst gap
+		for _, g := range inWindow {
+			if g.Keyspace == worstKS && !g.ColdStart && g.Length >= f.minGap && attribute(g, r.faults, r.invalidations) != attributionInvalid && g.Length > worst.Length {
+				worst = g
+			}
+		}
+		uncDetail = fmt.Sprintf("keyspace %s: longest gap %s on key %s at %v, after fault %s", worstKS, dur(worst.Length), worst.Key,
+			worst.Start.Sub(r.start).Round(time.Second), attribute(worst, r.faults, r.invalidations))
+	}
+	check(totalUnc <= float64(f.maxUncounted), fmt.Sprintf("gaps >= %v counted by the SLO counter (uncounted <= %d)", f.minGap, f.maxUncounted),
+		fmt.Sprintf("%d gaps, %.0f counted, %.0f uncounted (per keyspace: max(0, gaps - counted))", totalLong, totalCounted, totalUnc), uncDetail)
+	limit := f.phantomRatio*float64(totalObserved) + f.phantomSlack
+	phDetail := ""
+	if totalCounted > limit {
+		worstKind, worstExcess := "", 0.0
+		for k, x := range rows {
+			if ex := x.counted - float64(x.gaps); x.hasCounts && ex > worstExcess {
+				worstKind, worstExcess = k, ex
+			}
+		}
+		phDetail = fmt.Sprintf("most counted beyond the observed gaps after fault %s (%.0f)", worstKind, worstExcess)
+	}
+	check(totalCounted <= limit, fmt.Sprintf("no phantom misses (counted <= %.2f × gaps + %.0f)", f.phantomRatio, f.phantomSlack),
+		fmt.Sprintf("%.0f counted, %d gaps (blinks included), limit %.1f", totalCounted, totalObserved, limit), phDetail)
+	check(len(r.orphanLocks) == 0, "orphaned locks after everything stopped", fmt.Sprintf("%d", len(r.orphanLocks)),
+		"lock keys: "+strings.Join(r.orphanLocks[:min(5, len(r.orphanLocks))], ", "))
+	check(len(r.mismatches) == 0, fmt.Sprintf("hot values equal to PostgreSQL %v after the last update", f.settle),
+		fmt.Sprintf("%d compared, %d differ", r.checkedValues, len(r.mismatches)), strings.Join(r.mismatches[:min(3, len(r.mismatches))], "; "))
+	var peak int64
+	var peakOf string
+	for k, v := range r.peaks {
+		if v > peak {
+			peak, peakOf = v, fmt.Sprintf("%s (incarnation %d)", k.id, k.n)
+		}
+	}
+	if r.memLimitErr != nil {
+		check(false, "daemon peak RSS under the manifest's memory limit", "no limit", r.memLimitErr.Error())
+	} else {
+		check(peak > 0 && peak < r.memLimit, "daemon peak RSS under the manifest's memory limit",
+			fmt.Sprintf("%.1f MiB (%s), limit %.0f MiB", float64(peak)/(1<<20), peakOf, float64(r.memLimit)/(1<<20)),
+			fmt.Sprintf("%s peaked at %.1f MiB", peakOf, float64(peak)/(1<<20)))
+	}
+	check(len(r.crashed) == 0, "no daemon exited on its own", fmt.Sprintf("%d", len(r.crashed)), strings.Join(r.crashed, ", "))
+	for _, fr := range r.faults {
+		if fr.err != nil {
+			check(false, "fault "+fr.Kind+" injected", fr.err.Error(), fmt.Sprintf("%s at %v: %v", fr.Kind, fr.At, fr.err))
+		}
+	}
+	replay := fmt.Sprintf("keepwarm-bench soak --duration %v --seed %d", f.duration, r.seed)
+	if f.mode() != "single" {
+		replay += " --" + f.mode()
+	}
+	if f.faults != "" && f.faults != "all" {
+		replay += " --faults " + f.faults
+	}
+	fmt.Fprintf(w, "seed %d: replay with %s\n", r.seed, replay)
+	if len(failed) > 0 {
+		return fmt.Errorf("soak seed %d: %d checks failed: %s", r.seed, len(failed), strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// expiryLog is one "hot key expired" warning of a daemon's log: the per-key trace of a count of the SLO counter.
+type expiryLog struct {
+	key string
+	at  time.Time
+}
+
+// expiryLogLine matches the warnings logged beside each increment of keepwarm_warmer_hot_expired_total
+// (warmer/expiry.go and warmer/fleet.go), in the text log format.
+var expiryLogLine = regexp.MustCompile(`^time=(\S+) level=WARN msg="(?:hot key expired before its refresh|hot key taken over from another replica had expired)" keyspace=(\S+) id=(\S+)`)
+
+// readExpiryLogs reads the expiry warnings of every daemon log (*.log) in dir, with the keys built from keys.
+func readExpiryLogs(dir string, keys map[string]*lockstep.Keys) ([]expiryLog, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.log"))
+	if err != nil {
+		return nil, err
+	}
+	var out []expiryLog
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			m := expiryLogLine.FindStringSubmatch(sc.Text())
+			if m == nil || keys[m[2]] == nil {
+				continue
+			}
+			at, err := time.Parse(time.RFC3339Nano, m[1])
+			if err != nil {
+				continue
+			}
+			k, err := keys[m[2]].For(strings.Trim(m[3], `"`))
+			if err != nil {
+				continue
+			}
+			out = append(out, expiryLog{key: k.Cache, at: at})
+		}
+		f.Close()
+		if err := sc.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// unlogged returns the gaps that no daemon logged as an expired hot key: each log line matches at most one gap
+// of its key, the first whose window it falls in, from 1 s before the gap's start (the daemon dates an expiry
+// from the TTL it knew) until the key's next gap, and at most recheck after the gap's end.
+func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
+	byKey := map[string][]time.Time{}
+	for _, l := range logs {
+		byKey[l.key] = append(byKey[l.key], l.at)
+	}
+	for _, ts := range byKey {
+		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	}
+	sorted := slices.Clone(gaps)
+	slices.SortFunc(sorted, func(a, b gap) int { return a.Start.Compare(b.Start) })
+	next := map[string]int{} // per key: the first log line not used yet
+	var out []gap
+	for i, g := range sorted {
+		until := g.Start.Add(g.Length + recheck)
+		for _, h := range sorted[i+1:] {
+			if h.Key == g.Key {
+				if t := h.Start.Add(-time.Second); t.Before(until) {
+					until = t
+				}
+				break
+			}
+		}
+		ts := byKey[g.Key]
+		j := next[g.Key]
+		for j < len(ts) && ts[j].Before(g.Start.Add(-time.Second)) {
+			j++
+		}
+		if j < len(ts) && !ts[j].After(until) {
+			next[g.Key] = j + 1
+			continue
+		}
+		next[g.Key] = j
+		out = append(out, g)
+	}
+	return out
+}
