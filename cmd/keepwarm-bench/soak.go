@@ -323,7 +323,7 @@ type soakResult struct {
 	maxHot         int
 	invalidations  []invalidation
 	orphanLocks    []string
-	logs           []expiryLog // the daemons' "hot key expired" warnings
+	logs           []expiryLog // the daemons' "hot key missed" warnings
 	logErr         error
 	checkedValues  int
 	mismatches     []string

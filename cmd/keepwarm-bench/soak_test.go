@@ -365,9 +365,9 @@ func TestUnlogged(t *testing.T) {
 func TestReadExpiryLogs(t *testing.T) {
 	dir := t.TempDir()
 	log := `time=2026-12-01T15:25:53.727Z level=INFO msg="refreshed" keyspace=track
-time=2026-12-01T15:25:53.727Z level=WARN msg="hot key expired before its refresh" keyspace=track id=1573 expired_ago=47.8ms
-time=2026-12-01T15:25:54.000Z level=WARN msg="hot key taken over from another replica had expired" keyspace=album id=7 fleet_key=k
-time=2026-12-01T15:25:55.000Z level=WARN msg="hot key expired before its refresh" keyspace=nosuch id=1 expired_ago=1ms
+time=2026-12-01T15:25:53.727Z level=WARN msg="hot key missed: expired before its refresh" keyspace=track id=1573 expiry=2026-12-01T15:25:53.680Z since_expiry=47.8ms short_notice=false errors=0
+time=2026-12-01T15:25:54.000Z level=WARN msg="hot key missed: taken over from another replica, which had let it expire" keyspace=album id=7 expiry=0001-01-01T00:00:00.000Z since_expiry=0s short_notice=false errors=0
+time=2026-12-01T15:25:55.000Z level=WARN msg="hot key missed: expired before its refresh" keyspace=nosuch id=1 expiry=2026-12-01T15:25:55.000Z since_expiry=1ms short_notice=false errors=0
 `
 	if err := os.WriteFile(filepath.Join(dir, "r1.1.log"), []byte(log), 0o644); err != nil {
 		t.Fatal(err)

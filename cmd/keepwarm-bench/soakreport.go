@@ -212,7 +212,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	if r.logErr != nil {
 		fmt.Fprintf(w, "daemon logs: %v (the \"not logged\" column is incomplete)\n", r.logErr)
 	}
-	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key expired\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.minGap)
+	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.minGap)
 	for _, g := range notLogged[:min(10, len(notLogged))] {
 		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
 	}
@@ -305,15 +305,15 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	return nil
 }
 
-// expiryLog is one "hot key expired" warning of a daemon's log: the per-key trace of a count of the SLO counter.
+// expiryLog is one "hot key missed" warning of a daemon's log: the per-key trace of a count of the SLO counter.
 type expiryLog struct {
 	key string
 	at  time.Time
 }
 
-// expiryLogLine matches the warnings logged beside each increment of keepwarm_warmer_hot_expired_total
-// (warmer/expiry.go and warmer/fleet.go), in the text log format.
-var expiryLogLine = regexp.MustCompile(`^time=(\S+) level=WARN msg="(?:hot key expired before its refresh|hot key taken over from another replica had expired)" keyspace=(\S+) id=(\S+)`)
+// expiryLogLine matches the warning logged beside each increment of keepwarm_warmer_hot_expired_total
+// (warmer/expiry.go countMissLocked: msg="hot key missed: <why>"), in the text log format.
+var expiryLogLine = regexp.MustCompile(`^time=(\S+) level=WARN msg="hot key missed: [^"]*" keyspace=(\S+) id=(\S+)`)
 
 // readExpiryLogs reads the expiry warnings of every daemon log (*.log) in dir, with the keys built from keys.
 func readExpiryLogs(dir string, keys map[string]*lockstep.Keys) ([]expiryLog, error) {
