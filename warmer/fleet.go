@@ -155,6 +155,7 @@ type FleetStatus struct {
 // not late (all live ones if every other member is late, which leaves this replica alone).
 type fleetView struct {
 	self    string
+	at      time.Time // when the heartbeat that read it was sent (local clock)
 	members []FleetMember
 	owners  []string // sorted
 	hashes  []uint64 // xxhash of each owner's id
@@ -251,12 +252,19 @@ func newFleet(w *Warmer, cfg FleetConfig, reg prometheus.Registerer) (*fleet, er
 
 // beat heartbeats (op "join") or leaves ("leave") and returns the member list read in the same command.
 func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
+	sent := time.Now()
 	res, err := fleetScript.Run(ctx, f.w.rdb, []string{f.cfg.Key}, f.cfg.ReplicaID, f.cfg.HeartbeatTTL.Milliseconds(), op).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("fleet heartbeat %q: %w", f.cfg.Key, err)
 	}
-	if len(res) != 2 {
-		return nil, fmt.Errorf("fleet heartbeat %q: reply has %d elements, want 2", f.cfg.Key, len(res))
+	if len(res) != 2 && len(res) != 3 {
+		return nil, fmt.Errorf("fleet heartbeat %q: reply has %d elements, want 3", f.cfg.Key, len(res))
+	}
+	emptied := false // the set was gone before this beat: a flush (or a new fleet)
+	if len(res) == 3 {
+		if e, ok := res[2].(int64); ok && e == 0 {
+			emptied = true
+		}
 	}
 	now, ok := res[0].(int64)
 	flat, ok2 := res[1].([]any)
@@ -264,7 +272,7 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 		return nil, fmt.Errorf("fleet heartbeat %q: unexpected reply %v", f.cfg.Key, res)
 	}
 	self := f.cfg.ReplicaID
-	v := &fleetView{self: self}
+	v := &fleetView{self: self, at: sent}
 	lateBelow := f.cfg.HeartbeatTTL - time.Duration(lateBeats*float64(f.cfg.HeartbeatInterval))
 	var late []string
 	for i := 0; i < len(flat); i += 2 {
@@ -280,6 +288,26 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 			late = append(late, id)
 		} else {
 			v.owners = append(v.owners, id)
+		}
+	}
+	if emptied && op == "join" {
+		// A flush emptied the member set: the other replicas are alive and will be back in it at their next beat.
+		// Until their last known heartbeat runs out, keep them, so that ownership does not flap to this replica
+		// for every key (and back), each replica counting the flushed keys as its own misses.
+		if prev := f.current(); prev != nil {
+			for _, m := range prev.members {
+				left := m.ExpiresIn - sent.Sub(prev.at)
+				if m.Self || left <= 0 || slices.ContainsFunc(v.members, func(n FleetMember) bool { return n.ID == m.ID }) {
+					continue
+				}
+				m.ExpiresIn, m.Late = left, left < lateBelow
+				v.members = append(v.members, m)
+				if m.Late {
+					late = append(late, m.ID)
+				} else {
+					v.owners = append(v.owners, m.ID)
+				}
+			}
 		}
 	}
 	if op == "join" && !slices.ContainsFunc(v.members, func(m FleetMember) bool { return m.Self }) {

@@ -412,3 +412,62 @@ func TestFailSafeRetryLandsInsideTheExtension(t *testing.T) {
 }
 
 func jsonOf(s string, v any) error { return json.Unmarshal([]byte(s), v) }
+
+// A FLUSHDB also empties the fleet's member set. Before, the first replica to heartbeat afterwards saw itself
+// alone and took every key, then gave them back as the others beat again, and each owner in turn counted the
+// flushed keys: the fleet counted 1,186 misses for 734 flushed hot keys in a soak. Each flushed hot key must be
+// counted once, by one replica.
+func TestFlushCountedOnceAcrossTheFleet(t *testing.T) {
+	const n = 30
+	f := newFixture(t, n)
+	ctx := context.Background()
+	priv := testenv.PrivateRedis(t)
+	ids := pinnedIDs(n)
+	long := func(cfg *warmer.KeyspaceConfig) { cfg.TTL, cfg.RefreshAhead = time.Minute, 2*time.Second }
+	var rs []*replica
+	for _, id := range []string{"a", "b", "c"} {
+		rs = append(rs, startLeaseReplica(t, f, redis.NewClient(priv.Options()), id, ids, long))
+	}
+	keys := keysOf(f, ids)
+	testenv.Eventually(t, 15*time.Second, "three members, every key written", func() bool {
+		for _, r := range rs {
+			if len(r.w.Fleet().Members) != 3 {
+				return false
+			}
+		}
+		return priv.Exists(ctx, keys...).Val() == n
+	})
+	if err := priv.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sum := func(name string) (total float64) {
+		for _, r := range rs {
+			total += counter(t, r.reg, name, nil)
+		}
+		return total
+	}
+	testenv.Eventually(t, 15*time.Second, "every replica noticed, every key rebuilt and counted", func() bool {
+		for _, r := range rs {
+			if counter(t, r.reg, "keepwarm_warmer_flushes_detected_total", nil) < 1 {
+				return false
+			}
+		}
+		return priv.Exists(ctx, keys...).Val() == n && sum("keepwarm_warmer_hot_expired_total") >= n
+	})
+	// Three more heartbeats of every replica: any flapping of the member list would have happened by then.
+	beats := make([]float64, len(rs))
+	for i, r := range rs {
+		beats[i] = counter(t, r.reg, "keepwarm_warmer_fleet_heartbeats_total", nil)
+	}
+	testenv.Eventually(t, 10*time.Second, "three more heartbeats each", func() bool {
+		for i, r := range rs {
+			if counter(t, r.reg, "keepwarm_warmer_fleet_heartbeats_total", nil) < beats[i]+3 {
+				return false
+			}
+		}
+		return true
+	})
+	if got := sum("keepwarm_warmer_hot_expired_total"); got != n {
+		t.Errorf("the fleet counted %v misses for %d flushed hot keys, want %d (each once, in one replica)", got, n, n)
+	}
+}
