@@ -464,7 +464,7 @@ func (c *Changes) noteRefreshed(k *keyspace, p *pipeline, batch []*item) {
 		if h == nil || h.inflight || h.persistent {
 			continue
 		}
-		h.expiry = p.start.Add(it.ttl)
+		h.expiry, h.learnedAt = p.start.Add(it.ttl), p.start
 		h.lastRefresh = p.start
 		h.needPTTL = false
 		h.missing = false

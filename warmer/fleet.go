@@ -294,20 +294,32 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 		// A flush emptied the member set: the other replicas are alive and will be back in it at their next beat.
 		// Until their last known heartbeat runs out, keep them, so that ownership does not flap to this replica
 		// for every key (and back), each replica counting the flushed keys as its own misses.
+		// They are written back to the set too, so that the replicas beating after this one see them as well: a
+		// member that was live gets a full heartbeat TTL, as if it had just beaten (it did not miss a beat, the
+		// flush removed it; were it dead, it leaves one heartbeat TTL later, as it would have anyway), a late one
+		// keeps what it had left.
+		var restore []redis.Z
 		if prev := f.current(); prev != nil {
 			for _, m := range prev.members {
 				left := m.ExpiresIn - sent.Sub(prev.at)
 				if m.Self || left <= 0 || slices.ContainsFunc(v.members, func(n FleetMember) bool { return n.ID == m.ID }) {
 					continue
 				}
-				m.ExpiresIn, m.Late = left, left < lateBelow
+				if !m.Late {
+					left = f.cfg.HeartbeatTTL
+				}
+				m.ExpiresIn = left
 				v.members = append(v.members, m)
 				if m.Late {
 					late = append(late, m.ID)
 				} else {
 					v.owners = append(v.owners, m.ID)
 				}
+				restore = append(restore, redis.Z{Member: m.ID, Score: float64(now + left.Milliseconds())})
 			}
+		}
+		if len(restore) > 0 {
+			_ = f.w.rdb.ZAddNX(ctx, f.cfg.Key, restore...).Err() // best effort: each member's next beat re-adds it anyway
 		}
 	}
 	if op == "join" && !slices.ContainsFunc(v.members, func(m FleetMember) bool { return m.Self }) {
@@ -438,7 +450,11 @@ func (k *keyspace) setView(v *fleetView) {
 		case !own && h.idx >= 0:
 			k.q.remove(h)
 		case own && h.idx < 0 && !h.inflight && !h.persistent:
+			// What this replica knew of the key dates from before another replica owned it: the first reading
+			// judges it afresh (noteHandoverLocked), never against that stale expiry (judgeReadingLocked would
+			// count the other owner's refreshes as rebuilds after an expiry).
 			h.needPTTL, h.handover = true, true
+			h.expiry, h.counted = time.Time{}, false
 			k.adopt = append(k.adopt, h)
 		}
 	}

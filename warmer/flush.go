@@ -131,7 +131,7 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 	}()
 	t := time.NewTicker(every)
 	defer t.Stop()
-	var topo time.Time
+	var topo, lastOK time.Time // lastOK: the last check that found every canary in place
 	var failing, topoFailing bool
 	for {
 		if time.Since(topo) >= DefaultNodeCheckInterval || c.keys == nil {
@@ -154,10 +154,18 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 				failing = false
 			}
 			if len(flushed) > 0 {
+				// Seen moments ago, so not lapsed: the data set was emptied. Outside a Cluster, that is every key.
+				_, cluster := w.rdb.(*redis.ClusterClient)
+				var emptied time.Time // the data set was whole then, and is empty now
+				if !cluster && !lastOK.IsZero() && time.Since(lastOK) < canaryTTL/2 {
+					emptied = lastOK
+				}
 				w.m.flushes.Inc()
 				w.log.Warn("the flush canary was gone (Redis flushed, restarted empty, or evicted it): re-reading every hot key",
-					"canaries", flushed)
-				w.rereadAll("flush")
+					"canaries", flushed, "emptied", !emptied.IsZero())
+				w.rereadAll("flush", emptied)
+			} else if err == nil {
+				lastOK = time.Now()
 			}
 		}
 		select {
@@ -171,7 +179,7 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 // rereadAll makes every keyspace re-read the PTTL of every hot key it owns at once, judging each reading as after
 // a gone event (why: "flush" or "failover"); keys in flight are re-read when their refresh settles. Every key's
 // trust ends too: the events of the keys that vanished were never published.
-func (w *Warmer) rereadAll(why string) {
+func (w *Warmer) rereadAll(why string, emptied time.Time) {
 	w.trust.bump()
 	w.mu.Lock()
 	spaces := make([]*keyspace, 0, len(w.spaces))
@@ -184,14 +192,20 @@ func (w *Warmer) rereadAll(why string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			k.rereadAll(why)
+			k.rereadAll(why, emptied)
 		}()
 	}
 	wg.Wait()
 }
 
 // rereadAll queues every hot key k owns for a PTTL reading judged as after a gone event (see warmer.rereadAll).
-func (k *keyspace) rereadAll(why string) {
+// With a non-zero emptied (the whole data set is known gone since then: the one canary of a single server or
+// Sentinel group vanished, and was in place at emptied), each owned key whose value the daemon learnt before
+// emptied is counted as a miss at once and rebuilt, instead of waiting for its reading (a value learnt since may
+// be a rebuild after the flush, and is read as usual): the flush also empties the fleet's member set, and any
+// ownership change in the next heartbeats would hand the key to a replica that cannot tell it was flushed.
+func (k *keyspace) rereadAll(why string, emptied time.Time) {
+	now := k.w.now()
 	k.mu.Lock()
 	for id, h := range k.hotSet {
 		if h.persistent || !k.ownsLocked(id) {
@@ -201,6 +215,12 @@ func (k *keyspace) rereadAll(why string) {
 		h.ownWrite = false
 		if h.inflight {
 			h.pendingGone = why
+			continue
+		}
+		if !emptied.IsZero() && !h.expiry.IsZero() && h.learnedAt.Before(emptied) {
+			k.noteGoneLocked(h, now)
+			h.expiry = time.Time{}
+			k.q.schedule(h, now)
 			continue
 		}
 		h.needPTTL, h.goneEvent = true, why

@@ -57,6 +57,10 @@ type keyspace struct {
 	view     *fleetView           // the fleet's members as last read; nil when sharing is off (fleet.go)
 	waste    wasteRatio           // the refresh feedback's wasted share (selection.go)
 	streak   refreshStreak        // failed refresh batches in a row, for RefreshFailing (check.go)
+	// failSafeBusy: a fail-safe-only batch is in flight (at most one; see dispatch); probes: refresh batches in
+	// flight (while the origin fails, at most one is started).
+	failSafeBusy bool
+	probes       int
 
 	// Reconciliation (reconcile.go).
 	cq              checkQueue // hot keys by the time of their next PTTL check

@@ -26,12 +26,15 @@ const (
 	ReasonOrigin        = "origin"         // the origin query failed (SQL error, connection refused, server timeout)
 	ReasonOriginTimeout = "origin_timeout" // the origin query outlived its bound on the client side
 	ReasonPoolExhausted = "pool_exhausted" // no origin connection was free within the pool wait bound
-	ReasonOOM           = "oom"            // Redis refused a write: used memory > maxmemory (noeviction)
-	ReasonTryAgain      = "tryagain"       // Redis Cluster: the slot is being migrated (TRYAGAIN); retried shortly
-	ReasonCluster       = "cluster"        // other Redis Cluster redirections or failures (MOVED, ASK, CLUSTERDOWN)
-	ReasonWrongType     = "wrongtype"      // a key of the layout holds the wrong type (e.g. the meta key is not a hash)
-	ReasonReply         = "reply"          // another Redis error reply
-	ReasonTransport     = "transport"      // Redis did not answer (timeout, reset, refused)
+	// ReasonOriginFailing: not queried: the origin's last query failed and every origin slot was busy (with
+	// queries that may hang until their timeout), so the fail-safe extended the value without waiting for one.
+	ReasonOriginFailing = "origin_failing"
+	ReasonOOM           = "oom"       // Redis refused a write: used memory > maxmemory (noeviction)
+	ReasonTryAgain      = "tryagain"  // Redis Cluster: the slot is being migrated (TRYAGAIN); retried shortly
+	ReasonCluster       = "cluster"   // other Redis Cluster redirections or failures (MOVED, ASK, CLUSTERDOWN)
+	ReasonWrongType     = "wrongtype" // a key of the layout holds the wrong type (e.g. the meta key is not a hash)
+	ReasonReply         = "reply"     // another Redis error reply
+	ReasonTransport     = "transport" // Redis did not answer (timeout, reset, refused)
 )
 
 // metrics are the warmer's Prometheus metrics. Labels are bounded: keyspace and result, never a key or an id.
@@ -81,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace", "result"}),
 		refreshErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_refresh_errors_total",
-			Help: "Refreshes that ended in result error, by keyspace and reason (origin, origin_timeout, pool_exhausted, oom, tryagain, cluster, wrongtype, reply, transport).",
+			Help: "Refreshes that ended in result error, by keyspace and reason (origin, origin_timeout, pool_exhausted, origin_failing, oom, tryagain, cluster, wrongtype, reply, transport).",
 		}, []string{"keyspace", "reason"}),
 		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "keepwarm_warmer_refresh_duration_seconds",

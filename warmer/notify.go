@@ -239,7 +239,7 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 	if failover {
 		// Asynchronous replication: the new master may lack the last writes of the old one, with no event for
 		// the keys it never had. Each one found missing now is a miss (docs/operations.md).
-		w.rereadAll("failover")
+		w.rereadAll("failover", time.Time{})
 	}
 	if len(added) > 0 && len(want) > 1 {
 		addrs := make([]string, 0, len(added))

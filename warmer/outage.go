@@ -51,6 +51,14 @@ func (o *outage) ok(now time.Time) (ends bool, failures int) {
 	return true, o.failures
 }
 
+// failing reports whether the last attempt failed (a failure with no success since), whether or not that began
+// an outage.
+func (o *outage) failing() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.streak > 0
+}
+
 // ongoing reports whether an outage has begun and not yet ended.
 func (o *outage) ongoing() bool {
 	o.mu.Lock()

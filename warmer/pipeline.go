@@ -91,6 +91,10 @@ type pipeline struct {
 	// failSafe, when set, keeps the current values of items alive that cannot be refreshed now (the origin
 	// failed, or the new value is too large), and reschedules them; without it they fail.
 	failSafe func(ctx context.Context, items []*item)
+	// skipOrigin, when set, runs the batch without an origin query: the owned keys go straight to failSafe with
+	// this error (ReasonOriginFailing), and the origin budget (limiter) is not waited for. The daemon uses it for
+	// due keys while the origin fails and every origin slot is taken (see keyspace.dispatch).
+	skipOrigin error
 	// extra limits the batch further than the keyspace's budget (a warmup's --rate); may be nil.
 	extra interface {
 		WaitN(ctx context.Context, n int) error
@@ -130,8 +134,10 @@ func (p *pipeline) run(ctx context.Context, items []*item) error {
 			return err
 		}
 	}
-	if err := p.k.limiter.Wait(ctx); err != nil {
-		return err
+	if p.skipOrigin == nil {
+		if err := p.k.limiter.Wait(ctx); err != nil {
+			return err
+		}
 	}
 	owned, err := p.acquire(ctx, items)
 	if err != nil {
@@ -144,6 +150,13 @@ func (p *pipeline) run(ctx context.Context, items []*item) error {
 		}
 	}
 	if len(owned) == 0 {
+		return nil
+	}
+	if p.skipOrigin != nil && p.failSafe != nil {
+		for _, it := range owned {
+			it.fail(ReasonOriginFailing, p.skipOrigin)
+		}
+		p.failSafe(ctx, owned)
 		return nil
 	}
 	return p.fetchAndPublish(ctx, owned)

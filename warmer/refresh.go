@@ -33,20 +33,53 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 	now := k.w.now()
 	cfg := k.cfg
 	gather := k.gatherWindowLocked()
-	for ctx.Err() == nil && k.q.dueBy(now.Add(gather)) && k.slots.tryAcquire() {
-		batch := k.q.popDue(now.Add(gather), cfg.BatchSize)
+	failing := k.origin.failing()
+	for ctx.Err() == nil && k.q.dueBy(now.Add(gather)) {
+		// While the origin fails, one batch at a time probes it (like a circuit breaker's half-open state); the
+		// other due keys are kept by the fail-safe without a query (failSafeOnly, below).
+		slot := (!failing || k.probes == 0) && k.slots.tryAcquire()
+		if !slot && (k.failSafeBusy || !k.q.dueBy(now) || !failing) {
+			break
+		}
+		var batch []*hotState
+		if slot {
+			batch = k.q.popDue(now.Add(gather), cfg.BatchSize)
+		} else {
+			// The origin's last query failed and a probe is in flight (or every origin slot is taken): queries may
+			// hang until their timeout, and keys waiting behind them would expire before a fail-safe could extend
+			// them. Keys due now are extended at once, in one Redis-only batch at a time (skipOrigin).
+			batch = k.q.popDue(now, cfg.BatchSize)
+		}
 		if batch = slices.DeleteFunc(batch, func(h *hotState) bool { return !k.ownsLocked(h.id) }); len(batch) == 0 {
-			k.slots.release() // only keys another replica owns now: dropped from the queue
+			if slot {
+				k.slots.release() // only keys another replica owns now: dropped from the queue
+			}
 			continue
 		}
 		for _, h := range batch {
 			h.inflight = true
 		}
 		k.batches.Add(1)
+		if !slot {
+			k.failSafeBusy = true
+			go func() {
+				defer k.batches.Done()
+				k.refreshWith(workCtx, batch, errOriginFailing)
+				k.mu.Lock()
+				k.failSafeBusy = false
+				k.mu.Unlock()
+				k.poke()
+			}()
+			continue
+		}
+		k.probes++
 		go func() {
 			defer k.batches.Done()
 			k.refresh(workCtx, batch)
 			k.slots.release()
+			k.mu.Lock()
+			k.probes--
+			k.mu.Unlock()
 			k.poke()
 		}()
 	}
@@ -73,6 +106,15 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 // cannot be refreshed (origin failure, value too large) it keeps the current value alive (fail-safe). Then it
 // reschedules every key.
 func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
+	k.refreshWith(ctx, batch, nil)
+}
+
+// errOriginFailing is the cause of the keys a fail-safe-only batch extended without an origin query.
+var errOriginFailing = errors.New("warmer: not queried: the origin is failing and every origin slot is busy; value kept by the fail-safe")
+
+// refreshWith is refresh; a non-nil skipOrigin runs the batch without an origin query, straight to the fail-safe
+// (pipeline.skipOrigin).
+func (k *keyspace) refreshWith(ctx context.Context, batch []*hotState, skipOrigin error) {
 	k.mu.Lock()
 	cfg := k.cfg
 	k.mu.Unlock()
@@ -93,6 +135,7 @@ func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
 	p = k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
 	p.recheck = k.recheck
 	p.failSafe = func(ctx context.Context, items []*item) { k.failSafe(ctx, p.cfg, p.token, items) }
+	p.skipOrigin = skipOrigin
 	err := p.run(ctx, items)
 	if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 		k.redisError(ctx, "refresh", err)
@@ -180,7 +223,7 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 			k.q.schedule(h, now.Add(cfg.TTL)) // look again in one TTL, not at once
 			return
 		}
-		h.expiry = p.start.Add(it.ttl) // tombstone
+		h.expiry, h.learnedAt = p.start.Add(it.ttl), p.start // tombstone
 		k.markOwnWriteLocked(h, now)
 		k.scheduleLocked(h)
 	case ResultOK:
@@ -207,7 +250,7 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 		h.missing = false
 		h.observeRebuild(p.rebuild)
 		k.p95.add(p.rebuild)
-		h.expiry = p.start.Add(it.ttl)
+		h.expiry, h.learnedAt = p.start.Add(it.ttl), p.start
 		k.markOwnWriteLocked(h, now)
 		k.scheduleLocked(h)
 	}
@@ -274,7 +317,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			h.needPTTL = false
 			h.shortNotice = false
 			h.ownWrite = false
-			h.expiry = now.Add(it.pttl)
+			h.expiry, h.learnedAt = now.Add(it.pttl), now
 			k.scheduleLocked(h)
 			k.scheduleCheckLocked(h, now)
 		default:
@@ -294,7 +337,8 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 // is kept in Redis. Items keep their result (error or too_large); each is rescheduled with back-off.
 //
 // The extension and the retry come from one decision: the back-off delay is drawn once per key (one uniform
-// draw per batch), the value is extended to delay + lead, and the retry is queued at delay (brought forward when
+// draw per batch), the value is extended to delay + lead + one origin query's bound, and the retry is queued at
+// delay (brought forward when
 // the bound clipped the extension, see retryAtLocked), so the retry always lands inside the extended life. Two
 // independent draws let the retry fall after the value had expired (issue 20: 447 of 734 hot keys expired in a
 // 150 s PostgreSQL outage). A value the extension finds already gone is counted as an SLO miss.
@@ -311,7 +355,9 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 		if it.lost {
 			continue
 		}
-		want := delays[it] + k.leadLocked(h)
+		// The retry at delay may itself hang for a whole origin query (queryBound) before its own fail-safe:
+		// the extension covers that too, so that a retry against a sick origin still lands inside it.
+		want := delays[it] + k.leadLocked(h) + cfg.queryBound()
 		byTTL[want] = append(byTTL[want], it)
 	}
 	k.mu.Unlock()

@@ -27,6 +27,7 @@ type hotState struct {
 	due time.Time // when the next refresh is due
 
 	expiry      time.Time     // best known expiry of the cache key; zero when unknown or missing
+	learnedAt   time.Time     // when the value of that expiry was written by the daemon, or first seen
 	needPTTL    bool          // the expiry must be (re)learnt with PTTL before the key is scheduled
 	goneEvent   string        // with needPTTL: the expired, evicted or del event that asked for the PTTL (see onEvent)
 	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
