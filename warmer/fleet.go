@@ -294,10 +294,9 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 		// A flush emptied the member set: the other replicas are alive and will be back in it at their next beat.
 		// Until their last known heartbeat runs out, keep them, so that ownership does not flap to this replica
 		// for every key (and back), each replica counting the flushed keys as its own misses.
-		// They are written back to the set too, so that the replicas beating after this one see them as well: a
-		// member that was live gets a full heartbeat TTL, as if it had just beaten (it did not miss a beat, the
-		// flush removed it; were it dead, it leaves one heartbeat TTL later, as it would have anyway), a late one
-		// keeps what it had left.
+		// They are written back to the set too, so that the replicas beating after this one see them as well, each
+		// with a full heartbeat TTL, as if it had just beaten (the flush removed its beat; were it dead, it leaves
+		// one heartbeat TTL later). A member that was late stays late in this view until it beats again.
 		var restore []redis.Z
 		if prev := f.current(); prev != nil {
 			for _, m := range prev.members {
@@ -305,9 +304,7 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 				if m.Self || left <= 0 || slices.ContainsFunc(v.members, func(n FleetMember) bool { return n.ID == m.ID }) {
 					continue
 				}
-				if !m.Late {
-					left = f.cfg.HeartbeatTTL
-				}
+				left = f.cfg.HeartbeatTTL // it beat before the flush: it gets one more heartbeat TTL to beat again
 				m.ExpiresIn = left
 				v.members = append(v.members, m)
 				if m.Late {
@@ -500,6 +497,9 @@ func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.
 	h.handover = false
 	if pttl != pttlGone || h.missing || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
 		return
+	}
+	if at := k.w.lastFlush.Load(); at != 0 && now.Sub(time.Unix(0, at)) < 2*k.w.fleet.cfg.HeartbeatTTL {
+		return // gone in a flush just now: its owner at the flush counted it (rereadAll); the views are settling
 	}
 	k.countMissLocked(h, now, "taken over from another replica, which had let it expire")
 }

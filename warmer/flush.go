@@ -161,6 +161,7 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 					emptied = lastOK
 				}
 				w.m.flushes.Inc()
+				w.lastFlush.Store(w.now().UnixNano())
 				w.log.Warn("the flush canary was gone (Redis flushed, restarted empty, or evicted it): re-reading every hot key",
 					"canaries", flushed, "emptied", !emptied.IsZero())
 				w.rereadAll("flush", emptied)

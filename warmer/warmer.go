@@ -70,12 +70,13 @@ type Warmer struct {
 	// keyspaces it adds.
 	startLoop func(*keyspace)
 
-	progress atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
-	running  atomic.Bool
-	checks   checks // keyspaces whose source check has not passed yet (see Checker)
-	notify   notifier
-	fleet    *fleet     // nil when sharing is off
-	trust    trustState // for the reconciliation (reconcile.go)
+	progress  atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
+	lastFlush atomic.Int64 // unix nanos (Config.Now) of the last flush the canary noticed; 0 before any
+	running   atomic.Bool
+	checks    checks // keyspaces whose source check has not passed yet (see Checker)
+	notify    notifier
+	fleet     *fleet     // nil when sharing is off
+	trust     trustState // for the reconciliation (reconcile.go)
 }
 
 // New validates cfg and returns a Warmer. The error names every invalid field of every keyspace.

@@ -159,12 +159,23 @@ func sleep(ctx context.Context, d time.Duration) {
 
 func (s *soak) flushDB(ctx context.Context) (string, error) {
 	n, _ := s.rdb.DBSize(ctx).Result()
+	at := time.Now() // the keys vanish between the send and the reply; the gaps start no later than the reply
+	var what string
+	var err error
 	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
-		return fmt.Sprintf("%d keys on every master", n), cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.FlushDB(ctx).Err()
-		})
+		what = fmt.Sprintf("%d keys on every master", n)
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.FlushDB(ctx).Err() })
+	} else {
+		what = fmt.Sprintf("%d keys", n)
+		err = s.rdb.FlushDB(ctx).Err()
 	}
-	return fmt.Sprintf("%d keys", n), s.rdb.FlushDB(ctx).Err()
+	if err == nil && s.emptied != nil {
+		select { // the observer learns that every key was gone at once (see observer.emptied)
+		case s.emptied <- at:
+		default:
+		}
+	}
+	return what, err
 }
 
 // migrateSlots moves the slots of up to 8 hot keys to another master, key by key, 100 ms apart.

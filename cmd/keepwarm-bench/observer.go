@@ -22,6 +22,10 @@ type observer struct {
 	polls     atomic.Int64                        // polls that succeeded
 	track     *gapTracker                         // owned by run
 	onPoll    func(at time.Time, absent, hot int) // optional, for progress; called from run
+	// emptied carries the moments the nemesis emptied the whole data set (FLUSHDB): every hot key read present
+	// at its last poll was gone at that instant, even if it is back before the next poll (a rebuild within one
+	// interval would otherwise hide the gap). Optional; buffered by the sender.
+	emptied chan time.Time
 }
 
 // run polls until ctx ends and returns the gaps it saw, those still open closed at the end of the run.
@@ -32,6 +36,9 @@ func (o *observer) run(ctx context.Context) []gap {
 		select {
 		case <-ctx.Done():
 			return o.track.finish(time.Now())
+		case at := <-o.emptied:
+			o.track.emptied(at)
+			continue
 		case <-t.C:
 		}
 		hot := o.hot()
@@ -176,6 +183,19 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 		st.lastPoll = at
 	}
 	return absent
+}
+
+// emptied records that the whole data set was emptied at at: a gap starts then for every key read present at
+// its last poll (the next poll that reads it present closes it, so its length is an upper bound, within one
+// interval, when the key was rebuilt at once).
+func (g *gapTracker) emptied(at time.Time) {
+	for k, st := range g.keys {
+		if st.gap != nil || !st.seen || st.expiry.IsZero() || !st.lastPoll.Before(at) {
+			continue
+		}
+		st.gap = &gap{Keyspace: st.ks, Key: k, Start: at}
+		st.expiry = time.Time{}
+	}
 }
 
 func (g *gapTracker) close(st *keyState, at time.Time) {

@@ -75,7 +75,8 @@ type soak struct {
 	keys     map[string]*lockstep.Keys // by keyspace
 	start    time.Time
 
-	hot atomic.Pointer[hotUnion] // published by the hot-set reader every second
+	hot     atomic.Pointer[hotUnion] // published by the hot-set reader every second
+	emptied chan time.Time           // FLUSHDB moments, for the observer (observer.emptied)
 
 	bookMu        sync.Mutex                            // guards lastHot, counters, peaks and invalidations
 	lastHot       map[string]map[string]map[string]bool // replica → keyspace → id: its last /debug/hotkeys
@@ -156,7 +157,8 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "soak: seed %d, duration %v, Redis %s, %d daemons, %d workers, faults %s\n", f.seed, f.duration, f.mode(),
 		f.replicas, f.workers, names)
 	redis.SetLogger(quietRedisLog{})
-	s := &soak{f: f, counters: map[incarnation]map[string]float64{}, peaks: map[incarnation]int64{}}
+	s := &soak{f: f, counters: map[incarnation]map[string]float64{}, peaks: map[incarnation]int64{},
+		emptied: make(chan time.Time, 4)}
 	defer s.teardown(stderr)
 	if err := s.setup(ctx, stderr); err != nil {
 		return err
@@ -390,7 +392,7 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 		return nil, err
 	}
 	defer orb.Close()
-	obs := &observer{rdb: orb, interval: s.f.interval, track: newGapTracker(5*time.Millisecond, 500_000),
+	obs := &observer{rdb: orb, interval: s.f.interval, track: newGapTracker(5*time.Millisecond, 500_000), emptied: s.emptied,
 		hot: func() map[string]string {
 			if h := s.hot.Load(); h != nil {
 				return h.keys

@@ -563,3 +563,28 @@ func TestClusterConfig(t *testing.T) {
 		t.Errorf("derived config: the hotkeys file is not %s", abs)
 	}
 }
+
+// A FLUSHDB empties every key at one instant; a key rebuilt before the next poll would leave no trace in the
+// polls. The tracker, told of the flush, opens a gap at that instant for every key read present at its last poll,
+// closed by the next poll that reads it back; a key already absent, or never seen, gets none.
+func TestGapTrackerEmptied(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	g := newGapTracker(5*time.Millisecond, 100)
+	hot := map[string]string{"track:1": "track", "track:2": "track", "track:3": "track"}
+	g.observe(t0, hot, map[string]time.Duration{"track:1": 5 * time.Second, "track:2": 5 * time.Second, "track:3": -2})
+	g.emptied(t0.Add(10 * time.Millisecond))
+	// The next poll finds track:1 rebuilt already, track:2 still gone, track:3 still gone.
+	g.observe(t0.Add(50*time.Millisecond), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": -2, "track:3": -2})
+	g.observe(t0.Add(100*time.Millisecond), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second, "track:3": -2})
+	gaps := g.finish(t0.Add(150 * time.Millisecond))
+	got := map[string]time.Duration{}
+	for _, x := range gaps {
+		if !x.ColdStart {
+			got[x.Key] = x.Length
+		}
+	}
+	want := map[string]time.Duration{"track:1": 40 * time.Millisecond, "track:2": 90 * time.Millisecond}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("gaps after the flush: got %v, want %v (track:3 was never seen present: a cold start)", got, want)
+	}
+}
