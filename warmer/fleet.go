@@ -368,9 +368,13 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 		return
 	}
 	recovered := f.failing
-	f.failing, f.lastErr, f.lastBeat = false, "", f.w.now()
+	now := f.w.now()
+	// A replica whose heartbeat lapsed (it was paused, or cut off from Redis) was taken out of the fleet by the
+	// others, which took over its keys meanwhile: what it knew of them is stale, so it re-learns them all.
+	lapsed := !f.lastBeat.IsZero() && now.Sub(f.lastBeat) > f.cfg.HeartbeatTTL
+	f.failing, f.lastErr, f.lastBeat = false, "", now
 	old := f.view
-	changed := !old.sameOwners(v)
+	changed := !old.sameOwners(v) || lapsed
 	f.view = v
 	f.mu.Unlock()
 	f.heartbeats.WithLabelValues("ok").Inc()
@@ -390,7 +394,7 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	}
 	f.w.mu.Unlock()
 	for _, k := range spaces {
-		k.setView(v)
+		k.setView(v, lapsed)
 	}
 }
 
@@ -437,8 +441,9 @@ func (k *keyspace) ownsLocked(id string) bool { return k.view.owns(id) }
 
 // setView installs a new member list: keys this replica no longer owns leave its due queue (a batch in flight
 // finishes); keys it gained are adopted (their expiry is read with PTTL, then they are queued). A gained key
-// found missing then counts as an SLO miss, since its previous owner may have let it expire.
-func (k *keyspace) setView(v *fleetView) {
+// found missing then counts as an SLO miss, since its previous owner may have let it expire. With lapsed (this
+// replica's own heartbeat had lapsed, so the others owned its keys meanwhile), every key it owns is adopted so.
+func (k *keyspace) setView(v *fleetView, lapsed bool) {
 	k.mu.Lock()
 	k.view = v
 	for _, h := range k.hotSet {
@@ -446,7 +451,7 @@ func (k *keyspace) setView(v *fleetView) {
 		switch {
 		case !own && h.idx >= 0:
 			k.q.remove(h)
-		case own && h.idx < 0 && !h.inflight && !h.persistent:
+		case own && (h.idx < 0 || lapsed) && !h.inflight && !h.persistent:
 			// What this replica knew of the key dates from before another replica owned it: the first reading
 			// judges it afresh (noteHandoverLocked), never against that stale expiry (judgeReadingLocked would
 			// count the other owner's refreshes as rebuilds after an expiry).

@@ -569,3 +569,60 @@ func TestHungOriginFailSafeDoesNotWaitForSlots(t *testing.T) {
 		t.Errorf("SLO counter = %v, want 0", got)
 	}
 }
+
+// One replica of two stalls (a SIGSTOP, a VM freeze) for longer than its heartbeat TTL and its keys' expiries.
+// The other takes its keys over and refreshes them in time: no key is missed. When the stalled one wakes, what it
+// knew of its keys is stale; judged against it, every key the other refreshed looked "rebuilt after it expired"
+// (the soak's daemon-sigstop fault: 32 counted for 4 gaps). It must re-learn them, and count nothing.
+func TestStalledReplicaDoesNotCountItsHeirsRefreshes(t *testing.T) {
+	const n = 20
+	f := newFixture(t, n)
+	ctx := context.Background()
+	ids := pinnedIDs(n)
+	keys := keysOf(f, ids)
+	mutate := func(cfg *warmer.KeyspaceConfig) {
+		// A wide jitter: the heir's values carry TTLs up to 1.5 s above ttl, which is what made their write times
+		// look later than the stale expiry.
+		cfg.TTL, cfg.RefreshAhead, cfg.LockTTL, cfg.Jitter = 3*time.Second, 1500*time.Millisecond, time.Second, 0.5
+	}
+	stalled := redis.NewClient(f.rdb.Options())
+	t.Cleanup(func() { stalled.Close() })
+	hook := &pauseHook{}
+	stalled.AddHook(hook)
+	a := startLeaseReplica(t, f, stalled, "a", ids, mutate)
+	b := startLeaseReplica(t, f, testenv.Redis(t), "b", ids, mutate)
+	testenv.Eventually(t, 15*time.Second, "two members, every key written, a owns some", func() bool {
+		return len(a.w.Fleet().Members) == 2 && len(b.w.Fleet().Members) == 2 && owned(a.w) > 0 &&
+			f.rdb.Exists(ctx, keys...).Val() == n
+	})
+	obs := observe(t, f.rdb, keys...)
+	hook.pause()
+	// b notices a is gone, takes its keys over and refreshes each of them at least once.
+	before := map[string]int{}
+	for _, id := range ids {
+		before[id] = b.src.count(id)
+	}
+	testenv.Eventually(t, 20*time.Second, "b refreshed every key", func() bool {
+		for _, id := range ids {
+			if b.src.count(id) <= before[id] {
+				return false
+			}
+		}
+		return true
+	})
+	hook.resume()
+	testenv.Eventually(t, 10*time.Second, "a back in the fleet and owning keys", func() bool {
+		return len(b.w.Fleet().Members) == 2 && owned(a.w) > 0 && owned(b.w) < n
+	})
+	// Two TTLs more with both replicas back: every key refreshed again.
+	ok0 := counter(t, a.reg, "keepwarm_warmer_refreshes_total", nil) + counter(t, b.reg, "keepwarm_warmer_refreshes_total", nil)
+	testenv.Eventually(t, 20*time.Second, "another refresh round", func() bool {
+		return counter(t, a.reg, "keepwarm_warmer_refreshes_total", nil)+counter(t, b.reg, "keepwarm_warmer_refreshes_total", nil) >= ok0+2*n
+	})
+	obs.stop()
+	gaps := obs.all()
+	got := counter(t, a.reg, "keepwarm_warmer_hot_expired_total", nil) + counter(t, b.reg, "keepwarm_warmer_hot_expired_total", nil)
+	if got != float64(len(gaps)) {
+		t.Errorf("the fleet counted %v misses; the observer saw %d gaps (%v); want them equal", got, len(gaps), gaps)
+	}
+}
