@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,57 +24,17 @@ import (
 // acquisitions (two with the fallback), so a retried batch gets through.
 const retryCutMargin = 11
 
-// handshakeBytes measures what go-redis's connection handshake (HELLO 3, CLIENT SETINFO, ...) receives from the
-// shared Redis, so that the cut falls at retryCutMargin past it whatever the versions of the two.
-func handshakeBytes(t *testing.T) int {
-	t.Helper()
-	var n atomic.Int64
-	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), Dialer: countingDialer(nil, &n)})
-	defer c.Close()
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("ping: %v", err)
-	}
-	return int(n.Load()) - len("+PONG\r\n")
-}
-
-// countingDialer dials TCP, counting the connections in dials (when not nil) and the bytes read in read (when
-// not nil).
-func countingDialer(dials, read *atomic.Int64) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		if dials != nil {
-			dials.Add(1)
-		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil || read == nil {
-			return c, err
-		}
-		return countingConn{c, read}, nil
-	}
-}
-
-type countingConn struct {
-	net.Conn
-	read *atomic.Int64
-}
-
-func (c countingConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	c.read.Add(int64(n))
-	return n, err
-}
-
 // retryLink returns a go-redis client with its default retries (MaxRetries 3) through a fault proxy to the shared
 // Redis with 50 ms RTT whose connections lose the reply that crosses retryCutMargin bytes past the handshake
 // (then close), and a counter of the connections it dialled (one per cut, roughly).
 func retryLink(t *testing.T) (*redis.Client, *atomic.Int64) {
 	t.Helper()
-	hs := handshakeBytes(t)
+	hs := testenv.HandshakeBytes(t)
 	fp := testenv.Proxy(t, testenv.RedisAddr(t))
 	fp.Latency(25*time.Millisecond, 5*time.Millisecond)
 	fp.CutReplies(hs + retryCutMargin)
 	var dials atomic.Int64
-	rdb := redis.NewClient(&redis.Options{Addr: fp.Addr(), Dialer: countingDialer(&dials, nil)})
+	rdb := redis.NewClient(&redis.Options{Addr: fp.Addr(), Dialer: testenv.CountingDialer(&dials, nil)})
 	t.Cleanup(func() { _ = rdb.Close() })
 	return rdb, &dials
 }

@@ -2,7 +2,6 @@ package warmer_test
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,16 +21,12 @@ import (
 func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
 	f := newFixture(t, 20)
 	ids := pinnedIDs(20)
-	hs := handshakeBytes(t)
+	hs := testenv.HandshakeBytes(t)
 	proxy := testenv.Proxy(t, testenv.RedisAddr(t))
 	proxy.Latency(25*time.Millisecond, 5*time.Millisecond)
 	proxy.CutReplies(hs + 300)
 	var dials atomic.Int64
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		dials.Add(1)
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
-	}})
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), Dialer: testenv.CountingDialer(&dials, nil)})
 	t.Cleanup(func() { rdb.Close() })
 	cfg := f.config(ids...)
 	cfg.TopN = 0
@@ -65,35 +60,4 @@ func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
 	if dials.Load() < 10 {
 		t.Errorf("only %d connections dialled; want >= 10 (the proxy did not cut replies)", dials.Load())
 	}
-}
-
-// handshakeBytes measures what go-redis's connection handshake (HELLO 3, CLIENT SETINFO, ...) receives from the
-// shared Redis, so that a CutReplies limit counts from its end.
-func handshakeBytes(t *testing.T) int {
-	t.Helper()
-	var n atomic.Int64
-	c := redis.NewClient(&redis.Options{Addr: testenv.RedisAddr(t), Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		conn, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return countingConn{conn, &n}, nil
-	}})
-	defer c.Close()
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("ping: %v", err)
-	}
-	return int(n.Load()) - len("+PONG\r\n")
-}
-
-type countingConn struct {
-	net.Conn
-	read *atomic.Int64
-}
-
-func (c countingConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	c.read.Add(int64(n))
-	return n, err
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/redisserver"
 )
 
 // sentinelMaster is the master name of the soak's Sentinel group.
@@ -53,20 +55,10 @@ func (n *redisNode) run(ctx context.Context, args ...string) error {
 	n.mu.Lock()
 	n.cmd, n.done = cmd, done
 	n.mu.Unlock()
-	c := redis.NewClient(&redis.Options{Addr: n.addr(), MaxRetries: -1})
-	defer c.Close()
-	for i := 0; ; i++ {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := c.Ping(pctx).Err()
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if i > 50 {
-			return fmt.Errorf("redis-server on %s did not answer: %w", n.addr(), err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := redisserver.WaitPing(ctx, n.addr()); err != nil {
+		return fmt.Errorf("redis-server on %s: %w", n.addr(), err)
 	}
+	return nil
 }
 
 func (n *redisNode) pid() int {

@@ -71,7 +71,17 @@ func (s *Server) start(ctx context.Context) error {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 	}
-	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.port), MaxRetries: -1})
+	if err := WaitPing(ctx, fmt.Sprintf("127.0.0.1:%d", s.port)); err != nil {
+		s.stop()
+		return fmt.Errorf("private redis-server on port %d: %w", s.port, err)
+	}
+	return nil
+}
+
+// WaitPing waits until the Redis server at addr ("host:port") answers PING: up to 51 tries, each bounded by 1 s,
+// 100 ms apart. It returns the last error when the server never answered, or ctx's.
+func WaitPing(ctx context.Context, addr string) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	defer c.Close()
 	for i := 0; ; i++ {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -80,9 +90,8 @@ func (s *Server) start(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		if i > 50 {
-			s.stop()
-			return fmt.Errorf("private redis-server on port %d did not answer: %w", s.port, err)
+		if i > 50 || ctx.Err() != nil {
+			return fmt.Errorf("did not answer PING: %w", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
