@@ -187,6 +187,11 @@ func (k *keyspace) judgeReadingLocked(h *hotState, now time.Time, pttl time.Dura
 	if h.expiry.IsZero() || h.counted || h.missing || h.invalidated || pttl <= 0 {
 		return
 	}
+	if k.w.fleet != nil && k.w.fleet.lapsed(now) {
+		// This replica's heartbeat has lapsed (it was paused, or cut off): the others owned its keys meanwhile
+		// and refreshed them, so the expiry it knew is stale. Its next heartbeat re-learns every key (setView).
+		return
+	}
 	if now.Before(h.expiry.Add(expiryTolerance)) {
 		return // the value the daemon knew may still have been there
 	}

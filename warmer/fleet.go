@@ -344,6 +344,14 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 	return v, nil
 }
 
+// lapsed reports whether this replica's last successful heartbeat is older than HeartbeatTTL at now: the others
+// have taken it out of the fleet and own its keys until it beats again.
+func (f *fleet) lapsed(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.lastBeat.IsZero() && now.Sub(f.lastBeat) > f.cfg.HeartbeatTTL
+}
+
 // current returns the latest view.
 func (f *fleet) current() *fleetView {
 	f.mu.Lock()
