@@ -35,8 +35,8 @@ func startReplica(t *testing.T, f *fixture, rdb redis.UniversalClient, id string
 	cfg.TopN = 0
 	cfg.Src = r.src
 	// Leads long enough for four warmers under -race on a loaded 2-core machine (the fixture's 600 ms lost keys
-	// there, with or without a fleet). A dead replica's in-flight keys stay locked until their lease ends: with a
-	// lock TTL below the lead, the others can still refresh them in time (see docs/operations.md).
+	// there, with or without a fleet). A dead replica's in-flight keys stay locked until their lease ends, which
+	// the daemon keeps at most lead/4 (KeyspaceConfig.lease) whatever lock_ttl says.
 	cfg.TTL, cfg.RefreshAhead, cfg.LockTTL = 4*time.Second, 2*time.Second, time.Second
 	r.w, r.reg, r.stop = start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
 		Fleet: warmer.FleetConfig{Key: f.prefix + "fleet", ReplicaID: id, HeartbeatInterval: fleetInterval, HeartbeatTTL: fleetTTL}})
