@@ -92,7 +92,13 @@ func retryAt(now time.Time, delay time.Duration, expiry time.Time, rebuild time.
 // [base, 2·base) doubled per consecutive error of h, capped at max(TTL/2, 1s), jittered so that keys that failed
 // together (and replicas) do not retry in step.
 func (k *keyspace) retryDelayLocked(h *hotState, base time.Duration) time.Duration {
-	return backoff.Delay(h.errors+1, base, max(k.cfg.TTL/2, time.Second), k.rnd.Float64())
+	return k.retryDelayDrawLocked(h, base, k.rnd.Float64())
+}
+
+// retryDelayDrawLocked is retryDelayLocked with the uniform draw u in [0, 1) given: the fail-safe draws once per
+// batch (failSafe).
+func (k *keyspace) retryDelayDrawLocked(h *hotState, base time.Duration, u float64) time.Duration {
+	return backoff.Delay(h.errors+1, base, max(k.cfg.TTL/2, time.Second), u)
 }
 
 // rebuildWindow keeps the last rebuild durations of a keyspace for a keyspace-wide p95, used for keys that have

@@ -157,7 +157,7 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 				// Seen moments ago, so not lapsed: the data set was emptied. Outside a Cluster, that is every key.
 				_, cluster := w.rdb.(*redis.ClusterClient)
 				var emptied time.Time // the data set was whole then, and is empty now
-				if !cluster && !lastOK.IsZero() && time.Since(lastOK) < canaryTTL/2 {
+				if !cluster && !lastOK.IsZero() && w.now().Sub(lastOK) < canaryTTL/2 {
 					emptied = lastOK
 				}
 				w.m.flushes.Inc()
@@ -166,7 +166,7 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 					"canaries", flushed, "emptied", !emptied.IsZero())
 				w.rereadAll("flush", emptied)
 			} else if err == nil {
-				lastOK = time.Now()
+				lastOK = w.now() // the injected clock: rereadAll compares it with keys' learnedAt
 			}
 		}
 		select {

@@ -94,7 +94,8 @@ func TestDeadReplicaLocksLapseWithinLead(t *testing.T) {
 		}
 		return true
 	})
-	time.Sleep(500 * time.Millisecond) // the poller's last look at the refreshed keys (it reads Redis, not a count)
+	polled := obs.pollsSoFar() // the poller's last looks at the refreshed keys (it reads Redis, not a count)
+	testenv.Eventually(t, 5*time.Second, "two more polls", func() bool { return obs.pollsSoFar() >= polled+2 })
 	obs.stop()
 	for _, g := range obs.all() {
 		t.Errorf("the poller found %s missing for %v; want 0", g.key, g.end.Sub(g.start))

@@ -110,7 +110,7 @@ func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
 }
 
 // errOriginFailing is the cause of the keys a fail-safe-only batch extended without an origin query.
-var errOriginFailing = errors.New("warmer: not queried: the origin is failing and every origin slot is busy; value kept by the fail-safe")
+var errOriginFailing = errors.New("warmer: not queried: the origin is failing and a probe query is in flight; value kept by the fail-safe")
 
 // refreshWith is refresh; a non-nil skipOrigin runs the batch without an origin query, straight to the fail-safe
 // (pipeline.skipOrigin).
@@ -351,7 +351,7 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	for _, it := range items {
 		h := it.h
 		h.errors++
-		delays[it] = backoff.Delay(h.errors+1, retryBase, max(k.cfg.TTL/2, time.Second), u)
+		delays[it] = k.retryDelayDrawLocked(h, retryBase, u)
 		if it.lost {
 			continue
 		}

@@ -38,7 +38,11 @@ func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
 		return n == int64(len(ids))
 	})
 	obs := observe(t, f.rdb, keysOf(f, ids)...)
-	time.Sleep(4 * cfg.TTL) // the poller watches the keys through four TTLs of refreshes
+	// The poller watches the keys through four rounds of refreshes.
+	ok0 := refreshes(t, reg, warmer.ResultOK)
+	testenv.Eventually(t, 30*time.Second, "four refresh rounds", func() bool {
+		return refreshes(t, reg, warmer.ResultOK) >= ok0+4*float64(len(ids))
+	})
 	obs.stop()
 	stop()
 	for _, g := range obs.all() {

@@ -37,6 +37,7 @@ type observer struct {
 	gaps   []gap
 	open   map[string]time.Time
 	seen   map[string]bool
+	polls  int // polls that got an answer
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -62,6 +63,7 @@ func observe(t *testing.T, rdb *redis.Client, keys ...string) *observer {
 			now := time.Now()
 			if err == nil {
 				o.mu.Lock()
+				o.polls++
 				for i, k := range keys {
 					present := cmds[i].Val() == 1
 					start, inGap := o.open[k]
@@ -104,6 +106,13 @@ func (o *observer) all() []gap {
 		out = append(out, gap{k, start, time.Now()})
 	}
 	return out
+}
+
+// pollsSoFar returns how many polls got an answer, for waiting until the observer has looked again.
+func (o *observer) pollsSoFar() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.polls
 }
 
 // closed returns the gaps that have ended so far.
