@@ -221,16 +221,21 @@ func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
 // hot, for whatever reason and whoever rebuilt it afterwards (see docs/operations.md, "The SLO"). It marks the
 // current expiry counted, so each expiry counts once; a new value (a new expiry learnt) re-arms it. When the daemon
 // learnt of the expiry less than one lead before it (shortNotice), the miss is also counted under
-// keepwarm_warmer_hot_late_notice_total, a breakdown, not an exemption.
+// keepwarm_warmer_hot_late_notice_total, a breakdown, not an exemption. In a fleet the count waits for the miss's
+// fleet-wide claim, so that one miss counts in one replica (missclaim.go).
 func (k *keyspace) countMissLocked(h *hotState, now time.Time, why string) {
 	h.counted = true
-	k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
-	k.hotExpired.Add(1)
-	if h.shortNotice {
-		k.w.m.lateNotice.WithLabelValues(k.cfg.Name).Inc()
+	// seen is when the miss is counted, not the reading's now: a reading is dated when it was sent, and one sent
+	// before a Redis stall is answered after it. A claim dated before the stall would not match the same miss
+	// counted by another replica after it.
+	m := miss{k: k, id: h.id, why: why, expiry: h.expiry, seen: k.w.now(), shortNotice: h.shortNotice, errors: h.errors}
+	if !h.expiry.IsZero() {
+		m.since = now.Sub(h.expiry)
 	}
-	k.log.Warn("hot key missed: "+why, "id", h.id, "expiry", h.expiry, "since_expiry", now.Sub(h.expiry),
-		"short_notice", h.shortNotice, "errors", h.errors)
+	if k.w.fleet != nil && k.w.fleet.submit(m) {
+		return // counted once the fleet-wide claim is won (missclaim.go)
+	}
+	m.record("")
 }
 
 func absDur(d time.Duration) time.Duration {

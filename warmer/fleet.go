@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -218,9 +219,13 @@ type fleet struct {
 	lastErr  string
 	failing  bool
 
-	members    *prometheus.GaugeVec   // state: live, late
-	heartbeats *prometheus.CounterVec // result: ok, error
-	changes    prometheus.Counter
+	members      *prometheus.GaugeVec   // state: live, late
+	heartbeats   *prometheus.CounterVec // result: ok, error
+	changes      prometheus.Counter
+	deduplicated prometheus.Counter // misses another replica had claimed (missclaim.go)
+
+	claims   chan miss   // misses waiting for their claim; read by claimMisses only
+	claiming atomic.Bool // claimMisses is running
 }
 
 func newFleet(w *Warmer, cfg FleetConfig, reg prometheus.Registerer) (*fleet, error) {
@@ -237,12 +242,17 @@ func newFleet(w *Warmer, cfg FleetConfig, reg prometheus.Registerer) (*fleet, er
 			Name: "keepwarm_warmer_fleet_ownership_changes_total",
 			Help: "Changes of the set of replicas that own keys, as seen by this replica (joins, leaves, late members).",
 		}),
+		deduplicated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_fleet_misses_deduplicated_total",
+			Help: "SLO misses this replica saw that another replica of the fleet had already counted (its claim in Redis was there first); not counted again in keepwarm_warmer_hot_expired_total.",
+		}),
+		claims: make(chan miss, 4096),
 	}
 	if reg == nil {
 		return f, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{f.members, f.heartbeats, f.changes} {
+	for _, c := range []prometheus.Collector{f.members, f.heartbeats, f.changes, f.deduplicated} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -344,12 +354,17 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 	return v, nil
 }
 
-// lapsed reports whether this replica's last successful heartbeat is older than HeartbeatTTL at now: the others
-// have taken it out of the fleet and own its keys until it beats again.
+// lapsed reports whether this replica's last successful heartbeat is older than HeartbeatTTL at now while its
+// last view had other members: they have taken it out of the fleet and own its keys until it beats again. A
+// replica alone in its fleet keeps its keys through any lapse: nobody else could have refreshed them.
 func (f *fleet) lapsed(now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return !f.lastBeat.IsZero() && now.Sub(f.lastBeat) > f.cfg.HeartbeatTTL
+	return f.lapsedLocked(now)
+}
+
+func (f *fleet) lapsedLocked(now time.Time) bool {
+	return !f.lastBeat.IsZero() && now.Sub(f.lastBeat) > f.cfg.HeartbeatTTL && len(f.view.members) > 1
 }
 
 // current returns the latest view.
@@ -379,7 +394,7 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	now := f.w.now()
 	// A replica whose heartbeat lapsed (it was paused, or cut off from Redis) was taken out of the fleet by the
 	// others, which took over its keys meanwhile: what it knew of them is stale, so it re-learns them all.
-	lapsed := !f.lastBeat.IsZero() && now.Sub(f.lastBeat) > f.cfg.HeartbeatTTL
+	lapsed := f.lapsedLocked(now)
 	f.failing, f.lastErr, f.lastBeat = false, "", now
 	old := f.view
 	changed := !old.sameOwners(v) || lapsed

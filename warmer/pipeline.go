@@ -304,6 +304,11 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	if err != nil {
 		return err // the items stay owned: releaseOwned releases whatever the scripts left
 	}
+	// A lock found gone is an invalidation only if the script ran while the lease held: before the reply came
+	// back, and the reply came back before leaseUntil. Judged by when the publish was sent instead, a publish
+	// sent just before a Redis stall and run after it found the lock expired by the stall, and its key, gone by
+	// the same stall, passed for invalidated: a miss not counted.
+	replied := p.now()
 	p.mu.Lock()
 	var replies []*item
 	for i, it := range witems {
@@ -316,7 +321,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 			if it.missing {
 				it.result = ResultMissing
 			}
-		case errors.Is(r.Err, lockstep.ErrLockGone) && p.start.Before(p.leaseUntil):
+		case errors.Is(r.Err, lockstep.ErrLockGone) && replied.Before(p.leaseUntil):
 			it.owned = false
 			it.result, it.err = ResultLockGone, r.Err
 		case errors.Is(r.Err, lockstep.ErrLockLost):

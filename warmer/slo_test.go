@@ -638,3 +638,91 @@ func TestStalledReplicaDoesNotCountItsHeirsRefreshes(t *testing.T) {
 		t.Errorf("the fleet counted %v misses; the observer saw %d gaps (%v); want as many (or one more)", got, len(gaps), gaps)
 	}
 }
+
+// Redis stalls (a SIGSTOP here; a Sentinel failover or a restart does the same to the fleet) for longer than the
+// heartbeat TTL and every hot key's TTL: every key expires once, and every replica's heartbeat lapses. The first
+// replica back sees itself alone, takes every key over and counts the gone ones; their owners, back a beat
+// later, judged them against the expiries they knew and counted them again (the Sentinel soak: 816 counted for
+// 681 gaps). Each expiry must be counted once, in one replica: n keys, n misses.
+func TestSharedOutageCountsEachMissOnce(t *testing.T) {
+	const n = 30
+	f := newFixture(t, n)
+	ctx := context.Background()
+	frz := testenv.PrivateFreezableRedis(t)
+	opt, err := redis.ParseURL(frz.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv := redis.NewClient(opt)
+	t.Cleanup(func() { priv.Close() })
+	ids := pinnedIDs(n)
+	short := func(cfg *warmer.KeyspaceConfig) { cfg.TTL, cfg.RefreshAhead = 3*time.Second, 1500*time.Millisecond }
+	var rs []*replica
+	for _, id := range []string{"a", "b", "c"} {
+		rs = append(rs, startLeaseReplica(t, f, redis.NewClient(opt), id, ids, short))
+	}
+	keys := keysOf(f, ids)
+	sum := func(name string) (total float64) {
+		for _, r := range rs {
+			total += counter(t, r.reg, name, nil)
+		}
+		return total
+	}
+	testenv.Eventually(t, 15*time.Second, "three members, every key written", func() bool {
+		for _, r := range rs {
+			if len(r.w.Fleet().Members) != 3 {
+				return false
+			}
+		}
+		return priv.Exists(ctx, keys...).Val() == n
+	})
+	ok0 := sum("keepwarm_warmer_refreshes_total")
+	testenv.Eventually(t, 20*time.Second, "two more refresh rounds", func() bool {
+		return sum("keepwarm_warmer_refreshes_total") >= ok0+2*n
+	})
+	// Misses before the outage (a loaded machine can delay a refresh past a 3 s TTL) are not this test's.
+	obs := observe(t, priv, keys...)
+	before := sum("keepwarm_warmer_hot_expired_total")
+	// Every key's TTL is at most 3 s (ttl, no jitter) when Redis stops; 5 s later each has expired once.
+	frz.Freeze(t)
+	time.Sleep(5 * time.Second) // the outage itself, not a wait for a result
+	frz.Thaw(t)
+	thawed := time.Now()
+	if !testenv.Poll(20*time.Second, func() bool {
+		for _, r := range rs {
+			if len(r.w.Fleet().Members) != 3 {
+				return false
+			}
+		}
+		return priv.Exists(ctx, keys...).Val() == n && sum("keepwarm_warmer_hot_expired_total")-before >= n
+	}) {
+		s := fmt.Sprintf("keys present %d of %d, counted %v, seen twice %v;", priv.Exists(ctx, keys...).Val(), n,
+			sum("keepwarm_warmer_hot_expired_total"), sum("keepwarm_warmer_fleet_misses_deduplicated_total"))
+		for _, r := range rs {
+			s += fmt.Sprintf(" %s: counted %v, owned %d, members %s;", r.id,
+				counter(t, r.reg, "keepwarm_warmer_hot_expired_total", nil), owned(r.w), members(r.w))
+		}
+		t.Fatalf("every key rebuilt and counted, three members again: not within 20 s: %s", s)
+	}
+	// Two more refresh rounds: a late second count of any key would have come by then.
+	ok1 := sum("keepwarm_warmer_refreshes_total")
+	testenv.Eventually(t, 20*time.Second, "two more refresh rounds", func() bool {
+		return sum("keepwarm_warmer_refreshes_total") >= ok1+2*n
+	})
+	obs.stop()
+	// Any gap that starts once the fleet is back is another miss (a refresh late on a loaded machine), to be
+	// counted as well; the outage's own gaps start before the thaw, or at the observer's first poll after it.
+	later := 0
+	for _, g := range obs.all() {
+		if g.start.After(thawed.Add(time.Second)) {
+			later++
+		}
+	}
+	got, dup := sum("keepwarm_warmer_hot_expired_total")-before, sum("keepwarm_warmer_fleet_misses_deduplicated_total")
+	if got != float64(n+later) {
+		t.Errorf("the fleet counted %v misses since the outage; want %d: %d keys that each expired once in it, and %d later gaps the observer saw (%v more seen twice and not counted again)",
+			got, n+later, n, later, dup)
+	} else {
+		t.Logf("%d misses counted once each (%d after the outage); %v more seen by a second replica and not counted again", n+later, later, dup)
+	}
+}

@@ -178,10 +178,14 @@ func (w *Warmer) Run(ctx context.Context) error {
 		// The first heartbeat comes before any keyspace starts, so that a replica joining a fleet does not
 		// begin by refreshing every key; if it fails, this replica owns every key until one succeeds.
 		w.fleet.heartbeatOnce(ctx)
-		loops.Add(1)
+		loops.Add(2)
 		go func() {
 			defer loops.Done()
 			w.fleet.run(ctx)
+		}()
+		go func() {
+			defer loops.Done()
+			w.fleet.claimMisses(ctx)
 		}()
 	}
 	w.mu.Lock()
