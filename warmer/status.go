@@ -22,7 +22,10 @@ type KeyStatus struct {
 	Refreshing  bool          `json:"refreshing"` // a refresh batch holds the key right now
 	Persistent  bool          `json:"persistent"` // the key has no TTL and is left alone
 	Missing     bool          `json:"missing"`    // the origin had no row at the last refresh
-	LastError   string        `json:"last_error,omitempty"`
+	// Owned is true when this replica refreshes the key (always without a fleet); a hot key's SLO is its
+	// owner's (docs/operations.md, "The SLO, precisely").
+	Owned     bool   `json:"owned"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // MarshalJSON encodes s as its fields' JSON, except that an ID or Key that is not valid UTF-8 is written with
@@ -110,7 +113,7 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	for id, h := range k.hotSet {
 		ks := KeyStatus{ID: id, Key: k.cfg.Keys.Cache.Expand(id, ""), Pinned: h.e.pinned, Score: h.e.score,
 			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Refreshing: h.inflight, Persistent: h.persistent,
-			Missing:   h.missing,
+			Missing: h.missing, Owned: k.ownsLocked(id),
 			LastError: h.lastErr}
 		if !h.expiry.IsZero() {
 			ks.TTL = max(h.expiry.Sub(now), 0)

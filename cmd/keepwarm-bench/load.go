@@ -359,19 +359,10 @@ func (ls *loadSpace) topRead(n int) map[string]bool {
 	return out
 }
 
-// daemonHot asks the daemon for its hot set.
+// daemonHot asks the daemon for its hot set: keyspace → id → true.
 func daemonHot(addr string) (map[string]map[string]bool, string) {
-	if addr == "" {
-		return nil, ""
-	}
-	c := http.Client{Timeout: 3 * time.Second}
-	resp, err := c.Get("http://" + addr + "/debug/hotkeys?limit=0")
-	if err != nil {
-		return nil, ""
-	}
-	defer resp.Body.Close()
-	var st []warmer.KeyspaceStatus
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil {
+	st := daemonStatus(addr)
+	if st == nil {
 		return nil, ""
 	}
 	out := map[string]map[string]bool{}
@@ -383,6 +374,24 @@ func daemonHot(addr string) (map[string]map[string]bool, string) {
 		out[ks.Name] = m
 	}
 	return out, "the daemon's hot set (/debug/hotkeys)"
+}
+
+// daemonStatus reads the daemon's /debug/hotkeys in full; nil when it does not answer.
+func daemonStatus(addr string) []warmer.KeyspaceStatus {
+	if addr == "" {
+		return nil
+	}
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get("http://" + addr + "/debug/hotkeys?limit=0")
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var st []warmer.KeyspaceStatus
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil {
+		return nil
+	}
+	return st
 }
 
 func names(spaces []*loadSpace) string {

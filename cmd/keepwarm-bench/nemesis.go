@@ -31,7 +31,12 @@ const (
 	faultMigration     = "cluster-migration"   // --cluster: hot keys' slots moved to another master key by key
 	faultNone          = "none"                // gaps before the first fault
 	attributionInvalid = "invalidation"        // gaps caused by the invalidations themselves (excluded by the SLO)
+	attributionUnowned = "not hot for owner"   // gaps on keys no owner had in its hot set (not hot keys by the SLO)
 )
+
+// excluded reports whether gaps put down to kind are outside the SLO: invalidations, and keys that were hot only
+// for replicas that do not own them.
+func excluded(kind string) bool { return kind == attributionInvalid || kind == attributionUnowned }
 
 // allFaults lists every fault kind the nemesis implements, in the order of the report's table.
 var allFaults = []string{faultFlush, faultRedisStop, faultRedisRestart, faultDaemonKill, faultDaemonStop,

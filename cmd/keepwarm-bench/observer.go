@@ -102,6 +102,10 @@ type gap struct {
 	ColdStart bool
 	// Open marks a gap that was still open when the observer stopped.
 	Open bool
+	// Unowned marks a gap on a key that no replica both listed as hot and owned at any poll during the gap: hot
+	// for a replica that does not refresh it, not for its owner (the replicas' hot sets differ at the top_n
+	// edge). Not a hot key by the SLO's definition (docs/operations.md, "The SLO, precisely").
+	Unowned bool
 }
 
 // keyState is what the observer knows of one hot key.
@@ -111,6 +115,7 @@ type keyState struct {
 	lastPoll time.Time // the last poll that read the key
 	seen     bool      // read present since it entered the hot set
 	gap      *gap      // the open gap, if absent
+	owned    bool      // with gap: some poll during it found the key owned (gapTracker.owned)
 }
 
 // gapTracker turns the observer's polls into gaps. It has no clock and no Redis, so that tests can drive it.
@@ -119,9 +124,12 @@ type gapTracker struct {
 	// blink: the PTTL reading's own error (the round trip) is absorbed by it.
 	tolerance time.Duration
 	maxGaps   int // the soak's memory bound: gaps beyond it are counted in dropped only
-	keys      map[string]*keyState
-	gaps      []gap
-	dropped   int
+	// owned reports whether a cache key is, at this moment, in the hot set of a replica that owns it; nil: every
+	// hot key is. A gap during which it never is, is marked Unowned.
+	owned   func(key string) bool
+	keys    map[string]*keyState
+	gaps    []gap
+	dropped int
 }
 
 func newGapTracker(tolerance time.Duration, maxGaps int) *gapTracker {
@@ -160,6 +168,10 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 					start = st.expiry
 				}
 				st.gap = &gap{Keyspace: ks, Key: k, Start: start, ColdStart: !st.seen}
+				st.owned = false
+			}
+			if !st.owned && g.isOwned(k) {
+				st.owned = true
 			}
 			st.expiry = time.Time{}
 		} else {
@@ -171,7 +183,8 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 					next = at.Add(p)
 				}
 				if next.IsZero() || next.After(st.expiry) {
-					g.add(gap{Keyspace: ks, Key: k, Start: st.expiry, Length: at.Sub(st.expiry), Blink: true})
+					g.add(gap{Keyspace: ks, Key: k, Start: st.expiry, Length: at.Sub(st.expiry), Blink: true,
+						Unowned: !g.isOwned(k)})
 				}
 			}
 			st.seen = true
@@ -194,12 +207,17 @@ func (g *gapTracker) emptied(at time.Time) {
 			continue
 		}
 		st.gap = &gap{Keyspace: st.ks, Key: k, Start: at}
+		st.owned = g.isOwned(k)
 		st.expiry = time.Time{}
 	}
 }
 
+// isOwned applies owned, if set.
+func (g *gapTracker) isOwned(key string) bool { return g.owned == nil || g.owned(key) }
+
 func (g *gapTracker) close(st *keyState, at time.Time) {
 	st.gap.Length = at.Sub(st.gap.Start)
+	st.gap.Unowned = !st.owned
 	g.add(*st.gap)
 	st.gap = nil
 }

@@ -79,7 +79,7 @@ type soak struct {
 	emptied chan time.Time           // FLUSHDB moments, for the observer (observer.emptied)
 
 	bookMu        sync.Mutex                            // guards lastHot, counters, peaks and invalidations
-	lastHot       map[string]map[string]map[string]bool // replica → keyspace → id: its last /debug/hotkeys
+	lastHot       map[string]map[string]map[string]bool // replica → keyspace → id → owned: its last /debug/hotkeys
 	lastHotAt     map[string]time.Time                  // replica → when it last answered
 	counters      map[incarnation]map[string]float64
 	peaks         map[incarnation]int64
@@ -94,8 +94,9 @@ type incarnation struct {
 
 // hotUnion is the union of the replicas' hot sets.
 type hotUnion struct {
-	keys map[string]string          // cache key → keyspace
-	ids  map[string]map[string]bool // keyspace → id → true
+	keys  map[string]string          // cache key → keyspace
+	ids   map[string]map[string]bool // keyspace → id → true
+	owned map[string]bool            // cache keys in the hot set of a replica that owns them (the SLO's hot keys)
 }
 
 type invalidation struct {
@@ -399,6 +400,10 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 			}
 			return nil
 		}}
+	obs.track.owned = func(key string) bool {
+		h := s.hot.Load()
+		return h != nil && h.owned[key]
+	}
 	var maxHot atomic.Int64
 	obs.onPoll = func(_ time.Time, _, hot int) {
 		if int64(hot) > maxHot.Load() {
@@ -538,7 +543,15 @@ func (s *soak) readHot() {
 	s.bookMu.Unlock()
 	answered := 0
 	for _, d := range s.daemons {
-		if h, _ := daemonHot(d.addr); h != nil {
+		if st := daemonStatus(d.addr); st != nil {
+			h := map[string]map[string]bool{}
+			for _, ks := range st {
+				m := make(map[string]bool, len(ks.Keys))
+				for _, k := range ks.Keys {
+					m[k.ID] = k.Owned
+				}
+				h[ks.Name] = m
+			}
 			answered++
 			s.bookMu.Lock()
 			s.lastHot[d.id], s.lastHotAt[d.id] = h, now
@@ -555,7 +568,7 @@ func (s *soak) readHot() {
 		}
 		s.bookMu.Unlock()
 	}
-	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}}
+	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}, owned: map[string]bool{}}
 	s.bookMu.Lock()
 	for _, h := range s.lastHot {
 		for ks, ids := range h {
@@ -566,13 +579,16 @@ func (s *soak) readHot() {
 			if u.ids[ks] == nil {
 				u.ids[ks] = map[string]bool{}
 			}
-			for id := range ids {
+			for id, owned := range ids {
 				k, err := keys.For(id)
 				if err != nil {
 					continue
 				}
 				u.ids[ks][id] = true
 				u.keys[k.Cache] = ks
+				if owned {
+					u.owned[k.Cache] = true
+				}
 			}
 		}
 	}

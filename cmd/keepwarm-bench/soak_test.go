@@ -588,3 +588,30 @@ func TestGapTrackerEmptied(t *testing.T) {
 		t.Errorf("gaps after the flush: got %v, want %v (track:3 was never seen present: a cold start)", got, want)
 	}
 }
+
+// A gap on a key that no replica both lists as hot and owns (hot for a replica that does not refresh it) is not a
+// hot key's gap by the SLO's definition and is marked Unowned; a key owned at any poll during its gap is not, even
+// if its owner stopped listing it (a dead replica's keys, until an heir lists them).
+func TestGapTrackerOwnership(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	g := newGapTracker(5*time.Millisecond, 100)
+	owned := map[string]bool{"track:1": true}
+	g.owned = func(k string) bool { return owned[k] }
+	hot := map[string]string{"track:1": "track", "track:2": "track"}
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	g.observe(at(0), hot, map[string]time.Duration{"track:1": time.Second, "track:2": time.Second})
+	g.observe(at(1100), hot, map[string]time.Duration{"track:1": -2, "track:2": -2})
+	owned["track:1"] = false // its owner died: nobody lists it owned until an heir does
+	g.observe(at(1150), hot, map[string]time.Duration{"track:1": -2, "track:2": -2})
+	g.observe(at(1200), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second})
+	got := map[string]bool{}
+	for _, x := range g.finish(at(1300)) {
+		got[x.Key] = x.Unowned
+	}
+	if want := map[string]bool{"track:1": false, "track:2": true}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Unowned by key: got %v, want %v", got, want)
+	}
+	if a := attribute(gap{Key: "track:2", Unowned: true}, nil, nil); a != attributionUnowned {
+		t.Errorf("attribute of an unowned gap = %q, want %q", a, attributionUnowned)
+	}
+}

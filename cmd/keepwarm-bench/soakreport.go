@@ -21,10 +21,14 @@ import (
 // within it.
 const invalidationWindow = 10 * time.Second
 
-// attribute names what a gap is put down to: attributionInvalid when it starts within invalidationWindow after
-// an app invalidated its key, else the kind of the last fault injected at or before its start, else faultNone.
+// attribute names what a gap is put down to: attributionUnowned when no owner of the key had it in its hot set
+// during the gap, attributionInvalid when it starts within invalidationWindow after an app invalidated its key,
+// else the kind of the last fault injected at or before its start, else faultNone.
 // faults are in injection order.
 func attribute(g gap, faults []faultRecord, invs []invalidation) string {
+	if g.Unowned {
+		return attributionUnowned
+	}
 	for _, inv := range invs {
 		if inv.key == g.Key && !g.Start.Before(inv.at.Add(-100*time.Millisecond)) && g.Start.Sub(inv.at) <= invalidationWindow {
 			return attributionInvalid
@@ -125,7 +129,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 				x.longest = g
 			}
 		}
-		if !g.ColdStart && attribute(g, r.faults, r.invalidations) != attributionInvalid && g.Length > longest.Length {
+		if !g.ColdStart && !excluded(attribute(g, r.faults, r.invalidations)) && g.Length > longest.Length {
 			longest = g
 		}
 	}
@@ -138,7 +142,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 
 	var judged []gap // the gaps the SLO counter should count: not cold starts, not invalidations
 	for _, g := range inWindow {
-		if !g.ColdStart && attribute(g, r.faults, r.invalidations) != attributionInvalid {
+		if !g.ColdStart && !excluded(attribute(g, r.faults, r.invalidations)) {
 			judged = append(judged, g)
 		}
 	}
@@ -155,7 +159,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	fmt.Fprintf(w, "\nmisses by fault kind (observer gaps on hot keys, attributed to the last fault injected before each gap; counted = Σ of the replicas' keepwarm_warmer_hot_expired_total from that fault to the next)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "fault\tinjected\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\tits key\t\n", f.minGap)
-	order := append(append([]string{faultNone}, allFaults...), attributionInvalid)
+	order := append(append([]string{faultNone}, allFaults...), attributionInvalid, attributionUnowned)
 	for _, k := range order {
 		x := rows[k]
 		if x == nil {
@@ -166,14 +170,14 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 			counted = fmt.Sprintf("%.0f", x.counted)
 			unc = fmt.Sprintf("%.0f", max(0, float64(x.long)-x.counted))
 		}
-		if k == attributionInvalid {
+		if excluded(k) {
 			unc = "excluded"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, x.unlogged, dur(x.longest.Length), x.longest.Key)
 	}
 	_ = tw.Flush()
 
-	fmt.Fprintf(w, "\nby keyspace (invalidation gaps included in gaps; the check below leaves them out)\n")
+	fmt.Fprintf(w, "\nby keyspace (invalidation and not-hot-for-owner gaps included in gaps; the check below leaves them out)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "keyspace\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\t\n", f.minGap)
 	var totalUnc, totalCounted float64
@@ -182,7 +186,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	// The check's numbers leave out invalidation gaps.
 	longBy, allBy := map[string]int{}, map[string]int{}
 	for _, g := range inWindow {
-		if g.ColdStart || attribute(g, r.faults, r.invalidations) == attributionInvalid {
+		if g.ColdStart || excluded(attribute(g, r.faults, r.invalidations)) {
 			continue
 		}
 		allBy[g.Keyspace]++
@@ -245,7 +249,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		// Name the longest uncounted-keyspace gap and its fault.
 		var worst gap
 		for _, g := range inWindow {
-			if g.Keyspace == worstKS && !g.ColdStart && g.Length >= f.minGap && attribute(g, r.faults, r.invalidations) != attributionInvalid && g.Length > worst.Length {
+			if g.Keyspace == worstKS && !g.ColdStart && g.Length >= f.minGap && !excluded(attribute(g, r.faults, r.invalidations)) && g.Length > worst.Length {
 				worst = g
 			}
 		}
