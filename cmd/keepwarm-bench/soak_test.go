@@ -288,6 +288,9 @@ func TestManifestMemoryLimit(t *testing.T) {
 
 // TestObserverOnRedis runs the observer against a private redis-server: a hot key that expires and is written
 // again 300 ms later is one gap of about 300 ms; a key that is not hot is not watched.
+// The observer against a real Redis, driven by its own polls (no sleeps): track:1 expires and is rewritten after
+// a poll has found it gone; track:2 is rewritten before its expiry; track:3 is not hot. One gap, on track:1,
+// starting no later than the poll that found it gone and ending no earlier than its rewrite.
 func TestObserverOnRedis(t *testing.T) {
 	ctx := context.Background()
 	srv, err := redisserver.Start(ctx)
@@ -301,6 +304,7 @@ func TestObserverOnRedis(t *testing.T) {
 	}
 	t.Cleanup(func() { rdb.Close() })
 	hot := map[string]string{"track:1": "track", "track:2": "track"}
+	written := time.Now()
 	for k := range hot {
 		if err := rdb.Set(ctx, k, "v", 300*time.Millisecond).Err(); err != nil {
 			t.Fatal(err)
@@ -309,30 +313,53 @@ func TestObserverOnRedis(t *testing.T) {
 	if err := rdb.Set(ctx, "track:3", "v", 100*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
+	type poll struct {
+		at     time.Time
+		absent int
+	}
+	polls := make(chan poll, 1000)
 	o := &observer{rdb: rdb, interval: 20 * time.Millisecond, track: newGapTracker(5*time.Millisecond, 100),
-		hot: func() map[string]string { return hot }}
+		hot:    func() map[string]string { return hot },
+		onPoll: func(at time.Time, absent, _ int) { polls <- poll{at, absent} }}
 	octx, stop := context.WithCancel(ctx)
 	done := make(chan []gap)
 	go func() { done <- o.run(octx) }()
-	time.Sleep(200 * time.Millisecond)
-	if err := rdb.Set(ctx, "track:2", "v", time.Minute).Err(); err != nil { // refreshed before its expiry
+	next := func(what string) poll {
+		select {
+		case p := <-polls:
+			return p
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no observer poll within 10 s while waiting for %s", what)
+			return poll{}
+		}
+	}
+	// The first poll reads both keys present; track:2 is then refreshed, long before its expiry.
+	if p := next("the first poll"); p.absent != 0 {
+		t.Fatalf("first poll: %d hot keys absent, want 0", p.absent)
+	}
+	if err := rdb.Set(ctx, "track:2", "v", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond) // track:1 expired at 300 ms
+	var gone poll
+	for gone = next("track:1 to expire"); gone.absent == 0; gone = next("track:1 to expire") {
+	}
+	rewritten := time.Now()
 	if err := rdb.Set(ctx, "track:1", "v", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	for p := next("track:1 back"); p.absent != 0 || !p.at.After(rewritten); p = next("track:1 back") {
+	}
 	stop()
 	gaps := <-done
 	if len(gaps) != 1 || gaps[0].Key != "track:1" || gaps[0].Open || gaps[0].Blink {
 		t.Fatalf("gaps %+v: want one closed gap on track:1", gaps)
 	}
-	if l := gaps[0].Length; l < 200*time.Millisecond || l > 450*time.Millisecond {
-		t.Errorf("gap of %v, want about 300 ms", l)
+	g := gaps[0]
+	if g.Start.Before(written) || g.Start.After(gone.at) {
+		t.Errorf("gap starts at %v, want between the write (%v) and the poll that found it gone (%v)", g.Start, written, gone.at)
 	}
-	if o.polls.Load() < 10 {
-		t.Errorf("%d polls in 700 ms at 20 ms", o.polls.Load())
+	if end := g.Start.Add(g.Length); end.Before(rewritten) {
+		t.Errorf("gap ends at %v, before the rewrite at %v", end, rewritten)
 	}
 }
 
