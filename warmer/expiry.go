@@ -171,6 +171,9 @@ func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Tim
 			k.judgeReadingLocked(h, now, pttl, "rebuilt by another writer after it expired")
 			h.shortNotice = pttl < k.leadLocked(h)
 			h.counted, h.invalidated = false, false
+			if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance {
+				h.learnedAt = now // another value: first seen now
+			}
 			h.expiry = exp
 			k.scheduleLocked(h)
 		}
@@ -228,7 +231,8 @@ func (k *keyspace) countMissLocked(h *hotState, now time.Time, why string) {
 	// seen is when the miss is counted, not the reading's now: a reading is dated when it was sent, and one sent
 	// before a Redis stall is answered after it. A claim dated before the stall would not match the same miss
 	// counted by another replica after it.
-	m := miss{k: k, id: h.id, why: why, expiry: h.expiry, seen: k.w.now(), shortNotice: h.shortNotice, errors: h.errors}
+	m := miss{k: k, id: h.id, why: why, expiry: h.expiry, learnedAt: h.learnedAt, seen: k.w.now(),
+		shortNotice: h.shortNotice, errors: h.errors}
 	if !h.expiry.IsZero() {
 		m.since = now.Sub(h.expiry)
 	}

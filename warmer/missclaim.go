@@ -16,8 +16,9 @@ import (
 //
 // So a replica of a fleet claims each miss in Redis before counting it (missclaim.lua): the key
 // <fleet key>:missed:<keyspace>:<id> holds when the key's last counted miss was seen, for missClaimTTL. A miss
-// whose expiry the replica knew is the one already counted when that claim was seen at or after the expiry; a
-// miss it cannot date (a key found gone when taken over) is when the claim is less than two heartbeat TTLs old.
+// of a value the replica knew is the one already counted when that claim was seen after the value was written
+// (or first seen): one value is lost once, whether it expired or vanished (a flush). A miss it cannot date (a
+// key found gone when taken over) is when the claim is less than two heartbeat TTLs old.
 // The first claim counts; a later one is only logged (keepwarm_warmer_fleet_misses_deduplicated_total). Two real
 // misses of one key less than two heartbeat TTLs apart, the second found by a replica that took the key over,
 // count once: the price of counting each miss in one replica. The replicas' clocks are compared, so they must be
@@ -43,6 +44,7 @@ type miss struct {
 	k           *keyspace
 	id, why     string
 	expiry      time.Time
+	learnedAt   time.Time     // when the value of that expiry was written or first seen (hotState.learnedAt)
 	seen        time.Time     // when it was counted (Config.Now): the claim's date
 	since       time.Duration // from the known expiry to the judgement
 	shortNotice bool
@@ -149,7 +151,10 @@ func (f *fleet) claimOnce(ctx context.Context, pending []miss) []miss {
 	_, _ = f.w.rdb.Pipelined(cctx, func(p redis.Pipeliner) error {
 		for i, m := range pending {
 			threshold := m.seen.Add(-window)
-			if !m.expiry.IsZero() {
+			switch {
+			case !m.expiry.IsZero() && !m.learnedAt.IsZero():
+				threshold = m.learnedAt.Add(-expiryTolerance)
+			case !m.expiry.IsZero():
 				threshold = m.expiry.Add(-expiryTolerance)
 			}
 			cmds[i] = p.Eval(cctx, missClaimLua, []string{f.claimKey(m)}, threshold.UnixMilli(), m.seen.UnixMilli(),

@@ -488,7 +488,7 @@ func TestFlushCountedOnceAcrossTheFleet(t *testing.T) {
 				return false
 			}
 		}
-		return priv.Exists(ctx, keys...).Val() == n && sum("keepwarm_warmer_hot_expired_total")-before >= n-n/5
+		return priv.Exists(ctx, keys...).Val() == n && sum("keepwarm_warmer_hot_expired_total")-before >= n
 	}) {
 		t.Fatalf("every replica noticed, every key rebuilt and counted: not within 15 s: %s", state())
 	}
@@ -514,12 +514,12 @@ func TestFlushCountedOnceAcrossTheFleet(t *testing.T) {
 			others++
 		}
 	}
-	// Known imperfection: in some runs a few keys are counted twice, or not at all, while the fleet's view
-	// settles after the flush (two replicas, or none, judge the key as theirs; up to 4 of 30 seen under load): a
-	// tolerance of 20%. Before the fix the fleet counted 62% too many (1,186 for 734).
-	if got := sum("keepwarm_warmer_hot_expired_total") - before; got < float64(n+others-n/5) || got > float64(n+others+n/5) {
-		t.Errorf("the fleet counted %v misses since the flush, want %d (±%d): %d flushed keys, each once in one replica, and %d later gaps the observer saw",
-			got, n+others, n/5, n, others)
+	// Each flushed key once, in one replica: the miss claims (missclaim.go) settle the few keys two replicas
+	// judged while the fleet's view settled after the flush (before them this test allowed 20% either way; before
+	// the flush fixes the fleet counted 62% too many in a soak, 1,186 for 734).
+	if got := sum("keepwarm_warmer_hot_expired_total") - before; got != float64(n+others) {
+		t.Errorf("the fleet counted %v misses since the flush, want %d: %d flushed keys, each once in one replica, and %d later gaps the observer saw",
+			got, n+others, n, others)
 	}
 }
 
