@@ -385,6 +385,11 @@ func (s *Stream) ensurePublication(ctx context.Context, conn *pgconn.PgConn) err
 	if err != nil {
 		return err
 	}
+	if exists && s.cfg.CreatePublication {
+		if err := ensureViaRoot(ctx, conn, s.cfg.Publication, s.log); err != nil {
+			return err
+		}
+	}
 	if exists && len(missing) == 0 {
 		return nil
 	}
@@ -400,10 +405,17 @@ func (s *Stream) ensurePublication(ctx context.Context, conn *pgconn.PgConn) err
 }
 
 // PublicationSQL returns the statement that creates publication for tables, for the docs and error messages.
+// It publishes a partitioned table's changes under the table's own name (publish_via_partition_root), which is
+// the name fed_by gives, not under each partition's.
 func PublicationSQL(publication string, tables []string) string {
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s", publication, strings.Join(tables, ", "))
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish_via_partition_root = true)", publication,
+		strings.Join(tables, ", "))
 }
 
+// publicationMissing returns the tables ("schema.table") the publication lacks, and whether it exists. A table
+// is published when it is listed in pg_publication_rel (a partitioned table is listed there itself, while
+// pg_publication_tables lists its partitions unless publish_via_partition_root is on), or in
+// pg_publication_tables (FOR ALL TABLES, FOR TABLES IN SCHEMA).
 func publicationMissing(ctx context.Context, conn *pgconn.PgConn, pub string, tables []string) (missing []string, exists bool, err error) {
 	res, err := conn.Exec(ctx, "select puballtables::text from pg_publication where pubname = "+quoteLiteral(pub)).ReadAll()
 	if err != nil {
@@ -415,7 +427,9 @@ func publicationMissing(ctx context.Context, conn *pgconn.PgConn, pub string, ta
 	if string(res[0].Rows[0][0]) == "true" {
 		return nil, true, nil
 	}
-	res, err = conn.Exec(ctx, "select schemaname || '.' || tablename from pg_publication_tables where pubname = "+quoteLiteral(pub)).ReadAll()
+	res, err = conn.Exec(ctx, "select schemaname || '.' || tablename from pg_publication_tables where pubname = "+quoteLiteral(pub)+
+		" union select n.nspname || '.' || c.relname from pg_publication_rel r join pg_publication p on p.oid = r.prpubid"+
+		" join pg_class c on c.oid = r.prrelid join pg_namespace n on n.oid = c.relnamespace where p.pubname = "+quoteLiteral(pub)).ReadAll()
 	if err != nil {
 		return nil, true, fmt.Errorf("read publication %q tables: %w", pub, err)
 	}
@@ -440,10 +454,35 @@ func execPublication(ctx context.Context, conn *pgconn.PgConn, pub string, table
 		q = "CREATE PUBLICATION " + pub // no table yet: changes to none
 	}
 	if _, err := conn.Exec(ctx, q).ReadAll(); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42710" {
+			return nil // "already member": another daemon (or migrate up) added it first
+		}
 		return &fatalError{fmt.Errorf("postgres: %s: %w (a role that owns the tables must run it; docs/operations.md)", q, err)}
 	}
 	if log != nil {
 		log.Info("publication updated", "publication", pub, "tables", tables, "created", !exists)
+	}
+	return nil
+}
+
+// ensureViaRoot turns publish_via_partition_root on for an existing publication (one created before keepwarm
+// set it, or by hand), so that a partitioned fed table's changes arrive under its own name. For tables that are
+// not partitioned it changes nothing.
+func ensureViaRoot(ctx context.Context, conn *pgconn.PgConn, pub string, log *slog.Logger) error {
+	res, err := conn.Exec(ctx, "select pubviaroot::text from pg_publication where pubname = "+quoteLiteral(pub)).ReadAll()
+	if err != nil {
+		return fmt.Errorf("read publication %q: %w", pub, err)
+	}
+	if len(res[0].Rows) == 0 || string(res[0].Rows[0][0]) == "true" {
+		return nil
+	}
+	q := fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pub)
+	if _, err := conn.Exec(ctx, q).ReadAll(); err != nil {
+		return &fatalError{fmt.Errorf("postgres: %s: %w (a role that owns the publication must run it; docs/operations.md)", q, err)}
+	}
+	if log != nil {
+		log.Info("publication updated: partitioned tables publish under their own name", "publication", pub)
 	}
 	return nil
 }
@@ -468,10 +507,17 @@ func EnsurePublication(ctx context.Context, dsn, publication string, tables []st
 	if err != nil {
 		return err
 	}
+	var fe *fatalError
+	if exists {
+		if err := ensureViaRoot(ctx, conn, publication, nil); errors.As(err, &fe) {
+			return fe.err
+		} else if err != nil {
+			return err
+		}
+	}
 	if exists && len(missing) == 0 {
 		return nil
 	}
-	var fe *fatalError
 	if err := execPublication(ctx, conn, publication, missing, exists, nil); errors.As(err, &fe) {
 		return fe.err
 	} else if err != nil {

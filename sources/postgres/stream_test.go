@@ -333,3 +333,64 @@ func TestCheckFeeds(t *testing.T) {
 		t.Errorf("warnings: got %+v, want one for k2 (REPLICA IDENTITY DEFAULT)", warnings)
 	}
 }
+
+// TestStreamPartitionedTable (issue 21): a fed table that is partitioned, in a publication created without
+// publish_via_partition_root. Its changes arrive under the root's name (the stream turns the option on), and a
+// restart finds the table published
+// (through pg_publication_rel: pg_publication_tables lists the partitions) instead of failing on ALTER
+// PUBLICATION … ADD TABLE with 42710, "already member", which stopped the daemon.
+func TestStreamPartitionedTable(t *testing.T) {
+	slot := slotName()
+	dsn, pool := streamDB(t, slot)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `create table part (id int, grp int, name text, primary key (id, grp)) partition by list (grp);
+		create table part_0 partition of part for values in (0);
+		create table part_1 partition of part for values in (1, 2);
+		alter table part_0 replica identity full;
+		alter table part_1 replica identity full;
+		insert into part select g, g % 3, 'part ' || g from generate_series(1, 10) g`); err != nil {
+		t.Fatalf("create partitioned table: %v", err)
+	}
+	// The publication as keepwarm created it before: without publish_via_partition_root. The stream turns it on.
+	if _, err := pool.Exec(ctx, "create publication "+slot+" for table part"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "drop publication if exists "+slot) })
+	start := func() (*recorder, func() error) {
+		s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+			Tables: []string{"part"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
+			Resync: func(context.Context, string) error { return nil }})
+		if err != nil {
+			t.Fatalf("NewStream: %v", err)
+		}
+		rec := &recorder{}
+		stop := run(t, s, rec.apply)
+		testenv.Eventually(t, 10*time.Second, "stream streaming", func() bool { return s.Status().State == "streaming" })
+		return rec, stop
+	}
+	for round := 1; round <= 2; round++ { // the second round is the restart
+		rec, stop := start()
+		name := fmt.Sprintf("round %d", round)
+		if _, err := pool.Exec(ctx, "update part set name = $1 where id = 4", name); err != nil { // grp 1: in part_1
+			t.Fatal(err)
+		}
+		// The previous round's change may come again first (delivery is at least once: its acknowledgement may not
+		// have reached the slot before the stop).
+		var ch postgres.Change
+		testenv.Eventually(t, 10*time.Second, name+": the update arrives", func() bool {
+			for _, c := range rec.changes() {
+				if c.New["name"] == name {
+					ch = c
+					return true
+				}
+			}
+			return false
+		})
+		if ch.Table != "public.part" {
+			t.Errorf("%s: got the change under %s, want public.part (the root, which fed_by names)", name, ch.Table)
+		}
+		if err := stop(); err != nil {
+			t.Fatalf("%s: Run: %v", name, err)
+		}
+	}
+}
