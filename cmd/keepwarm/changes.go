@@ -50,7 +50,8 @@ func (d *daemon) newChangeStream(ctx context.Context) (*changeStream, error) {
 	stream, err := postgres.NewStream(postgres.StreamConfig{
 		DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot, Publication: cfg.Changes.Publication,
 		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
-		Resync: changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
+		StatusInterval: cfg.Changes.StatusInterval,
+		Resync:         changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
 		Logger: d.log.With("component", "stream"), Registerer: d.reg,
 	})
 	if err != nil {

@@ -26,6 +26,10 @@ type Changes struct {
 	// Gather is how long the first transaction of a batch waits for more before the batch is applied, so that
 	// bursts of updates of one row coalesce into one rebuild; default postgres.DefaultGather.
 	Gather time.Duration
+	// StatusInterval is how often the stream sends PostgreSQL a standby status update when nothing else is due;
+	// default postgres.DefaultStatusInterval, in [100ms, 30s]: well below wal_sender_timeout (60 s by default),
+	// which ends a replication connection that has been silent that long.
+	StatusInterval time.Duration
 }
 
 // RedactedDSN returns DSN with any password masked.
@@ -104,6 +108,7 @@ func (c *Config) ChangeKeyspaces() []warmer.ChangeKeyspace {
 func decodeChanges(t *table, c *Changes) {
 	c.Slot, c.Publication, c.CreatePublication = pgsource.DefaultSlot, pgsource.DefaultPublication, true
 	c.ReplayTimeout, c.LeaseTTL, c.Gather = warmer.DefaultReplayTimeout, warmer.DefaultLeaseTTL, pgsource.DefaultGather
+	c.StatusInterval = pgsource.DefaultStatusInterval
 	t.boolean("enabled", &c.Enabled)
 	t.str("dsn", &c.DSN)
 	t.str("slot", &c.Slot)
@@ -112,6 +117,7 @@ func decodeChanges(t *table, c *Changes) {
 	t.duration("replay_timeout", &c.ReplayTimeout)
 	t.duration("lease_ttl", &c.LeaseTTL)
 	t.duration("gather", &c.Gather)
+	t.duration("status_interval", &c.StatusInterval)
 	t.done()
 	if t.d.known != nil {
 		return
@@ -135,6 +141,9 @@ func decodeChanges(t *table, c *Changes) {
 	}
 	if c.Gather < 0 || c.Gather > 5*time.Second {
 		t.problem("gather", "%s is not in [0, 5s]", c.Gather)
+	}
+	if c.StatusInterval < 100*time.Millisecond || c.StatusInterval > 30*time.Second {
+		t.problem("status_interval", "%s is not in [100ms, 30s]: PostgreSQL's wal_sender_timeout (60 s by default) must be well above it", c.StatusInterval)
 	}
 }
 

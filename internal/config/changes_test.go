@@ -69,6 +69,8 @@ func TestBadChangesConfigs(t *testing.T) {
 		{"enabled with no feed", "", "[changes]\nenabled = true", `changes: enabled: is true but no [[keyspace]] has fed_by`},
 		{"bad slot", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nslot = \"Bad-Slot\"", `changes: slot: "Bad-Slot" is not a valid slot name`},
 		{"lease too short", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nlease_ttl = \"100ms\"", `changes: lease_ttl: 100ms is not in [1s, 1m]`},
+		{"status interval above wal_sender_timeout's half", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nstatus_interval = \"1m\"", `changes: status_interval: 1m0s is not in [100ms, 30s]`},
+		{"status interval zero", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nstatus_interval = \"0s\"", `changes: status_interval: must be more than 0`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -157,6 +157,7 @@ func (c *Config) Redacted() string {
 	w("replay_timeout", c.Changes.ReplayTimeout)
 	w("lease_ttl", c.Changes.LeaseTTL)
 	w("gather", c.Changes.Gather)
+	w("status_interval", c.Changes.StatusInterval)
 
 	for _, ks := range c.Keyspaces {
 		b.WriteString("\n[[keyspace]]\n")
