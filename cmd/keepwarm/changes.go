@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/statuspage"
@@ -86,7 +87,7 @@ func (c *changeStream) page() *statuspage.Stream {
 	l, s := c.lease.Status(), c.stream.Status()
 	return &statuspage.Stream{Role: l.State, State: s.State, Slot: s.Slot, Publication: s.Publication,
 		AckedLSN: s.AckedLSN, LagBytes: s.LagBytes, LagSeconds: s.LagSeconds, Received: s.Received,
-		Resyncs: s.Resyncs, LastCommit: s.LastCommit, LastError: s.LastError}
+		Resyncs: s.Resyncs, LastCommit: s.LastCommit, LastError: s.LastError, Unpublished: s.Unpublished}
 }
 
 // printStream prints the change stream's state for `keepwarm status`.
@@ -104,5 +105,9 @@ func printStream(w io.Writer, st streamStatus) {
 		s.AckedLSN, s.ServerLSN, s.LagBytes, s.LagSeconds, s.Received, s.Pending, s.Resyncs, last)
 	if s.LastError != "" {
 		fmt.Fprintf(w, "  last error: %s\n", s.LastError)
+	}
+	if len(s.Unpublished) > 0 {
+		fmt.Fprintf(w, "  the publication lacks feeding tables %s: their changes do not arrive (keepwarm migrate up)\n",
+			strings.Join(s.Unpublished, ", "))
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -281,6 +282,12 @@ func (d *daemon) readyz(ctx context.Context) error {
 	for _, f := range d.w.Failing() {
 		errs = append(errs, fmt.Errorf("keyspace %q: check failing since %s (%d attempts, next at %s): %s", f.Keyspace,
 			f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error))
+	}
+	if d.changes != nil {
+		if st := d.changes.stream.Status(); len(st.Unpublished) > 0 {
+			errs = append(errs, fmt.Errorf("change stream: publication %q lacks feeding tables %s: their changes do not arrive, their keys follow their TTL only (keepwarm migrate up)",
+				st.Publication, strings.Join(st.Unpublished, ", ")))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -51,6 +51,8 @@ type Stream struct {
 	Resyncs     int64
 	LastCommit  time.Time // zero before the first applied transaction
 	LastError   string
+	// Unpublished are the feeding tables the publication lacks: their changes do not arrive.
+	Unpublished []string
 }
 
 // Config configures the page. Status is required.

@@ -26,6 +26,8 @@ func TestStreamSection(t *testing.T) {
 		{"failing", &Stream{Role: "holder", State: "connecting", Slot: "keepwarm", LastError: `<b>refused</b>`},
 			[]string{`<td class="bad">connecting</td>`, "last error: &lt;b&gt;refused&lt;/b&gt;", "never"}, []string{"<b>refused"}},
 		{"standby", &Stream{Role: "standby", State: "stopped"}, []string{"<td>standby</td><td>stopped</td>"}, []string{`class="bad"`}},
+		{"unpublished", &Stream{Role: "holder", State: "streaming", Unpublished: []string{"public.track", "public.album"}},
+			[]string{`the publication lacks feeding tables <span class="key">public.track</span>, <span class="key">public.album</span>`}, nil},
 		{"off", nil, nil, []string{`id="stream"`}},
 	}
 	for _, tt := range tests {

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -42,7 +43,17 @@ const (
 	ResyncCreated     = "created"     // no slot existed: the first start, or the slot was dropped meanwhile
 	ResyncInvalidated = "invalidated" // the slot exists but lost WAL it needs (max_slot_wal_keep_size): recreated
 	ResyncTruncate    = "truncate"    // a TRUNCATE of a feeding table: no row to map to ids
+	// ResyncPublication: a feeding table had left the publication (a migration rebuilt it: create, copy, drop,
+	// rename) and was added back; its changes meanwhile were not streamed.
+	ResyncPublication = "publication"
+	// ResyncRebuilt: a feeding table is another relation than when the session started (its OID changed), so
+	// rows may have changed unseen while it was rebuilt.
+	ResyncRebuilt = "rebuilt"
 )
+
+// DefaultPublicationCheck is how often a streaming Stream re-reads its publication's tables and the feeding
+// tables' OIDs (StreamConfig.PublicationCheck).
+const DefaultPublicationCheck = 30 * time.Second
 
 // ErrSlotActive is returned (wrapped) when another process streams from the slot and could not be stopped.
 var ErrSlotActive = errors.New("postgres: replication slot is active in another process")
@@ -83,6 +94,12 @@ type StreamConfig struct {
 	Resync func(ctx context.Context, reason string) error
 	// ConnectTimeout bounds each connection attempt; default DefaultPostgresConnectTimeout of the DSN (pgconn's).
 	ConnectTimeout time.Duration
+	// PublicationCheck is how often, while streaming, the publication's tables and the feeding tables' OIDs are
+	// read again on a second, ordinary connection; default DefaultPublicationCheck, negative: only at each
+	// session's start. A feeding table missing from the publication is added back (with CreatePublication;
+	// else it is reported in StreamStatus.Unpublished) and a table whose OID changed is resynced: both
+	// reconnect the stream, so that the next session adds it and resyncs before streaming on.
+	PublicationCheck time.Duration
 	// Logger defaults to slog.Default(); Registerer receives the stream's metrics (nil: none).
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -122,6 +139,9 @@ type StreamStatus struct {
 	Pending     int       `json:"transactions_pending"`
 	LastCommit  time.Time `json:"last_commit,omitzero"` // commit time of the last transaction applied
 	Resyncs     int64     `json:"resyncs"`
+	// Unpublished lists the feeding tables ("schema.table") the publication lacked at the last check while
+	// CreatePublication is off: their changes do not arrive, so their keys follow their TTL only.
+	Unpublished []string  `json:"unpublished,omitempty"`
 	LastError   string    `json:"last_error,omitempty"`
 	Since       time.Time `json:"since,omitzero"` // when State last changed
 }
@@ -147,6 +167,7 @@ type Stream struct {
 	appliedN int64     // transactions of this session applied
 	failing  time.Time // when apply began failing in a row; zero while it succeeds
 	resync   []string
+	oids     map[string]uint32 // feeding table → its OID at the session's start (0: not found)
 }
 
 // NewStream checks cfg and returns a Stream. It does not connect.
@@ -165,6 +186,9 @@ func NewStream(cfg StreamConfig) (*Stream, error) {
 	}
 	if cfg.Gather == 0 {
 		cfg.Gather = DefaultGather
+	}
+	if cfg.PublicationCheck == 0 {
+		cfg.PublicationCheck = DefaultPublicationCheck
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -262,7 +286,9 @@ func b2f(b bool) float64 {
 // apply with batches of whole transactions in commit order, never concurrently; a batch whose apply fails is
 // offered again (with any transactions received since) after a back-off, so apply must be idempotent. Run
 // returns nil when ctx ends; it returns an error only for a configuration PostgreSQL refuses for good (no
-// publication and CreatePublication unset, wal_level not logical).
+// publication and CreatePublication unset, wal_level not logical, a slot of another plugin). A catalog problem
+// (a feeding table missing from the publication, a refused ALTER PUBLICATION) is retried or reported in Status,
+// never fatal.
 func (s *Stream) Run(ctx context.Context, apply func(ctx context.Context, txns []Txn) error) error {
 	defer s.setState("stopped", nil)
 	for attempt := 0; ; attempt++ {
@@ -343,6 +369,13 @@ func (s *Stream) session(ctx context.Context, apply func(context.Context, []Txn)
 	if err := s.ensureSlot(ctx, conn); err != nil {
 		return err
 	}
+	oids, err := tableOIDs(ctx, conn, s.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.oids = oids
+	s.mu.Unlock()
 	if err := s.runResyncs(ctx); err != nil {
 		return err
 	}
@@ -398,10 +431,100 @@ func (s *Stream) ensurePublication(ctx context.Context, conn *pgconn.PgConn) err
 			return &fatalError{fmt.Errorf("postgres: publication %q does not exist: run `keepwarm migrate up` or %s",
 				s.cfg.Publication, PublicationSQL(s.cfg.Publication, s.cfg.Tables))}
 		}
-		return &fatalError{fmt.Errorf("postgres: publication %q lacks tables %s: run `keepwarm migrate up` or ALTER PUBLICATION %s ADD TABLE %s",
-			s.cfg.Publication, strings.Join(missing, ", "), s.cfg.Publication, strings.Join(missing, ", "))}
+		s.noteUnpublished(missing)
+		return nil // stream the tables that are published; the others are reported
 	}
 	return execPublication(ctx, conn, s.cfg.Publication, missing, exists, s.log)
+}
+
+// noteUnpublished records the feeding tables the publication lacks (CreatePublication off), logging when the
+// list changes: their changes cannot arrive, which Status, the metric and the log say.
+func (s *Stream) noteUnpublished(missing []string) {
+	s.mu.Lock()
+	changed := !slices.Equal(s.st.Unpublished, missing)
+	s.st.Unpublished = slices.Clone(missing)
+	s.mu.Unlock()
+	s.m.unpublished.Set(float64(len(missing)))
+	if !changed {
+		return
+	}
+	if len(missing) == 0 {
+		s.log.Info("publication: every feeding table is published again", "publication", s.cfg.Publication)
+		return
+	}
+	s.log.Error("publication lacks feeding tables: their changes do not arrive, and their keys follow their TTL only",
+		"publication", s.cfg.Publication, "tables", missing,
+		"fix", fmt.Sprintf("keepwarm migrate up, or ALTER PUBLICATION %s ADD TABLE %s", s.cfg.Publication, strings.Join(missing, ", ")))
+}
+
+// tableOIDs reads each feeding table's OID (0 when it does not exist).
+func tableOIDs(ctx context.Context, conn *pgconn.PgConn, tables []string) (map[string]uint32, error) {
+	out := make(map[string]uint32, len(tables))
+	for _, t := range tables {
+		schema, name, err := SplitTable(t)
+		if err != nil {
+			return nil, err
+		}
+		res, err := conn.Exec(ctx, "select c.oid::text from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname = "+
+			quoteLiteral(schema)+" and c.relname = "+quoteLiteral(name)).ReadAll()
+		if err != nil {
+			return nil, fmt.Errorf("read the OID of %s: %w", t, err)
+		}
+		var oid uint64
+		if len(res[0].Rows) > 0 {
+			oid, _ = strconv.ParseUint(string(res[0].Rows[0][0]), 10, 32)
+		}
+		out[QualifiedTable(t)] = uint32(oid)
+	}
+	return out, nil
+}
+
+// checkPublication is one check of the publication watch (StreamConfig.PublicationCheck), on its own ordinary
+// connection: nil while nothing changed; an error that ends the session (the next one re-adds the table and
+// resyncs) when a feeding table left the publication (with CreatePublication) or was rebuilt.
+func (s *Stream) checkPublication(ctx context.Context) error {
+	pc, err := pgconn.ParseConfig(s.cfg.DSN)
+	if err != nil {
+		return nil // NewStream checked it; nothing to watch with
+	}
+	if s.cfg.ConnectTimeout > 0 {
+		pc.ConnectTimeout = s.cfg.ConnectTimeout
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		s.log.Debug("publication check: cannot connect; trying again at the next check", "error", err)
+		return nil // the replication connection will tell if PostgreSQL is gone
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	missing, exists, err := publicationMissing(ctx, conn, s.cfg.Publication, s.cfg.Tables)
+	if err != nil {
+		return nil
+	}
+	oids, err := tableOIDs(ctx, conn, s.cfg.Tables)
+	if err != nil {
+		return nil
+	}
+	s.mu.Lock()
+	before := s.oids
+	s.mu.Unlock()
+	var rebuilt []string
+	for t, oid := range oids {
+		if was, ok := before[t]; ok && was != 0 && oid != 0 && was != oid {
+			rebuilt = append(rebuilt, t)
+		}
+	}
+	slices.Sort(rebuilt)
+	switch {
+	case !exists || (len(missing) > 0 && s.cfg.CreatePublication):
+		s.queueResync(ResyncPublication)
+		return fmt.Errorf("publication %q lacks feeding tables %s (a table rebuilt by a migration?): adding them back and resyncing",
+			s.cfg.Publication, strings.Join(missing, ", "))
+	case len(rebuilt) > 0:
+		s.queueResync(ResyncRebuilt)
+		return fmt.Errorf("feeding tables %s were rebuilt (their OIDs changed): resyncing", strings.Join(rebuilt, ", "))
+	}
+	s.noteUnpublished(missing)
+	return nil
 }
 
 // PublicationSQL returns the statement that creates publication for tables, for the docs and error messages.
@@ -458,7 +581,9 @@ func execPublication(ctx context.Context, conn *pgconn.PgConn, pub string, table
 		if errors.As(err, &pe) && pe.Code == "42710" {
 			return nil // "already member": another daemon (or migrate up) added it first
 		}
-		return &fatalError{fmt.Errorf("postgres: %s: %w (a role that owns the tables must run it; docs/operations.md)", q, err)}
+		// Not fatal: a role may be granted ownership, or the table created, while the stream retries with back-off
+		// (Status.LastError and the log say why meanwhile).
+		return fmt.Errorf("postgres: %s: %w (a role that owns the tables must run it; docs/operations.md)", q, err)
 	}
 	if log != nil {
 		log.Info("publication updated", "publication", pub, "tables", tables, "created", !exists)
@@ -479,7 +604,13 @@ func ensureViaRoot(ctx context.Context, conn *pgconn.PgConn, pub string, log *sl
 	}
 	q := fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", pub)
 	if _, err := conn.Exec(ctx, q).ReadAll(); err != nil {
-		return &fatalError{fmt.Errorf("postgres: %s: %w (a role that owns the publication must run it; docs/operations.md)", q, err)}
+		// Not fatal: unpartitioned tables stream the same either way; a partitioned one's changes arrive under
+		// its partitions' names until an owner runs it.
+		if log != nil {
+			log.Warn("publication: cannot turn publish_via_partition_root on; a partitioned feeding table's changes will not match its keyspace",
+				"publication", pub, "error", err, "fix", q)
+		}
+		return nil
 	}
 	if log != nil {
 		log.Info("publication updated: partitioned tables publish under their own name", "publication", pub)
@@ -648,6 +779,26 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		cancel() // before the wait: the applier stops when sctx ends
 		applier.Wait()
 	}()
+	watched := make(chan error, 1)
+	if s.cfg.PublicationCheck > 0 {
+		applier.Add(1)
+		go func() {
+			defer applier.Done()
+			t := time.NewTicker(s.cfg.PublicationCheck)
+			defer t.Stop()
+			for {
+				select {
+				case <-sctx.Done():
+					return
+				case <-t.C:
+				}
+				if err := s.checkPublication(sctx); err != nil {
+					watched <- err
+					return
+				}
+			}
+		}()
+	}
 
 	s.mu.Lock()
 	s.pending, s.appliedN = nil, 0 // the server sends again everything after the acknowledged LSN
@@ -664,6 +815,8 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 	for {
 		select {
 		case err := <-applied:
+			return err
+		case err := <-watched:
 			return err
 		default:
 		}

@@ -15,6 +15,7 @@ type streamMetrics struct {
 	reconnects  prometheus.Counter
 	applyErrors prometheus.Counter
 	streaming   prometheus.Gauge
+	unpublished prometheus.Gauge
 }
 
 func newStreamMetrics() *streamMetrics {
@@ -29,7 +30,7 @@ func newStreamMetrics() *streamMetrics {
 		}),
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_stream_resyncs_total",
-			Help: "Resyncs (every hot key refreshed once) by reason: created (slot created or found missing), invalidated (slot lost WAL, recreated), truncate.",
+			Help: "Resyncs (every hot key refreshed once) by reason: created (slot created or found missing), invalidated (slot lost WAL, recreated), truncate, publication (a feeding table added back to the publication), rebuilt (a feeding table's OID changed).",
 		}, []string{"reason"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keepwarm_stream_reconnects_total",
@@ -43,8 +44,12 @@ func newStreamMetrics() *streamMetrics {
 			Name: "keepwarm_stream_streaming",
 			Help: "1 while this daemon streams from the slot, else 0 (standby, connecting).",
 		}),
+		unpublished: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keepwarm_stream_tables_unpublished",
+			Help: "Feeding tables the publication lacked at the last check (create_publication off): their changes do not arrive. Should be 0.",
+		}),
 	}
-	for _, r := range []string{ResyncCreated, ResyncInvalidated, ResyncTruncate} {
+	for _, r := range []string{ResyncCreated, ResyncInvalidated, ResyncTruncate, ResyncPublication, ResyncRebuilt} {
 		m.resyncs.WithLabelValues(r)
 	}
 	return m
@@ -73,5 +78,5 @@ func (m *streamMetrics) register(reg prometheus.Registerer, s *Stream) {
 		_, secs := s.lagLocked(time.Now())
 		return secs
 	})
-	reg.MustRegister(m.received, m.txns, m.resyncs, m.reconnects, m.applyErrors, m.streaming, lagBytes, lagSeconds)
+	reg.MustRegister(m.received, m.txns, m.resyncs, m.reconnects, m.applyErrors, m.streaming, m.unpublished, lagBytes, lagSeconds)
 }

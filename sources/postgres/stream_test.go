@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -392,5 +393,75 @@ func TestStreamPartitionedTable(t *testing.T) {
 		if err := stop(); err != nil {
 			t.Fatalf("%s: Run: %v", name, err)
 		}
+	}
+}
+
+// TestStreamFollowsATableRebuild (issue 21): a migration rebuilds the fed table the online way (create a new
+// table, copy, drop the old one, rename): the publication silently lost it, and the stream went on "streaming"
+// nothing. The publication watch notices within PublicationCheck, the next session adds the table back and
+// resyncs (changes made while it was unpublished were never streamed), and later updates arrive again. Without
+// create_publication the table is reported as unpublished instead, and the stream keeps running.
+func TestStreamFollowsATableRebuild(t *testing.T) {
+	for _, create := range []bool{true, false} {
+		t.Run(fmt.Sprintf("create_publication=%v", create), func(t *testing.T) {
+			slot := slotName()
+			dsn, pool := streamDB(t, slot)
+			ctx := context.Background()
+			if !create {
+				if _, err := pool.Exec(ctx, "create publication "+slot+" for table item"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var mu sync.Mutex
+			var resyncs []string
+			s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+				Tables: []string{"item"}, CreatePublication: create, Gather: -1, StatusInterval: time.Second,
+				PublicationCheck: 100 * time.Millisecond,
+				Resync: func(_ context.Context, reason string) error {
+					mu.Lock()
+					defer mu.Unlock()
+					resyncs = append(resyncs, reason)
+					return nil
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := &recorder{}
+			run(t, s, rec.apply)
+			testenv.Eventually(t, 10*time.Second, "stream streaming", func() bool { return s.Status().State == "streaming" })
+			if _, err := pool.Exec(ctx, `create table item_new (like item including all);
+				insert into item_new select * from item;
+				alter table item_new replica identity full;
+				drop table item;
+				alter table item_new rename to item;
+				update item set name = 'while unpublished' where id = 1`); err != nil {
+				t.Fatalf("rebuild: %v", err)
+			}
+			if !create {
+				// Reported, and the stream goes on (after the resync the changed OID asks for): no fatal error.
+				testenv.Eventually(t, 10*time.Second, "the table reported unpublished, and streaming", func() bool {
+					st := s.Status()
+					return slices.Equal(st.Unpublished, []string{"public.item"}) && st.State == "streaming"
+				})
+				return
+			}
+			testenv.Eventually(t, 10*time.Second, "resynced after the table was added back", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return slices.Contains(resyncs, postgres.ResyncPublication)
+			})
+			testenv.Eventually(t, 10*time.Second, "streaming again", func() bool { return s.Status().State == "streaming" })
+			if _, err := pool.Exec(ctx, "update item set name = 'after the rebuild' where id = 2"); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 10*time.Second, "an update after the rebuild arrives", func() bool {
+				for _, c := range rec.changes() {
+					if c.New["name"] == "after the rebuild" {
+						return true
+					}
+				}
+				return false
+			})
+		})
 	}
 }
