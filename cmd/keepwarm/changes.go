@@ -51,8 +51,8 @@ func (d *daemon) newChangeStream(ctx context.Context) (*changeStream, error) {
 	stream, err := postgres.NewStream(postgres.StreamConfig{
 		DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot, Publication: cfg.Changes.Publication,
 		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
-		StatusInterval: cfg.Changes.StatusInterval,
-		Resync:         changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
+		StatusInterval: cfg.Changes.StatusInterval, Columns: cfg.FeedColumns(), MaxTxnChanges: cfg.Changes.MaxTxnChanges,
+		Resync: changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
 		Logger: d.log.With("component", "stream"), Registerer: d.reg,
 	})
 	if err != nil {

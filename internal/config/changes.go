@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ type Changes struct {
 	// default postgres.DefaultStatusInterval, in [100ms, 30s]: well below wal_sender_timeout (60 s by default),
 	// which ends a replication connection that has been silent that long.
 	StatusInterval time.Duration
+	// MaxTxnChanges caps the row changes kept of one transaction; a larger one refreshes every hot key instead
+	// (postgres.StreamConfig.MaxTxnChanges); default postgres.DefaultMaxTxnChanges, in [1000, 10000000].
+	MaxTxnChanges int
 }
 
 // RedactedDSN returns DSN with any password masked.
@@ -89,6 +93,20 @@ func (c *Config) FeedingTables() []string {
 	return out
 }
 
+// FeedColumns returns, for each fed_by table ("schema.table"), the id columns the keyspaces map its changes
+// with: the only columns the stream keeps of its rows (postgres.StreamConfig.Columns).
+func (c *Config) FeedColumns() map[string][]string {
+	out := map[string][]string{}
+	for _, ks := range c.Keyspaces {
+		for _, f := range ks.FedBy {
+			if !slices.Contains(out[f.Table], f.ID) {
+				out[f.Table] = append(out[f.Table], f.ID)
+			}
+		}
+	}
+	return out
+}
+
 // ChangeKeyspaces translates the fed keyspaces for warmer.NewChanges.
 func (c *Config) ChangeKeyspaces() []warmer.ChangeKeyspace {
 	var out []warmer.ChangeKeyspace
@@ -108,7 +126,7 @@ func (c *Config) ChangeKeyspaces() []warmer.ChangeKeyspace {
 func decodeChanges(t *table, c *Changes) {
 	c.Slot, c.Publication, c.CreatePublication = pgsource.DefaultSlot, pgsource.DefaultPublication, true
 	c.ReplayTimeout, c.LeaseTTL, c.Gather = warmer.DefaultReplayTimeout, warmer.DefaultLeaseTTL, pgsource.DefaultGather
-	c.StatusInterval = pgsource.DefaultStatusInterval
+	c.StatusInterval, c.MaxTxnChanges = pgsource.DefaultStatusInterval, pgsource.DefaultMaxTxnChanges
 	t.boolean("enabled", &c.Enabled)
 	t.str("dsn", &c.DSN)
 	t.str("slot", &c.Slot)
@@ -118,6 +136,7 @@ func decodeChanges(t *table, c *Changes) {
 	t.duration("lease_ttl", &c.LeaseTTL)
 	t.duration("gather", &c.Gather)
 	t.duration("status_interval", &c.StatusInterval)
+	t.integer("max_transaction_changes", &c.MaxTxnChanges)
 	t.done()
 	if t.d.known != nil {
 		return
@@ -141,6 +160,9 @@ func decodeChanges(t *table, c *Changes) {
 	}
 	if c.Gather < 0 || c.Gather > 5*time.Second {
 		t.problem("gather", "%s is not in [0, 5s]", c.Gather)
+	}
+	if c.MaxTxnChanges < 1000 || c.MaxTxnChanges > 10_000_000 {
+		t.problem("max_transaction_changes", "%d is not in [1000, 10000000]", c.MaxTxnChanges)
 	}
 	if c.StatusInterval < 100*time.Millisecond || c.StatusInterval > 30*time.Second {
 		t.problem("status_interval", "%s is not in [100ms, 30s]: PostgreSQL's wal_sender_timeout (60 s by default) must be well above it", c.StatusInterval)

@@ -158,6 +158,7 @@ func (c *Config) Redacted() string {
 	w("lease_ttl", c.Changes.LeaseTTL)
 	w("gather", c.Changes.Gather)
 	w("status_interval", c.Changes.StatusInterval)
+	w("max_transaction_changes", c.Changes.MaxTxnChanges)
 
 	for _, ks := range c.Keyspaces {
 		b.WriteString("\n[[keyspace]]\n")

@@ -49,7 +49,13 @@ const (
 	// ResyncRebuilt: a feeding table is another relation than when the session started (its OID changed), so
 	// rows may have changed unseen while it was rebuilt.
 	ResyncRebuilt = "rebuilt"
+	// ResyncLargeTransaction: a transaction changed more rows than StreamConfig.MaxTxnChanges; its changes were
+	// dropped as they arrived (bounded memory), and every hot key is refreshed instead.
+	ResyncLargeTransaction = "large_transaction"
 )
+
+// DefaultMaxTxnChanges is StreamConfig.MaxTxnChanges's default.
+const DefaultMaxTxnChanges = 100_000
 
 // DefaultPublicationCheck is how often a streaming Stream re-reads its publication's tables and the feeding
 // tables' OIDs (StreamConfig.PublicationCheck).
@@ -94,6 +100,15 @@ type StreamConfig struct {
 	Resync func(ctx context.Context, reason string) error
 	// ConnectTimeout bounds each connection attempt; default DefaultPostgresConnectTimeout of the DSN (pgconn's).
 	ConnectTimeout time.Duration
+	// Columns, when set, are the only columns kept of each feeding table's rows ("schema.table" → column names):
+	// the ones the caller maps changes with (fed_by's id columns). A row's other columns are dropped as it
+	// arrives, so that a transaction's changes take a few bytes per row. Nil keeps every column.
+	Columns map[string][]string
+	// MaxTxnChanges caps the row changes kept of one transaction; default DefaultMaxTxnChanges, negative: no
+	// cap. A larger transaction's changes are dropped as they arrive, and it is delivered with Overflowed set
+	// and nothing else, after a resync (ResyncLargeTransaction) of every hot key: memory stays bounded
+	// whatever one transaction changes (a 300,000-row UPDATE took 374–561 MiB before).
+	MaxTxnChanges int
 	// PublicationCheck is how often, while streaming, the publication's tables and the feeding tables' OIDs are
 	// read again on a second, ordinary connection; default DefaultPublicationCheck, negative: only at each
 	// session's start. A feeding table missing from the publication is added back (with CreatePublication;
@@ -122,6 +137,10 @@ type Txn struct {
 	Changes []Change
 	// Truncated lists the feeding tables the transaction truncated (Resync is called for them).
 	Truncated []string
+	// Overflowed is set when the transaction changed more rows than StreamConfig.MaxTxnChanges: Changes is
+	// empty, and Resync was called for it (ResyncLargeTransaction).
+	Overflowed bool
+	rows       int // row changes received, kept or not
 
 	received time.Time
 }
@@ -189,6 +208,9 @@ func NewStream(cfg StreamConfig) (*Stream, error) {
 	}
 	if cfg.PublicationCheck == 0 {
 		cfg.PublicationCheck = DefaultPublicationCheck
+	}
+	if cfg.MaxTxnChanges == 0 {
+		cfg.MaxTxnChanges = DefaultMaxTxnChanges
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -805,7 +827,29 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 	s.failing = time.Time{}
 	s.mu.Unlock()
 	relations := map[uint32]*pglogrepl.RelationMessage{}
+	keep := map[string]map[string]bool{} // table → columns kept (Columns); nil: keep all
+	for t, cols := range s.cfg.Columns {
+		m := map[string]bool{}
+		for _, c := range cols {
+			m[c] = true
+		}
+		keep[QualifiedTable(t)] = m
+	}
 	var cur *Txn
+	add := func(c Change) {
+		cur.rows++
+		if cur.Overflowed {
+			return
+		}
+		if s.cfg.MaxTxnChanges > 0 && len(cur.Changes) >= s.cfg.MaxTxnChanges {
+			cur.Changes, cur.Overflowed = nil, true
+			s.m.overflowed.Inc()
+			s.log.Warn("a transaction changes more rows than max_transaction_changes: dropping its changes and refreshing every hot key instead",
+				"max_transaction_changes", s.cfg.MaxTxnChanges)
+			return
+		}
+		cur.Changes = append(cur.Changes, c)
+	}
 	var sentAck pglogrepl.LSN
 	lastStatus := time.Time{}
 	// A keepalive's WAL end, received outside a transaction when delivered transactions numbered delivered, may
@@ -884,15 +928,15 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 				cur = &Txn{Commit: m.CommitTime}
 			case *pglogrepl.InsertMessage:
 				if cur != nil {
-					cur.Changes = append(cur.Changes, change(relations, m.RelationID, 'I', nil, m.Tuple))
+					add(change(relations, keep, m.RelationID, 'I', nil, m.Tuple))
 				}
 			case *pglogrepl.UpdateMessage:
 				if cur != nil {
-					cur.Changes = append(cur.Changes, change(relations, m.RelationID, 'U', m.OldTuple, m.NewTuple))
+					add(change(relations, keep, m.RelationID, 'U', m.OldTuple, m.NewTuple))
 				}
 			case *pglogrepl.DeleteMessage:
 				if cur != nil {
-					cur.Changes = append(cur.Changes, change(relations, m.RelationID, 'D', m.OldTuple, nil))
+					add(change(relations, keep, m.RelationID, 'D', m.OldTuple, nil))
 				}
 			case *pglogrepl.TruncateMessage:
 				if cur != nil {
@@ -909,10 +953,10 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 				cur.End = uint64(m.TransactionEndLSN)
 				cur.received = time.Now()
 				cur.Commit = m.CommitTime
-				s.m.received.Add(float64(len(cur.Changes)))
+				s.m.received.Add(float64(cur.rows))
 				s.m.txns.Inc()
 				s.mu.Lock()
-				s.st.Received += int64(len(cur.Changes))
+				s.st.Received += int64(cur.rows)
 				s.pending = append(s.pending, *cur)
 				s.mu.Unlock()
 				delivered++
@@ -932,25 +976,35 @@ func (s *Stream) noteServer(end pglogrepl.LSN) {
 	s.server = max(s.server, end)
 }
 
-func change(rel map[uint32]*pglogrepl.RelationMessage, id uint32, op byte, old, new *pglogrepl.TupleData) Change {
+// change builds one Change, keeping of its rows only the columns keep names for its table (all when keep has no
+// entry for it).
+func change(rel map[uint32]*pglogrepl.RelationMessage, keep map[string]map[string]bool, id uint32, op byte, old, new *pglogrepl.TupleData) Change {
 	r := rel[id]
 	c := Change{Op: op}
 	if r == nil {
 		return c
 	}
 	c.Table = r.Namespace + "." + r.RelationName
-	c.Old, c.New = columns(r, old), columns(r, new)
+	k := keep[c.Table]
+	c.Old, c.New = columns(r, k, old), columns(r, k, new)
 	return c
 }
 
-func columns(r *pglogrepl.RelationMessage, t *pglogrepl.TupleData) map[string]string {
+func columns(r *pglogrepl.RelationMessage, keep map[string]bool, t *pglogrepl.TupleData) map[string]string {
 	if t == nil {
 		return nil
 	}
-	out := make(map[string]string, len(t.Columns))
+	n := len(t.Columns)
+	if keep != nil {
+		n = len(keep)
+	}
+	out := make(map[string]string, n)
 	for i, col := range t.Columns {
 		if i >= len(r.Columns) || col.DataType != pglogrepl.TupleDataTypeText {
 			continue // NULL, unchanged TOAST, or binary (not requested)
+		}
+		if keep != nil && !keep[r.Columns[i].Name] {
+			continue
 		}
 		out[r.Columns[i].Name] = string(col.Data)
 	}
@@ -964,9 +1018,11 @@ func (s *Stream) applyLoop(ctx context.Context, wake <-chan struct{}, apply func
 		s.mu.Lock()
 		n, changes := 0, 0
 		var truncated []string
+		overflowed := false
 		for n < len(s.pending) && (n == 0 || changes+len(s.pending[n].Changes) <= s.cfg.MaxBatch) {
 			changes += len(s.pending[n].Changes)
 			truncated = append(truncated, s.pending[n].Truncated...)
+			overflowed = overflowed || s.pending[n].Overflowed
 			n++
 		}
 		var wait time.Duration
@@ -993,6 +1049,9 @@ func (s *Stream) applyLoop(ctx context.Context, wake <-chan struct{}, apply func
 		}
 		for range truncated {
 			s.queueResync(ResyncTruncate)
+		}
+		if overflowed {
+			s.queueResync(ResyncLargeTransaction)
 		}
 		err := s.runResyncs(ctx)
 		if err == nil {

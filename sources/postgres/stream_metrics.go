@@ -16,6 +16,7 @@ type streamMetrics struct {
 	applyErrors prometheus.Counter
 	streaming   prometheus.Gauge
 	unpublished prometheus.Gauge
+	overflowed  prometheus.Counter
 }
 
 func newStreamMetrics() *streamMetrics {
@@ -30,7 +31,7 @@ func newStreamMetrics() *streamMetrics {
 		}),
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_stream_resyncs_total",
-			Help: "Resyncs (every hot key refreshed once) by reason: created (slot created or found missing), invalidated (slot lost WAL, recreated), truncate, publication (a feeding table added back to the publication), rebuilt (a feeding table's OID changed).",
+			Help: "Resyncs (every hot key refreshed once) by reason: created (slot created or found missing), invalidated (slot lost WAL, recreated), truncate, publication (a feeding table added back to the publication), rebuilt (a feeding table's OID changed), large_transaction (a transaction above max_transaction_changes).",
 		}, []string{"reason"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keepwarm_stream_reconnects_total",
@@ -44,12 +45,16 @@ func newStreamMetrics() *streamMetrics {
 			Name: "keepwarm_stream_streaming",
 			Help: "1 while this daemon streams from the slot, else 0 (standby, connecting).",
 		}),
+		overflowed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_stream_transactions_overflowed_total",
+			Help: "Transactions that changed more rows than max_transaction_changes: their changes were dropped and every hot key refreshed instead.",
+		}),
 		unpublished: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keepwarm_stream_tables_unpublished",
 			Help: "Feeding tables the publication lacked at the last check (create_publication off): their changes do not arrive. Should be 0.",
 		}),
 	}
-	for _, r := range []string{ResyncCreated, ResyncInvalidated, ResyncTruncate, ResyncPublication, ResyncRebuilt} {
+	for _, r := range []string{ResyncCreated, ResyncInvalidated, ResyncTruncate, ResyncPublication, ResyncRebuilt, ResyncLargeTransaction} {
 		m.resyncs.WithLabelValues(r)
 	}
 	return m
@@ -78,5 +83,5 @@ func (m *streamMetrics) register(reg prometheus.Registerer, s *Stream) {
 		_, secs := s.lagLocked(time.Now())
 		return secs
 	})
-	reg.MustRegister(m.received, m.txns, m.resyncs, m.reconnects, m.applyErrors, m.streaming, m.unpublished, lagBytes, lagSeconds)
+	reg.MustRegister(m.received, m.txns, m.resyncs, m.reconnects, m.applyErrors, m.streaming, m.unpublished, m.overflowed, lagBytes, lagSeconds)
 }

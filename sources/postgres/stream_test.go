@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -463,5 +464,69 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 				return false
 			})
 		})
+	}
+}
+
+// TestStreamBoundsATransaction (issue 21): rows keep only the mapped columns (StreamConfig.Columns), and a
+// transaction above MaxTxnChanges is delivered empty, marked Overflowed, after a resync of every hot key, instead
+// of being held in memory whole (a 300,000-row UPDATE took the daemon to 374-561 MiB). The rows it changed are
+// still counted as received.
+func TestStreamBoundsATransaction(t *testing.T) {
+	slot := slotName()
+	dsn, pool := streamDB(t, slot)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "insert into item select g, g % 3, 'item ' || g from generate_series(11, 3000) g"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var resyncs []string
+	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+		Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
+		Columns: map[string][]string{"item": {"grp"}}, MaxTxnChanges: 1000,
+		Resync: func(_ context.Context, reason string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			resyncs = append(resyncs, reason)
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	run(t, s, rec.apply)
+	testenv.Eventually(t, 10*time.Second, "stream streaming", func() bool { return s.Status().State == "streaming" })
+	if _, err := pool.Exec(ctx, "update item set name = 'small' where id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "update item set name = name || '!'"); err != nil { // 3,000 rows in one transaction
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "update item set name = 'after' where id = 2"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "three transactions applied", func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.txns) == 3
+	})
+	rec.mu.Lock()
+	txns := slices.Clone(rec.txns)
+	rec.mu.Unlock()
+	if len(txns[0].Changes) != 1 || !maps.Equal(txns[0].Changes[0].New, map[string]string{"grp": "1"}) {
+		t.Errorf("the small update: %+v; want one change carrying only grp (the mapped column)", txns[0].Changes)
+	}
+	if !txns[1].Overflowed || len(txns[1].Changes) != 0 {
+		t.Errorf("the 3,000-row transaction: overflowed %v with %d changes kept; want overflowed with none", txns[1].Overflowed, len(txns[1].Changes))
+	}
+	if txns[2].Overflowed || len(txns[2].Changes) != 1 {
+		t.Errorf("the update after it: overflowed %v, %d changes; want 1 change", txns[2].Overflowed, len(txns[2].Changes))
+	}
+	mu.Lock()
+	if !slices.Contains(resyncs, postgres.ResyncLargeTransaction) {
+		t.Errorf("resyncs %v; want one for the large transaction", resyncs)
+	}
+	mu.Unlock()
+	if got := s.Status().Received; got != 3002 {
+		t.Errorf("changes received: %d, want 3,002 (every row of the large transaction counted, kept or not)", got)
 	}
 }
