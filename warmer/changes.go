@@ -229,7 +229,9 @@ func (c *Changes) Apply(ctx context.Context, txns []Txn) error {
 
 // Resync refreshes every hot key of every fed keyspace once, through the same path as a change: after the stream
 // lost changes (a recreated slot), whatever is hot is rebuilt from the origin. Cold keys that changed meanwhile
-// keep their value until their TTL ends.
+// keep their value until their TTL ends. It first waits for each keyspace's first poll of its hot-key signals
+// (the warmer must be running), so that a resync at start-up sees the hot set; it returns ctx's error if ctx
+// ends first.
 func (c *Changes) Resync(ctx context.Context, reason string) error {
 	c.mu.Lock()
 	spaces := slices.Clone(c.spaces)
@@ -240,6 +242,13 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 		k := c.w.keyspace(s.Keyspace)
 		if k == nil {
 			continue
+		}
+		// A resync at start-up (a slot created or lost while the daemon was down) runs alongside the warmer's
+		// first poll: taken before it, the hot set is empty and the resync covers nothing (issue 21: 0 keys).
+		select {
+		case <-k.polled:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 		k.mu.Lock()
 		for id := range k.hotSet {

@@ -233,3 +233,39 @@ func TestStreamLeaseOneHolderAndTakeover(t *testing.T) {
 		t.Errorf("daemons streaming at once: got %d, want 1", got)
 	}
 }
+
+// A resync owed at start-up (the slot was created, or lost while the daemon was down) used to snapshot the hot
+// set at once, alongside the warmer's first poll: it covered 0 keys (issue 21). It waits for each keyspace's
+// first poll now: called before the warmer runs, it covers every hot key once the warmer has looked.
+func TestResyncWaitsForTheFirstPoll(t *testing.T) {
+	f := newFixture(t, 20)
+	reg := prometheus.NewRegistry()
+	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2", "3", "4", "5")}, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := warmer.NewChanges(w, warmer.ChangesConfig{Registerer: reg, Keyspaces: []warmer.ChangeKeyspace{
+		{Keyspace: "items", Feeds: []warmer.Feed{{Table: "t.items", Column: "id"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Resync(ctx, "created") }()
+	runDone := make(chan error, 1)
+	go func() { runDone <- w.Run(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Resync: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Resync did not return within 20 s of the warmer's start")
+	}
+	if got := counter(t, reg, "keepwarm_changes_resync_keys_total", nil); got != 5 {
+		t.Errorf("resync covered %v hot keys, want the 5 pinned ones", got)
+	}
+	cancel()
+	<-runDone
+}

@@ -77,6 +77,9 @@ func (k *keyspace) poll(ctx context.Context) {
 	k.tr.trim()
 	k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
 	k.mu.Unlock()
+	if err == nil {
+		k.polledOnce.Do(func() { close(k.polled) })
+	}
 
 	k.decay(ctx, cfg)
 }

@@ -34,9 +34,13 @@ type keyspace struct {
 	slots   *originSlots  // the origin concurrency, shared by refreshes and warmups (its own lock)
 	rnd     *lockedRand   // jitter and XFetch draws (its own lock)
 	wake    chan struct{} // pokes the scheduler loop (buffered, 1)
-	batches sync.WaitGroup
-	origin  outage // the origin's failures, logged once per outage (its own lock)
-	redis   outage // Redis's failures, logged once per outage (its own lock)
+	// polled is closed after the first poll that read the hot-key signals (or found none to read): the hot set
+	// is what the access set says, not empty for want of a look (Changes.Resync waits for it).
+	polled     chan struct{}
+	polledOnce sync.Once
+	batches    sync.WaitGroup
+	origin     outage // the origin's failures, logged once per outage (its own lock)
+	redis      outage // Redis's failures, logged once per outage (its own lock)
 
 	cancelMu sync.Mutex         // guards cancel only
 	cancel   context.CancelFunc // stops the scheduler loop
@@ -96,6 +100,7 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		slots:   newOriginSlots(c.MaxOriginConcurrency),
 		rnd:     &lockedRand{r: w.newRand()},
 		wake:    make(chan struct{}, 1),
+		polled:  make(chan struct{}),
 		cfg:     c,
 		tr:      newTracker(c.MaxTracked, c.DecayHalfLife),
 		hotSet:  make(map[string]*hotState),
