@@ -53,6 +53,7 @@ func (d *daemon) newChangeStream(ctx context.Context) (*changeStream, error) {
 		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
 		StatusInterval: cfg.Changes.StatusInterval, Columns: cfg.FeedColumns(), MaxTxnChanges: cfg.Changes.MaxTxnChanges,
 		Resync: changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
+		Owed:   warmer.NewOwedResyncs(d.rdb, wire.LeaseKey(cfg.Changes.Slot)+":resync"),
 		Logger: d.log.With("component", "stream"), Registerer: d.reg,
 	})
 	if err != nil {

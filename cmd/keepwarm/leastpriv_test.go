@@ -36,7 +36,8 @@ func redisACLRule(prefix string) []any {
 const redisACLCommands = `ping hello client|setname config|get subscribe unsubscribe
 	get set del exists type pttl pexpire pexpireat pexpiretime time hset hdel hget
 	evalsha eval script|load
-	zincrby zunionstore zremrangebyscore zremrangebyrank zrevrangebyscore zrevrange zrange zscore zcard zrem zadd`
+	zincrby zunionstore zremrangebyscore zremrangebyrank zrevrangebyscore zrevrange zrange zscore zcard zrem zadd
+	smembers sadd multi exec`
 
 func readyzBody(t *testing.T, addr string) (int, string) {
 	t.Helper()

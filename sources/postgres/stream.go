@@ -109,6 +109,11 @@ type StreamConfig struct {
 	// and nothing else, after a resync (ResyncLargeTransaction) of every hot key: memory stays bounded
 	// whatever one transaction changes (a 300,000-row UPDATE took 374–561 MiB before).
 	MaxTxnChanges int
+	// Owed, when set, keeps the resyncs owed outside the process, so that a kill -9 between a slot's creation
+	// and the end of its resync does not lose the resync (the new slot starts after the changes it missed, and
+	// nothing else would tell the next process). Without it a crash in that window leaves keys stale until
+	// their TTL.
+	Owed OwedStore
 	// PublicationCheck is how often, while streaming, the publication's tables and the feeding tables' OIDs are
 	// read again on a second, ordinary connection; default DefaultPublicationCheck, negative: only at each
 	// session's start. A feeding table missing from the publication is added back (with CreatePublication;
@@ -118,6 +123,14 @@ type StreamConfig struct {
 	// Logger defaults to slog.Default(); Registerer receives the stream's metrics (nil: none).
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+}
+
+// OwedStore persists the reasons of the resyncs a Stream owes (see StreamConfig.Owed). Save replaces the whole
+// list (nil or empty: none owed); Load returns what the last Save left. Both may be called from the stream's
+// goroutines, one at a time.
+type OwedStore interface {
+	Load(ctx context.Context) ([]string, error)
+	Save(ctx context.Context, reasons []string) error
 }
 
 // Change is one row change of a feeding table. Old and New hold the row's columns as PostgreSQL's text output,
@@ -383,6 +396,9 @@ func (s *Stream) session(ctx context.Context, apply func(context.Context, []Txn)
 		_ = conn.Close(cctx)
 	}()
 	if err := s.checkServer(ctx, conn); err != nil {
+		return err
+	}
+	if err := s.loadOwed(ctx); err != nil {
 		return err
 	}
 	if err := s.ensurePublication(ctx, conn); err != nil {
@@ -732,6 +748,11 @@ func (s *Stream) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 }
 
 func (s *Stream) createSlot(ctx context.Context, conn *pgconn.PgConn, reason string) error {
+	// The resync is owed from the moment the slot exists: recorded first, so that no crash can come between.
+	s.queueResync(reason)
+	if err := s.saveOwed(ctx); err != nil {
+		return err
+	}
 	r, err := pglogrepl.CreateReplicationSlot(ctx, conn, s.cfg.Slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
 	if err != nil {
@@ -744,7 +765,36 @@ func (s *Stream) createSlot(ctx context.Context, conn *pgconn.PgConn, reason str
 	}
 	s.log.Warn("replication slot created; changes committed before it are not streamed: refreshing every hot key once",
 		"reason", reason, "consistent_point", r.ConsistentPoint)
-	s.queueResync(reason)
+	return nil
+}
+
+// loadOwed queues the resyncs a previous process owed (StreamConfig.Owed).
+func (s *Stream) loadOwed(ctx context.Context) error {
+	if s.cfg.Owed == nil {
+		return nil
+	}
+	reasons, err := s.cfg.Owed.Load(ctx)
+	if err != nil {
+		return fmt.Errorf("read the resyncs owed: %w", err)
+	}
+	for _, r := range reasons {
+		s.log.Warn("a resync owed by an earlier run is still to do", "reason", r)
+		s.queueResync(r)
+	}
+	return nil
+}
+
+// saveOwed records the resyncs owed now (StreamConfig.Owed).
+func (s *Stream) saveOwed(ctx context.Context) error {
+	if s.cfg.Owed == nil {
+		return nil
+	}
+	s.mu.Lock()
+	reasons := slices.Clone(s.resync)
+	s.mu.Unlock()
+	if err := s.cfg.Owed.Save(ctx, reasons); err != nil {
+		return fmt.Errorf("record the resyncs owed: %w", err)
+	}
 	return nil
 }
 
@@ -766,6 +816,9 @@ func (s *Stream) runResyncs(ctx context.Context) error {
 		}
 		reason := s.resync[0]
 		s.mu.Unlock()
+		if err := s.saveOwed(ctx); err != nil { // owed (a truncate, a large transaction) before it is done
+			return err
+		}
 		if s.cfg.Resync != nil {
 			prev := s.Status().State
 			s.setState("resync", nil)
@@ -781,6 +834,10 @@ func (s *Stream) runResyncs(ctx context.Context) error {
 		s.st.Resyncs++
 		s.resync = slices.DeleteFunc(s.resync, func(r string) bool { return r == reason })
 		s.mu.Unlock()
+		if err := s.saveOwed(ctx); err != nil {
+			// Done, but still recorded as owed: a later run repeats it, which is harmless.
+			s.log.Warn("resync done, but its record could not be cleared; a later start repeats it", "reason", reason, "error", err)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -528,5 +529,78 @@ func TestStreamBoundsATransaction(t *testing.T) {
 	mu.Unlock()
 	if got := s.Status().Received; got != 3002 {
 		t.Errorf("changes received: %d, want 3,002 (every row of the large transaction counted, kept or not)", got)
+	}
+}
+
+// owedMap is an OwedStore in memory, standing in for the daemon's Redis set (warmer.OwedResyncs, tested on Redis
+// in the warmer package): what a killed process leaves there is what the next one reads.
+type owedMap struct {
+	mu      sync.Mutex
+	reasons []string
+}
+
+func (o *owedMap) Load(context.Context) ([]string, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.reasons), nil
+}
+
+func (o *owedMap) Save(_ context.Context, r []string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.reasons = slices.Clone(r)
+	return nil
+}
+
+// TestStreamOwedResyncSurvivesACrash (issue 21): a stream creates its slot and dies before its resync finished
+// (here: the resync keeps failing until the process is stopped, as a kill -9 would leave it). The next stream
+// finds the slot already there, so nothing but the owed record tells it that changes before the slot were never
+// seen: it resyncs, then clears the record. Before, the resync owed lived in memory only: 60 of 60 updated hot
+// tracks kept their old values.
+func TestStreamOwedResyncSurvivesACrash(t *testing.T) {
+	slot := slotName()
+	dsn, _ := streamDB(t, slot)
+	owed := &owedMap{}
+	var mu sync.Mutex
+	var resyncs []string
+	fail := atomic.Bool{}
+	fail.Store(true)
+	newS := func() *postgres.Stream {
+		s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+			Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second, Owed: owed,
+			Resync: func(_ context.Context, reason string) error {
+				if fail.Load() {
+					return errors.New("killed before the resync finished")
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				resyncs = append(resyncs, reason)
+				return nil
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	stop := run(t, newS(), (&recorder{}).apply)
+	testenv.Eventually(t, 10*time.Second, "the slot created and its resync recorded as owed", func() bool {
+		r, _ := owed.Load(context.Background())
+		return slices.Equal(r, []string{postgres.ResyncCreated})
+	})
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	fail.Store(false)
+	s2 := newS()
+	run(t, s2, (&recorder{}).apply)
+	testenv.Eventually(t, 10*time.Second, "the second stream streaming", func() bool { return s2.Status().State == "streaming" })
+	mu.Lock()
+	got := slices.Clone(resyncs)
+	mu.Unlock()
+	if !slices.Equal(got, []string{postgres.ResyncCreated}) {
+		t.Errorf("resyncs of the second stream: %v, want the one owed (%s) although its slot existed", got, postgres.ResyncCreated)
+	}
+	if r, _ := owed.Load(context.Background()); len(r) != 0 {
+		t.Errorf("owed after the resync: %v, want none", r)
 	}
 }
