@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
 
 	"github.com/keepwarm/keepwarm/lockstep"
 )
@@ -257,13 +258,94 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 		k.mu.Unlock()
 		total += len(ids[s.Keyspace])
 	}
-	c.log.Warn("resync: refreshing every hot key of the fed keyspaces once; cold keys changed meanwhile keep their TTL",
-		"reason", reason, "hot_keys", total)
-	err := c.applyIDs(ctx, ids, 0)
-	if err == nil {
-		c.m.resyncKeys.Add(float64(total))
+	if reason == ResyncTruncate {
+		c.log.Warn("resync after a TRUNCATE: refreshing every hot key of the fed keyspaces, then invalidating every other cached key of them",
+			"hot_keys", total)
+	} else {
+		c.log.Warn("resync: refreshing every hot key of the fed keyspaces once; cold keys changed meanwhile keep their TTL",
+			"reason", reason, "hot_keys", total)
 	}
-	return err
+	if err := c.applyIDs(ctx, ids, 0); err != nil {
+		return err
+	}
+	c.m.resyncKeys.Add(float64(total))
+	if reason != ResyncTruncate {
+		return nil
+	}
+	for _, s := range spaces {
+		if k := c.w.keyspace(s.Keyspace); k != nil {
+			if err := c.invalidateCold(ctx, k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ResyncTruncate is the resync reason of a TRUNCATE of a feeding table (the change stream's, sources/postgres):
+// every cached key of the fed keyspaces is known wrong, hot or not.
+const ResyncTruncate = "truncate"
+
+// truncateScanRate bounds the cold keys a TRUNCATE's resync invalidates per second, so that a keyspace of
+// millions of cached keys does not monopolise Redis: 20,000/s, in SCAN pages of 1,000.
+const (
+	truncateScanRate  = 20000
+	truncateScanCount = 1000
+)
+
+// invalidateCold invalidates (lockstep.Invalidate) every cached key of k that is not hot, found with SCAN of its
+// key template on every master, at most truncateScanRate keys a second. Hot keys were just refreshed.
+func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
+	if k.match == nil {
+		return nil // a template without exactly one ${id}: its keys cannot be told apart from others'
+	}
+	lim := rate.NewLimiter(truncateScanRate, truncateScanCount)
+	var n int
+	scan := func(ctx context.Context, rdb redis.Cmdable) error {
+		var cursor uint64
+		for {
+			keys, next, err := rdb.Scan(ctx, cursor, k.match.pattern(), truncateScanCount).Result()
+			if err != nil {
+				return fmt.Errorf("scan %s: %w", k.match.pattern(), err)
+			}
+			var ids []string
+			k.mu.Lock()
+			for _, key := range keys {
+				if id, ok := k.match.id(key); ok && k.hotSet[id] == nil {
+					ids = append(ids, id)
+				}
+			}
+			k.mu.Unlock()
+			if len(ids) > 0 {
+				if err := lim.WaitN(ctx, min(len(ids), truncateScanCount)); err != nil {
+					return err
+				}
+				if err := c.invalidate(ctx, k, ids); err != nil {
+					return err
+				}
+				n += len(ids)
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
+		}
+	}
+	var err error
+	if cc, ok := c.w.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu.Lock() // one master at a time: n and the limiter are shared
+			defer mu.Unlock()
+			return scan(ctx, m)
+		})
+	} else {
+		err = scan(ctx, c.w.rdb)
+	}
+	if err != nil {
+		return fmt.Errorf("keyspace %q: invalidate cold keys after a TRUNCATE: %w", k.name, err)
+	}
+	c.log.Warn("resync after a TRUNCATE: cold cached keys invalidated", "keyspace", k.name, "keys", n)
+	return nil
 }
 
 // applyIDs refreshes or invalidates ids per keyspace, the keyspaces in parallel.

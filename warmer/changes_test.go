@@ -3,6 +3,7 @@ package warmer_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -265,6 +266,55 @@ func TestResyncWaitsForTheFirstPoll(t *testing.T) {
 	}
 	if got := counter(t, reg, "keepwarm_changes_resync_keys_total", nil); got != 5 {
 		t.Errorf("resync covered %v hot keys, want the 5 pinned ones", got)
+	}
+	cancel()
+	<-runDone
+}
+
+// After a TRUNCATE every cached key of the fed keyspaces is known wrong, hot or not. Before, the resync refreshed
+// the hot keys only: 2,994 cold cached tracks served truncated rows 5 s later (issue 21). Now the cold ones are
+// invalidated too (SCAN of the key template), and the hot ones refreshed, not deleted.
+func TestResyncAfterTruncateInvalidatesColdKeys(t *testing.T) {
+	f := newFixture(t, 20)
+	reg := prometheus.NewRegistry()
+	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2")}, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := warmer.NewChanges(w, warmer.ChangesConfig{Registerer: reg, Keyspaces: []warmer.ChangeKeyspace{
+		{Keyspace: "items", Feeds: []warmer.Feed{{Table: "t.items", Column: "id"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Cold cached keys, written by apps: not hot (only 1 and 2 are pinned).
+	for id := 3; id <= 12; id++ {
+		if err := f.rdb.Set(ctx, f.key(strconv.Itoa(id)), "cached by an app", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := f.prefix + "unrelated"
+	if err := f.rdb.Set(ctx, other, "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- w.Run(ctx) }()
+	if err := c.Resync(ctx, warmer.ResyncTruncate); err != nil {
+		t.Fatalf("Resync: %v", err)
+	}
+	for id := 3; id <= 12; id++ {
+		if got := f.get(t, strconv.Itoa(id)); got != "<none>" {
+			t.Errorf("cold key %d after the truncate's resync: %s, want it invalidated", id, got)
+		}
+	}
+	for _, id := range []string{"1", "2"} {
+		if got := f.get(t, id); got == "<none>" {
+			t.Errorf("hot key %s after the truncate's resync: gone, want it refreshed", id)
+		}
+	}
+	if f.rdb.Exists(ctx, other).Val() != 1 {
+		t.Errorf("a key outside the keyspace's template was deleted")
 	}
 	cancel()
 	<-runDone
