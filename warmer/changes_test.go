@@ -21,11 +21,11 @@ import (
 
 // changesFixture is a Warmer (not running: Changes works without Run, as Warmup does) with Changes feeding the
 // fixture's keyspace from its table.
-func changesFixture(t *testing.T, onChange string) (*fixture, *warmer.Warmer, *warmer.Changes, *prometheus.Registry) {
+func changesFixture(t *testing.T, onChange string, pinned ...string) (*fixture, *warmer.Warmer, *warmer.Changes, *prometheus.Registry) {
 	t.Helper()
 	f := newFixture(t, 20)
 	reg := prometheus.NewRegistry()
-	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config()}, Registerer: reg})
+	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config(pinned...)}, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,17 +239,7 @@ func TestStreamLeaseOneHolderAndTakeover(t *testing.T) {
 // set at once, alongside the warmer's first poll: it covered 0 keys (issue 21). It waits for each keyspace's
 // first poll now: called before the warmer runs, it covers every hot key once the warmer has looked.
 func TestResyncWaitsForTheFirstPoll(t *testing.T) {
-	f := newFixture(t, 20)
-	reg := prometheus.NewRegistry()
-	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2", "3", "4", "5")}, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := warmer.NewChanges(w, warmer.ChangesConfig{Registerer: reg, Keyspaces: []warmer.ChangeKeyspace{
-		{Keyspace: "items", Feeds: []warmer.Feed{{Table: "t.items", Column: "id"}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, w, c, reg := changesFixture(t, "", "1", "2", "3", "4", "5")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -275,17 +265,7 @@ func TestResyncWaitsForTheFirstPoll(t *testing.T) {
 // the hot keys only: 2,994 cold cached tracks served truncated rows 5 s later (issue 21). Now the cold ones are
 // invalidated too (SCAN of the key template), and the hot ones refreshed, not deleted.
 func TestResyncAfterTruncateInvalidatesColdKeys(t *testing.T) {
-	f := newFixture(t, 20)
-	reg := prometheus.NewRegistry()
-	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2")}, Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := warmer.NewChanges(w, warmer.ChangesConfig{Registerer: reg, Keyspaces: []warmer.ChangeKeyspace{
-		{Keyspace: "items", Feeds: []warmer.Feed{{Table: "t.items", Column: "id"}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, w, c, _ := changesFixture(t, "", "1", "2")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Cold cached keys, written by apps: not hot (only 1 and 2 are pinned).

@@ -237,16 +237,10 @@ func TestStreamRecreatesLostSlot(t *testing.T) {
 	slot := slotName()
 	dsn, pool := streamDB(t, slot)
 	ctx := context.Background()
-	var mu sync.Mutex
-	var resyncs []string
+	resyncs := &resyncLog{}
 	reg := prometheus.NewRegistry()
 	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot, Tables: []string{"item"},
-		CreatePublication: true, Registerer: reg, Resync: func(_ context.Context, reason string) error {
-			mu.Lock()
-			defer mu.Unlock()
-			resyncs = append(resyncs, reason)
-			return nil
-		}})
+		CreatePublication: true, Registerer: reg, Resync: resyncs.resync})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,11 +254,7 @@ func TestStreamRecreatesLostSlot(t *testing.T) {
 		_, err := pool.Exec(ctx, "select pg_drop_replication_slot($1)", slot)
 		return err == nil
 	})
-	testenv.Eventually(t, 20*time.Second, "second resync", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(resyncs) == 2
-	})
+	testenv.Eventually(t, 20*time.Second, "second resync", func() bool { return len(resyncs.all()) == 2 })
 	if got := counterValue(t, reg, "keepwarm_stream_resyncs_total", postgres.ResyncCreated); got != 2 {
 		t.Errorf("keepwarm_stream_resyncs_total{reason=created}: got %v, want 2", got)
 	}
@@ -414,17 +404,10 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var mu sync.Mutex
-			var resyncs []string
+			resyncs := &resyncLog{}
 			s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
 				Tables: []string{"item"}, CreatePublication: create, Gather: -1, StatusInterval: time.Second,
-				PublicationCheck: 100 * time.Millisecond,
-				Resync: func(_ context.Context, reason string) error {
-					mu.Lock()
-					defer mu.Unlock()
-					resyncs = append(resyncs, reason)
-					return nil
-				}})
+				PublicationCheck: 100 * time.Millisecond, Resync: resyncs.resync})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -448,9 +431,7 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 				return
 			}
 			testenv.Eventually(t, 10*time.Second, "resynced after the table was added back", func() bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return slices.Contains(resyncs, postgres.ResyncPublication)
+				return slices.Contains(resyncs.all(), postgres.ResyncPublication)
 			})
 			testenv.Eventually(t, 10*time.Second, "streaming again", func() bool { return s.Status().State == "streaming" })
 			if _, err := pool.Exec(ctx, "update item set name = 'after the rebuild' where id = 2"); err != nil {
@@ -479,17 +460,10 @@ func TestStreamBoundsATransaction(t *testing.T) {
 	if _, err := pool.Exec(ctx, "insert into item select g, g % 3, 'item ' || g from generate_series(11, 3000) g"); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var resyncs []string
+	resyncs := &resyncLog{}
 	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
 		Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
-		Columns: map[string][]string{"item": {"grp"}}, MaxTxnChanges: 1000,
-		Resync: func(_ context.Context, reason string) error {
-			mu.Lock()
-			defer mu.Unlock()
-			resyncs = append(resyncs, reason)
-			return nil
-		}})
+		Columns: map[string][]string{"item": {"grp"}}, MaxTxnChanges: 1000, Resync: resyncs.resync})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,11 +496,9 @@ func TestStreamBoundsATransaction(t *testing.T) {
 	if txns[2].Overflowed || len(txns[2].Changes) != 1 {
 		t.Errorf("the update after it: overflowed %v, %d changes; want 1 change", txns[2].Overflowed, len(txns[2].Changes))
 	}
-	mu.Lock()
-	if !slices.Contains(resyncs, postgres.ResyncLargeTransaction) {
-		t.Errorf("resyncs %v; want one for the large transaction", resyncs)
+	if got := resyncs.all(); !slices.Contains(got, postgres.ResyncLargeTransaction) {
+		t.Errorf("resyncs %v; want one for the large transaction", got)
 	}
-	mu.Unlock()
 	if got := s.Status().Received; got != 3002 {
 		t.Errorf("changes received: %d, want 3,002 (every row of the large transaction counted, kept or not)", got)
 	}
@@ -561,21 +533,17 @@ func TestStreamOwedResyncSurvivesACrash(t *testing.T) {
 	slot := slotName()
 	dsn, _ := streamDB(t, slot)
 	owed := &owedMap{}
-	var mu sync.Mutex
-	var resyncs []string
+	resyncs := &resyncLog{}
 	fail := atomic.Bool{}
 	fail.Store(true)
 	newS := func() *postgres.Stream {
 		s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
 			Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second, Owed: owed,
-			Resync: func(_ context.Context, reason string) error {
+			Resync: func(ctx context.Context, reason string) error {
 				if fail.Load() {
 					return errors.New("killed before the resync finished")
 				}
-				mu.Lock()
-				defer mu.Unlock()
-				resyncs = append(resyncs, reason)
-				return nil
+				return resyncs.resync(ctx, reason)
 			}})
 		if err != nil {
 			t.Fatal(err)
@@ -594,13 +562,29 @@ func TestStreamOwedResyncSurvivesACrash(t *testing.T) {
 	s2 := newS()
 	run(t, s2, (&recorder{}).apply)
 	testenv.Eventually(t, 10*time.Second, "the second stream streaming", func() bool { return s2.Status().State == "streaming" })
-	mu.Lock()
-	got := slices.Clone(resyncs)
-	mu.Unlock()
-	if !slices.Equal(got, []string{postgres.ResyncCreated}) {
+	if got := resyncs.all(); !slices.Equal(got, []string{postgres.ResyncCreated}) {
 		t.Errorf("resyncs of the second stream: %v, want the one owed (%s) although its slot existed", got, postgres.ResyncCreated)
 	}
 	if r, _ := owed.Load(context.Background()); len(r) != 0 {
 		t.Errorf("owed after the resync: %v, want none", r)
 	}
+}
+
+// resyncLog is a StreamConfig.Resync that records each reason it is called with.
+type resyncLog struct {
+	mu      sync.Mutex
+	reasons []string
+}
+
+func (r *resyncLog) resync(_ context.Context, reason string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reasons = append(r.reasons, reason)
+	return nil
+}
+
+func (r *resyncLog) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.reasons)
 }
