@@ -190,8 +190,8 @@ func (k *keyspace) judgeReadingLocked(h *hotState, now time.Time, pttl time.Dura
 	if h.expiry.IsZero() || h.counted || h.missing || h.invalidated || pttl <= 0 {
 		return
 	}
-	if k.w.fleet != nil && k.w.fleet.lapsed(now) {
-		// This replica's heartbeat has lapsed (it was paused, or cut off): the others owned its keys meanwhile
+	if k.w.fleet != nil && k.w.fleet.stale(now) {
+		// This replica stalled past its heartbeat (a SIGSTOP, a frozen VM): the others owned its keys meanwhile
 		// and refreshed them, so the expiry it knew is stale. Its next heartbeat re-learns every key (setView).
 		return
 	}

@@ -155,8 +155,11 @@ type FleetStatus struct {
 // fleetView is one reading of the member list. Owners are the members that take keys: the live ones that are
 // not late (all live ones if every other member is late, which leaves this replica alone).
 type fleetView struct {
-	self    string
-	at      time.Time // when the heartbeat that read it was sent (local clock)
+	self string
+	at   time.Time // when the heartbeat that read it was sent (local clock)
+	// ran is when Redis ran that heartbeat (its TIME). Far after at, Redis did not answer meanwhile: a pause
+	// of Redis, not of this process (whose command Redis would have run at once, the reply waiting for it).
+	ran     time.Time
 	members []FleetMember
 	owners  []string // sorted
 	hashes  []uint64 // xxhash of each owner's id
@@ -218,6 +221,13 @@ type fleet struct {
 	lastBeat time.Time
 	lastErr  string
 	failing  bool
+	// failSince is when the first heartbeat of the current run of failures was sent (Config.Now); zero while
+	// they succeed. Failures that began while the heartbeat was still valid mean Redis stopped answering this
+	// replica while it ran: an outage, not a stall of this process (see stalledLocked).
+	failSince time.Time
+	// beating is when the heartbeat in flight was sent (Config.Now); zero between heartbeats. One sent while the
+	// heartbeat was valid and still unanswered means Redis is not answering: an outage, not a stall.
+	beating time.Time
 
 	members      *prometheus.GaugeVec   // state: live, late
 	heartbeats   *prometheus.CounterVec // result: ok, error
@@ -282,7 +292,7 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 		return nil, fmt.Errorf("fleet heartbeat %q: unexpected reply %v", f.cfg.Key, res)
 	}
 	self := f.cfg.ReplicaID
-	v := &fleetView{self: self, at: sent}
+	v := &fleetView{self: self, at: sent, ran: time.UnixMilli(now)}
 	lateBelow := f.cfg.HeartbeatTTL - time.Duration(lateBeats*float64(f.cfg.HeartbeatInterval))
 	var late []string
 	for i := 0; i < len(flat); i += 2 {
@@ -354,15 +364,35 @@ func (f *fleet) beat(ctx context.Context, op string) (*fleetView, error) {
 	return v, nil
 }
 
-// lapsed reports whether this replica's last successful heartbeat is older than HeartbeatTTL at now while its
-// last view had other members: they have taken it out of the fleet and own its keys until it beats again. A
-// replica alone in its fleet keeps its keys through any lapse: nobody else could have refreshed them.
-func (f *fleet) lapsed(now time.Time) bool {
+// stale reports whether what this replica knows of its keys' expiries may be stale at now: its heartbeat has
+// lapsed (lapsedLocked) because the process itself stalled (a SIGSTOP, a frozen VM), while the others, still
+// heartbeating, took its keys over and refreshed them. A lapse that began with failing heartbeats is an outage
+// of Redis as this replica saw it (a pause, a restart, a failover): nobody could write while Redis did not
+// answer, and what the replica knew is what it must judge its keys by afterwards (the first replica back takes
+// every key for a moment; the miss claims, missclaim.go, keep a miss from counting twice). When only this
+// replica's link was cut, the others did write: their refreshes before the expiry it knew read as early
+// rewrites (their TTL proves it, unless a wide jitter hides it: then one is counted that was no miss), and a
+// miss they counted is claimed before this replica's.
+func (f *fleet) stale(now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.lapsedLocked(now)
+	return f.lapsedLocked(now) && !f.outageLocked()
 }
 
+// outageLocked reports whether Redis stopped answering this replica while its heartbeat was still valid: the
+// current run of heartbeat failures, or the heartbeat still in flight, began before it lapsed.
+func (f *fleet) outageLocked() bool {
+	if f.lastBeat.IsZero() {
+		return false
+	}
+	failed := f.failing && !f.failSince.IsZero() && f.failSince.Sub(f.lastBeat) <= f.cfg.HeartbeatTTL
+	waiting := !f.beating.IsZero() && f.beating.Sub(f.lastBeat) <= f.cfg.HeartbeatTTL
+	return failed || waiting
+}
+
+// lapsedLocked reports whether this replica's last successful heartbeat is older than HeartbeatTTL at now while
+// its last view had other members: they have taken it out of the fleet and own its keys until it beats again. A
+// replica alone in its fleet keeps its keys through any lapse: nobody else could have refreshed them.
 func (f *fleet) lapsedLocked(now time.Time) bool {
 	return !f.lastBeat.IsZero() && now.Sub(f.lastBeat) > f.cfg.HeartbeatTTL && len(f.view.members) > 1
 }
@@ -377,10 +407,18 @@ func (f *fleet) current() *fleetView {
 // heartbeatOnce heartbeats and installs the view it read, handing keys over when the owners changed. On error
 // the last view stays in force (logged once per outage).
 func (f *fleet) heartbeatOnce(ctx context.Context) {
+	sent := f.w.now()
+	f.mu.Lock()
+	f.beating = sent
+	f.mu.Unlock()
 	v, err := f.beat(ctx, "join")
 	f.mu.Lock()
+	f.beating = time.Time{}
 	if err != nil {
 		first := !f.failing
+		if first {
+			f.failSince = sent
+		}
 		f.failing, f.lastErr = true, err.Error()
 		f.mu.Unlock()
 		f.heartbeats.WithLabelValues("error").Inc()
@@ -394,8 +432,10 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	now := f.w.now()
 	// A replica whose heartbeat lapsed (it was paused, or cut off from Redis) was taken out of the fleet by the
 	// others, which took over its keys meanwhile: what it knew of them is stale, so it re-learns them all.
-	lapsed := f.lapsedLocked(now)
-	f.failing, f.lastErr, f.lastBeat = false, "", now
+	// Only a stall makes what it knew stale (stale); after an outage it keeps judging by it. A heartbeat that Redis
+	// ran more than a heartbeat TTL after it was sent waited on Redis: an outage too, with no failure to show.
+	lapsed := f.lapsedLocked(now) && !f.outageLocked() && v.ran.Sub(v.at) <= f.cfg.HeartbeatTTL
+	f.failing, f.lastErr, f.lastBeat, f.failSince = false, "", now, time.Time{}
 	old := f.view
 	changed := !old.sameOwners(v) || lapsed
 	f.view = v
