@@ -41,7 +41,6 @@ test: services pgbouncer cluster sentinel test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	$(GO) run ./cmd/keepwarm-bench soak --duration 3m --seed 1
-	$(GO) run ./cmd/keepwarm-bench soak --duration 90s --seed 4 --sentinel --faults sentinel-failover
 
 # The Chinook demo (examples/chinook): the catalog in database chinook, plus keepwarm's schema in the same
 # database. Idempotent: a second run changes nothing.
