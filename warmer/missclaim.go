@@ -53,12 +53,13 @@ type miss struct {
 }
 
 // record counts the miss: keepwarm_warmer_hot_expired_total (and the late-notice breakdown), Status, the log.
+// It may run on the claim loop, without the keyspace's lock: it reads only the keyspace's immutable fields.
 func (m miss) record(note string) {
 	k := m.k
-	k.w.m.hotExpired.WithLabelValues(k.cfg.Name).Inc()
+	k.w.m.hotExpired.WithLabelValues(k.name).Inc()
 	k.hotExpired.Add(1)
 	if m.shortNotice {
-		k.w.m.lateNotice.WithLabelValues(k.cfg.Name).Inc()
+		k.w.m.lateNotice.WithLabelValues(k.name).Inc()
 	}
 	args := []any{"id", m.id, "expiry", m.expiry, "since_expiry", m.since, "short_notice", m.shortNotice, "errors", m.errors}
 	if note != "" {
@@ -68,7 +69,7 @@ func (m miss) record(note string) {
 }
 
 // claimKey is the Redis key of a miss's claim.
-func (f *fleet) claimKey(m miss) string { return f.cfg.Key + ":missed:" + m.k.cfg.Name + ":" + m.id }
+func (f *fleet) claimKey(m miss) string { return f.cfg.Key + ":missed:" + m.k.name + ":" + m.id }
 
 // submit hands a miss to the claim loop; false when the loop is not running or its queue is full (then the
 // caller counts it at once: a miss is never dropped).
@@ -85,22 +86,14 @@ func (f *fleet) submit(m miss) bool {
 	}
 }
 
-// claimMisses runs the claims until ctx ends, batching what has queued into one pipeline of SET NX per round;
-// the claims left when ctx ends are counted unclaimed.
+// claimMisses runs the claims until ctx ends, batching what has queued into one pipeline of missclaim.lua
+// calls per round; the claims left when ctx ends are counted unclaimed.
 func (f *fleet) claimMisses(ctx context.Context) {
 	f.claiming.Store(true)
 	var pending []miss
 	defer func() {
 		f.claiming.Store(false)
-		for {
-			select {
-			case m := <-f.claims:
-				pending = append(pending, m)
-				continue
-			default:
-			}
-			break
-		}
+		pending = drainClaims(f.claims, pending)
 		for _, m := range pending {
 			m.record("counted without a fleet claim: the warmer stopped")
 		}
@@ -124,18 +117,21 @@ func (f *fleet) claimMisses(ctx context.Context) {
 			case <-retry.C:
 			}
 		}
-	drain:
-		for {
-			select {
-			case m := <-f.claims:
-				pending = append(pending, m)
-			default:
-				break drain
-			}
-		}
-		pending = f.claimOnce(ctx, pending)
+		pending = f.claimOnce(ctx, drainClaims(f.claims, pending))
 		if len(pending) > 0 {
 			retry.Reset(missClaimRetry)
+		}
+	}
+}
+
+// drainClaims appends to pending every miss waiting in claims, without blocking.
+func drainClaims(claims <-chan miss, pending []miss) []miss {
+	for {
+		select {
+		case m := <-claims:
+			pending = append(pending, m)
+		default:
+			return pending
 		}
 	}
 }
