@@ -692,13 +692,18 @@ func sharedOutage(t *testing.T, appsRebuild bool) {
 	obs := observe(t, priv, keys...)
 	before := sum("keepwarm_warmer_hot_expired_total")
 	// Every key's TTL is at most 3 s (ttl, no jitter) when Redis stops; 5 s later each has expired once.
+	var app *redis.Client
+	if appsRebuild {
+		app = redis.NewClient(opt)
+		t.Cleanup(func() { app.Close() })
+		if err := app.Ping(ctx).Err(); err != nil { // connected before the freeze
+			t.Fatal(err)
+		}
+	}
 	frz.Freeze(t)
 	var apps sync.WaitGroup
 	if appsRebuild {
 		// Sent while Redis is frozen: they run as it thaws, before the replicas' first readings.
-		app := redis.NewClient(opt)
-		t.Cleanup(func() { app.Close() })
-		app.Ping(ctx) // connected before the freeze's effects matter
 		for _, k := range keys {
 			apps.Add(1)
 			go func() {
