@@ -316,14 +316,16 @@ func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
 				}
 			}
 			k.mu.Unlock()
-			if len(ids) > 0 {
-				if err := lim.WaitN(ctx, min(len(ids), truncateScanCount)); err != nil {
+			for len(ids) > 0 { // SCAN's COUNT is a hint: a page can hold more than the limiter's burst
+				chunk := ids[:min(len(ids), truncateScanCount)]
+				if err := lim.WaitN(ctx, len(chunk)); err != nil {
 					return err
 				}
-				if err := c.invalidate(ctx, k, ids); err != nil {
+				if err := c.invalidate(ctx, k, chunk); err != nil {
 					return err
 				}
-				n += len(ids)
+				n += len(chunk)
+				ids = ids[len(chunk):]
 			}
 			if cursor = next; cursor == 0 {
 				return nil
