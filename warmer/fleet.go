@@ -435,6 +435,10 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	// Only a stall makes what it knew stale (stale); after an outage it keeps judging by it. A heartbeat that Redis
 	// ran more than a heartbeat TTL after it was sent waited on Redis: an outage too, with no failure to show.
 	lapsed := f.lapsedLocked(now) && !f.outageLocked() && v.ran.Sub(v.at) <= f.cfg.HeartbeatTTL
+	var lapsedAt time.Time // when the others took this replica's keys over: its last heartbeat's expiry
+	if lapsed {
+		lapsedAt = f.lastBeat.Add(f.cfg.HeartbeatTTL)
+	}
 	f.failing, f.lastErr, f.lastBeat, f.failSince = false, "", now, time.Time{}
 	old := f.view
 	changed := !old.sameOwners(v) || lapsed
@@ -457,7 +461,7 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	}
 	f.w.mu.Unlock()
 	for _, k := range spaces {
-		k.setView(v, lapsed)
+		k.setView(v, lapsedAt)
 	}
 }
 
@@ -504,16 +508,26 @@ func (k *keyspace) ownsLocked(id string) bool { return k.view.owns(id) }
 
 // setView installs a new member list: keys this replica no longer owns leave its due queue (a batch in flight
 // finishes); keys it gained are adopted (their expiry is read with PTTL, then they are queued). A gained key
-// found missing then counts as an SLO miss, since its previous owner may have let it expire. With lapsed (this
-// replica's own heartbeat had lapsed, so the others owned its keys meanwhile), every key it owns is adopted so.
-func (k *keyspace) setView(v *fleetView, lapsed bool) {
+// found missing then counts as an SLO miss, since its previous owner may have let it expire. With a non-zero
+// lapsedAt (this replica stalled and its heartbeat lapsed then, so the others owned its keys since), every key it
+// owns is adopted so, except those whose known expiry came before lapsedAt: nobody else could refresh them
+// before they expired, so they are judged against that expiry (a miss this replica still owned; the heirs' claims
+// keep it from counting twice).
+func (k *keyspace) setView(v *fleetView, lapsedAt time.Time) {
+	lapsed := !lapsedAt.IsZero()
 	k.mu.Lock()
 	k.view = v
 	for _, h := range k.hotSet {
 		own := v.owns(h.id)
+		expiredOwned := lapsed && !h.expiry.IsZero() && h.expiry.Add(expiryTolerance).Before(lapsedAt)
 		switch {
 		case !own && h.idx >= 0:
 			k.q.remove(h)
+		case own && lapsed && expiredOwned && !h.persistent:
+			if !h.inflight { // in flight, its re-check or publish judges it
+				h.needPTTL = true
+				k.adopt = append(k.adopt, h)
+			}
 		case own && (h.idx < 0 || lapsed) && !h.inflight && !h.persistent:
 			// What this replica knew of the key dates from before another replica owned it: the first reading
 			// judges it afresh (noteHandoverLocked), never against that stale expiry (judgeReadingLocked would
@@ -521,6 +535,13 @@ func (k *keyspace) setView(v *fleetView, lapsed bool) {
 			h.needPTTL, h.handover = true, true
 			h.expiry, h.counted = time.Time{}, false
 			k.adopt = append(k.adopt, h)
+		case own && lapsed && h.inflight && !h.persistent:
+			// A batch that was in flight through the stall (its PTTL re-check or publish still to come) must not
+			// judge the heirs' refreshes against the expiry known before it either: the soak's paused daemon
+			// counted 26 misses the observer never saw, all from batches it had sent before the SIGSTOP or at
+			// once after the SIGCONT. Its result is judged as a handover's first reading.
+			h.handover = true
+			h.expiry, h.counted = time.Time{}, false
 		}
 	}
 	k.gaugesLocked()

@@ -231,6 +231,7 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 		case it.prevUnknown:
 		case it.prevTTL == lockstep.PrevGone:
 			// The publish found the value already gone: an expiry the periodic check may never have seen.
+			k.noteHandoverLocked(h, pttlGone, now)
 			k.noteGoneLocked(h, now)
 		case it.prevTTL > 0:
 			// The value it replaced: the daemon's own, or someone's rebuild after the known expiry (a miss).
@@ -240,6 +241,7 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
 		}
 		k.judgeLocked(h, p.start)
+		h.handover = false
 		h.lastRefresh = p.start
 		h.lastErr = ""
 		h.errors = 0
@@ -313,7 +315,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			it.result = ResultFresh
 			k.count(ResultFresh)
 			k.judgeReadingLocked(h, now, it.pttl, "rebuilt by another writer after it expired")
-			h.counted, h.invalidated = false, false
+			h.counted, h.invalidated, h.handover = false, false, false
 			h.needPTTL = false
 			h.shortNotice = false
 			h.ownWrite = false
@@ -322,6 +324,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			k.scheduleCheckLocked(h, now)
 		default:
 			if it.pttl < 0 {
+				k.noteHandoverLocked(h, it.pttl, now)
 				k.noteGoneLocked(h, now)
 			}
 			out = append(out, it)
