@@ -44,18 +44,27 @@ func TestLFUSignalMakesKeysHot(t *testing.T) {
 	cfg := f.config()
 	cfg.TopN, cfg.MinScore, cfg.LFU = 2, 0, true
 	cfg.LFUScanCount = 1_000_000 // one SCAN step covers the whole database
+	started := time.Now()
 	w, _, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	var keys []warmer.KeyStatus
 	testenv.Eventually(t, 3*time.Second, "the two most-read keys are hot", func() bool {
 		st := w.Status(0)
 		if len(st) != 1 || st[0].Hot != 2 {
 			return false
 		}
+		keys = st[0].Keys
 		hot := map[string]bool{}
 		for _, k := range st[0].Keys {
 			hot[k.ID] = true
 		}
 		return hot["1"] && hot["2"]
 	})
+	// The status says since when each key is hot (the soak's observer judges ownership by it).
+	for _, k := range keys {
+		if k.HotSince.Before(started) || k.HotSince.After(time.Now()) {
+			t.Errorf("key %s: hot_since %v, want between the start %v and now", k.ID, k.HotSince, started)
+		}
+	}
 }
 
 // TestNotificationsGiveEarlyNotice: with keyspace notifications on and reconciliation slowed to once a minute, a

@@ -24,8 +24,11 @@ type KeyStatus struct {
 	Missing     bool          `json:"missing"`    // the origin had no row at the last refresh
 	// Owned is true when this replica refreshes the key (always without a fleet); a hot key's SLO is its
 	// owner's (docs/operations.md, "The SLO, precisely").
-	Owned     bool   `json:"owned"`
-	LastError string `json:"last_error,omitempty"`
+	Owned bool `json:"owned"`
+	// HotSince is when the key last entered this replica's hot set (a key that leaves it and comes back starts
+	// again): a key that went missing before its owner's HotSince was not a hot key of its owner when it did.
+	HotSince  time.Time `json:"hot_since"`
+	LastError string    `json:"last_error,omitempty"`
 }
 
 // MarshalJSON encodes s as its fields' JSON, except that an ID or Key that is not valid UTF-8 is written with
@@ -113,7 +116,7 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	for id, h := range k.hotSet {
 		ks := KeyStatus{ID: id, Key: k.cfg.Keys.Cache.Expand(id, ""), Pinned: h.e.pinned, Score: h.e.score,
 			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Refreshing: h.inflight, Persistent: h.persistent,
-			Missing: h.missing, Owned: k.ownsLocked(id),
+			Missing: h.missing, Owned: k.ownsLocked(id), HotSince: h.hotSince,
 			LastError: h.lastErr}
 		if !h.expiry.IsZero() {
 			ks.TTL = max(h.expiry.Sub(now), 0)
