@@ -361,7 +361,7 @@ func (ls *loadSpace) topRead(n int) map[string]bool {
 
 // daemonHot asks the daemon for its hot set: keyspace → id → true.
 func daemonHot(addr string) (map[string]map[string]bool, string) {
-	st := daemonStatus(addr)
+	st := daemonStatus(addr, 3*time.Second)
 	if st == nil {
 		return nil, ""
 	}
@@ -376,12 +376,12 @@ func daemonHot(addr string) (map[string]map[string]bool, string) {
 	return out, "the daemon's hot set (/debug/hotkeys)"
 }
 
-// daemonStatus reads the daemon's /debug/hotkeys in full; nil when it does not answer.
-func daemonStatus(addr string) []warmer.KeyspaceStatus {
+// daemonStatus reads the daemon's /debug/hotkeys in full; nil when it does not answer within timeout.
+func daemonStatus(addr string, timeout time.Duration) []warmer.KeyspaceStatus {
 	if addr == "" {
 		return nil
 	}
-	c := http.Client{Timeout: 3 * time.Second}
+	c := http.Client{Timeout: timeout}
 	resp, err := c.Get("http://" + addr + "/debug/hotkeys?limit=0")
 	if err != nil {
 		return nil

@@ -176,7 +176,7 @@ func (s *soak) flushDB(ctx context.Context) (string, error) {
 	}
 	if err == nil && s.emptied != nil {
 		select { // the observer learns that every key was gone at once (see observer.emptied)
-		case s.emptied <- at:
+		case s.emptied <- flush{sent: at, done: time.Now()}:
 		default:
 		}
 	}

@@ -76,10 +76,10 @@ type soak struct {
 	start    time.Time
 
 	hot     atomic.Pointer[hotUnion] // published by the hot-set reader every second
-	emptied chan time.Time           // FLUSHDB moments, for the observer (observer.emptied)
+	emptied chan flush               // FLUSHDB moments, for the observer (observer.emptied)
 
 	bookMu        sync.Mutex                            // guards lastHot, counters, peaks and invalidations
-	lastHot       map[string]map[string]map[string]bool // replica → keyspace → id → owned: its last /debug/hotkeys
+	lastHot       map[string]map[string]map[string]time.Time // replica → keyspace → id → owned since (zero: not owned): its last /debug/hotkeys
 	lastHotAt     map[string]time.Time                  // replica → when it last answered
 	counters      map[incarnation]map[string]float64
 	peaks         map[incarnation]int64
@@ -96,7 +96,7 @@ type incarnation struct {
 type hotUnion struct {
 	keys  map[string]string          // cache key → keyspace
 	ids   map[string]map[string]bool // keyspace → id → true
-	owned map[string]bool            // cache keys in the hot set of a replica that owns them (the SLO's hot keys)
+	owned map[string]time.Time       // cache keys in the hot set of a replica that owns them (the SLO's hot keys) → since when (the earliest such replica's hot_since)
 }
 
 type invalidation struct {
@@ -159,7 +159,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		f.replicas, f.workers, names)
 	redis.SetLogger(quietRedisLog{})
 	s := &soak{f: f, counters: map[incarnation]map[string]float64{}, peaks: map[incarnation]int64{},
-		emptied: make(chan time.Time, 4)}
+		emptied: make(chan flush, 4)}
 	defer s.teardown(stderr)
 	if err := s.setup(ctx, stderr); err != nil {
 		return err
@@ -400,9 +400,13 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 			}
 			return nil
 		}}
-	obs.track.owned = func(key string) bool {
+	obs.track.owned = func(key string, at time.Time) bool {
 		h := s.hot.Load()
-		return h != nil && h.owned[key]
+		if h == nil {
+			return false
+		}
+		since, ok := h.owned[key]
+		return ok && !since.After(at)
 	}
 	var maxHot atomic.Int64
 	obs.onPoll = func(_ time.Time, _, hot int) {
@@ -537,28 +541,45 @@ func (s *soak) readHot() {
 	now := time.Now()
 	s.bookMu.Lock()
 	if s.lastHot == nil {
-		s.lastHot = map[string]map[string]map[string]bool{}
+		s.lastHot = map[string]map[string]map[string]time.Time{}
 		s.lastHotAt = map[string]time.Time{}
 	}
 	s.bookMu.Unlock()
-	answered := 0
+	// Every replica at once, each bounded by hotReadTimeout: asked one after the other with the load's 3 s timeout,
+	// a paused replica held the others' fresh sets back by 3 s a round, and a key its owner had dropped from its
+	// hot set seconds before it expired still read as owned (6 uncounted "misses" in a daemon-sigstop soak).
+	const hotReadTimeout = 700 * time.Millisecond
+	var (
+		wg       sync.WaitGroup
+		answered atomic.Int64
+	)
 	for _, d := range s.daemons {
-		if st := daemonStatus(d.addr); st != nil {
-			h := map[string]map[string]bool{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := daemonStatus(d.addr, hotReadTimeout)
+			if st == nil {
+				return
+			}
+			h := map[string]map[string]time.Time{}
 			for _, ks := range st {
-				m := make(map[string]bool, len(ks.Keys))
+				m := make(map[string]time.Time, len(ks.Keys))
 				for _, k := range ks.Keys {
-					m[k.ID] = k.Owned
+					m[k.ID] = time.Time{}
+					if k.Owned {
+						m[k.ID] = k.HotSince
+					}
 				}
 				h[ks.Name] = m
 			}
-			answered++
+			answered.Add(1)
 			s.bookMu.Lock()
 			s.lastHot[d.id], s.lastHotAt[d.id] = h, now
 			s.bookMu.Unlock()
-		}
+		}()
 	}
-	if answered > 0 {
+	wg.Wait()
+	if answered.Load() > 0 {
 		s.bookMu.Lock()
 		for id, at := range s.lastHotAt {
 			if now.Sub(at) > staleHot {
@@ -568,7 +589,7 @@ func (s *soak) readHot() {
 		}
 		s.bookMu.Unlock()
 	}
-	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}, owned: map[string]bool{}}
+	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}, owned: map[string]time.Time{}}
 	s.bookMu.Lock()
 	for _, h := range s.lastHot {
 		for ks, ids := range h {
@@ -579,15 +600,15 @@ func (s *soak) readHot() {
 			if u.ids[ks] == nil {
 				u.ids[ks] = map[string]bool{}
 			}
-			for id, owned := range ids {
+			for id, since := range ids {
 				k, err := keys.For(id)
 				if err != nil {
 					continue
 				}
 				u.ids[ks][id] = true
 				u.keys[k.Cache] = ks
-				if owned {
-					u.owned[k.Cache] = true
+				if cur, ok := u.owned[k.Cache]; !since.IsZero() && (!ok || since.Before(cur)) {
+					u.owned[k.Cache] = since
 				}
 			}
 		}
