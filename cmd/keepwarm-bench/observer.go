@@ -129,8 +129,8 @@ type keyState struct {
 	prevPoll    time.Time
 	prevPresent bool
 	seen        bool // read present since it entered the hot set
-	gap      *gap      // the open gap, if absent
-	owned    bool      // with gap: some poll during it found the key owned (gapTracker.owned)
+	gap         *gap // the open gap, if absent
+	owned       bool // with gap: some poll during it found the key owned (gapTracker.owned)
 }
 
 // gapTracker turns the observer's polls into gaps. It has no clock and no Redis, so that tests can drive it.
@@ -259,7 +259,9 @@ func minTime(a, b time.Time) time.Time {
 }
 
 // isOwned applies owned, if set.
-func (g *gapTracker) isOwned(key string, at time.Time) bool { return g.owned == nil || g.owned(key, at) }
+func (g *gapTracker) isOwned(key string, at time.Time) bool {
+	return g.owned == nil || g.owned(key, at)
+}
 
 func (g *gapTracker) close(st *keyState, at time.Time) {
 	st.gap.Length = at.Sub(st.gap.Start)

@@ -78,9 +78,9 @@ type soak struct {
 	hot     atomic.Pointer[hotUnion] // published by the hot-set reader every second
 	emptied chan flush               // FLUSHDB moments, for the observer (observer.emptied)
 
-	bookMu        sync.Mutex                            // guards lastHot, counters, peaks and invalidations
+	bookMu        sync.Mutex                                 // guards lastHot, counters, peaks and invalidations
 	lastHot       map[string]map[string]map[string]time.Time // replica → keyspace → id → owned since (zero: not owned): its last /debug/hotkeys
-	lastHotAt     map[string]time.Time                  // replica → when it last answered
+	lastHotAt     map[string]time.Time                       // replica → when it last answered
 	counters      map[incarnation]map[string]float64
 	peaks         map[incarnation]int64
 	invalidations []invalidation
