@@ -603,17 +603,22 @@ func TestGapTrackerEmptied(t *testing.T) {
 	// The next poll finds track:1 rebuilt already, track:2 still gone, track:3 still gone.
 	g.observe(t0.Add(50*time.Millisecond), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": -2, "track:3": -2})
 	g.observe(t0.Add(100*time.Millisecond), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second, "track:3": -2})
-	gaps := g.finish(t0.Add(150 * time.Millisecond))
-	got := map[string]time.Duration{}
-	for _, x := range gaps {
-		if !x.ColdStart {
-			got[x.Key] = x.Length
-		}
-	}
+	got := lengthsByKey(g.finish(t0.Add(150 * time.Millisecond)))
 	want := map[string]time.Duration{"track:1": 40 * time.Millisecond, "track:2": 90 * time.Millisecond}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("gaps after the flush: got %v, want %v (track:3 was never seen present: a cold start)", got, want)
 	}
+}
+
+// lengthsByKey maps each gap's key to its length, cold starts left out.
+func lengthsByKey(gaps []gap) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for _, x := range gaps {
+		if !x.ColdStart {
+			out[x.Key] = x.Length
+		}
+	}
+	return out
 }
 
 // The flush is reported when FLUSHDB's reply comes; a poll in flight meanwhile may have read the keys already:
@@ -629,13 +634,7 @@ func TestGapTrackerEmptiedAfterAPoll(t *testing.T) {
 	g.observe(t0.Add(20*time.Millisecond), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": -2, "track:3": -2})
 	g.emptied(t0.Add(10*time.Millisecond), t0.Add(12*time.Millisecond))
 	g.observe(t0.Add(70*time.Millisecond), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second, "track:3": -2})
-	gaps := g.finish(t0.Add(150 * time.Millisecond))
-	got := map[string]time.Duration{}
-	for _, x := range gaps {
-		if !x.ColdStart {
-			got[x.Key] = x.Length
-		}
-	}
+	got := lengthsByKey(g.finish(t0.Add(150 * time.Millisecond)))
 	want := map[string]time.Duration{"track:1": 10 * time.Millisecond, "track:2": 60 * time.Millisecond}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("gaps after a flush reported late: got %v, want %v", got, want)
@@ -651,7 +650,7 @@ func TestGapTrackerEmptiedAfterAPoll(t *testing.T) {
 	g.emptied(t0.Add(10*time.Millisecond), t0.Add(30*time.Millisecond))
 	g.observe(t0.Add(60*time.Millisecond), hot, map[string]time.Duration{"track:1": -2})
 	g.observe(t0.Add(110*time.Millisecond), hot, map[string]time.Duration{"track:1": 10 * time.Second})
-	gaps = g.finish(t0.Add(150 * time.Millisecond))
+	gaps := g.finish(t0.Add(150 * time.Millisecond))
 	if len(gaps) != 1 || gaps[0].Start != t0.Add(10*time.Millisecond) || gaps[0].Length != 100*time.Millisecond {
 		t.Errorf("a reading between the flush's send and reply: gaps %+v, want one of 100ms from the flush", gaps)
 	}

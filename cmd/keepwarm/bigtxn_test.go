@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
@@ -101,15 +99,8 @@ func TestRunBigTransactionStaysUnderTheMemoryLimit(t *testing.T) {
 	rdb := testenv.Redis(t)
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	name := fmt.Sprintf("kwbig_%d", time.Now().UnixNano()%1e12)
+	name := streamName(t, pool, "kwbig")
 	table := strings.ReplaceAll(f.table, `"`, "")
-	t.Cleanup(func() {
-		testenv.Poll(15*time.Second, func() bool {
-			_, err := pool.Exec(ctx, "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = $1", name)
-			return err == nil
-		})
-		_, _ = pool.Exec(ctx, "drop publication if exists "+pgx.Identifier{name}.Sanitize())
-	})
 	// The fixture's 20 rows become 300,000, with bodies as wide as the demo's tracks.
 	if _, err := pool.Exec(ctx, "insert into "+f.table+" select i::text, jsonb_build_object('id', i, 'name', repeat('n', 120)) from generate_series(21, $1) i", rows); err != nil {
 		t.Fatal(err)

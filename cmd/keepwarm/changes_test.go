@@ -12,6 +12,22 @@ import (
 	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
+// streamName returns a fresh name (prefix_<digits>) for a test's replication slot and publication, and drops both
+// when the test ends (the slot once its stream has let it go).
+func streamName(t *testing.T, pool *pgxpool.Pool, prefix string) string {
+	t.Helper()
+	name := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano()%1e12)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		testenv.Poll(15*time.Second, func() bool {
+			_, err := pool.Exec(ctx, "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = $1", name)
+			return err == nil
+		})
+		_, _ = pool.Exec(ctx, "drop publication if exists "+name)
+	})
+	return name
+}
+
 // TestRunChangeStreamRefreshesOnCommit: `keepwarm run` with [changes] on rebuilds a cached key within seconds of
 // the commit that changed its row (a key an app cached for an hour, not hot: nothing else would rebuild it), and
 // leaves an uncached id alone. Its slot and publication are dropped on cleanup.
@@ -20,15 +36,8 @@ func TestRunChangeStreamRefreshesOnCommit(t *testing.T) {
 	rdb := testenv.Redis(t)
 	pool := testenv.Postgres(t)
 	ctx := context.Background()
-	name := fmt.Sprintf("kwtest_%d", time.Now().UnixNano()%1e12)
+	name := streamName(t, pool, "kwtest")
 	table := strings.ReplaceAll(f.table, `"`, "")
-	t.Cleanup(func() {
-		testenv.Poll(15*time.Second, func() bool {
-			_, err := pool.Exec(ctx, "select pg_drop_replication_slot(slot_name) from pg_replication_slots where slot_name = $1", name)
-			return err == nil
-		})
-		_, _ = pool.Exec(ctx, "drop publication if exists "+name)
-	})
 	if _, err := pool.Exec(ctx, "alter table "+f.table+" add primary key (id)"); err != nil { // a replica identity
 		t.Fatal(err)
 	}
