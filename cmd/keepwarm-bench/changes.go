@@ -51,7 +51,7 @@ type changesFlags struct {
 	duration, settle          time.Duration
 	workers, sampleEvery      int
 	zipf                      float64
-	verifyOnly                bool
+	verifyOnly, keep          bool
 	moveEvery                 int
 }
 
@@ -73,6 +73,7 @@ func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&f.moveEvery, "move-every", 100, "every Nth update moves the track to another album (0: never)")
 	fs.Float64Var(&f.zipf, "zipf", 1.1, "Zipf exponent of the updated track ids")
 	fs.BoolVar(&f.verifyOnly, "verify-only", false, "only check cached keys against the origin")
+	fs.BoolVar(&f.keep, "keep", false, "leave the updated names and albums in the track table (by default they are put back at the end)")
 	fs.StringVar(&f.svg, "svg", "", "write the latency plot here")
 	fs.StringVar(&f.json, "json", "", "write the report as JSON here")
 	if err := parse(fs, args); err != nil {
@@ -102,6 +103,13 @@ func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	var rep changesReport
 	if !f.verifyOnly {
+		if !f.keep {
+			restore, err := snapshotTracks(ctx, wpool)
+			if err != nil {
+				return err
+			}
+			defer restore(stderr)
+		}
 		before := daemonMetrics(f.daemon)
 		if err := updateLoop(ctx, f, cfg, rdb, wpool, &rep, stderr); err != nil {
 			return err
@@ -117,6 +125,43 @@ func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	printChanges(stdout, f, &rep)
 	return writeResults(f.svg, f.json, &rep, changesSVG, stderr)
+}
+
+// snapshotTracks reads every track's name and album, and returns a function that writes back those that changed,
+// in one transaction (so that the demo catalog is the one the tests and the README expect after a run; the
+// change stream refreshes the cached keys it touches). It reports on w what it did.
+func snapshotTracks(ctx context.Context, pool *pgxpool.Pool) (func(w io.Writer), error) {
+	var ids, albums []int32
+	var names []string
+	rows, err := pool.Query(ctx, "select track_id, name, album_id from track")
+	if err != nil {
+		return nil, fmt.Errorf("read the track table before the updates: %w", err)
+	}
+	for rows.Next() {
+		var id, album int32
+		var name string
+		if err := rows.Scan(&id, &name, &album); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read the track table before the updates: %w", err)
+		}
+		ids, names, albums = append(ids, id), append(names, name), append(albums, album)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the track table before the updates: %w", err)
+	}
+	return func(w io.Writer) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		tag, err := pool.Exec(ctx, `update track t set name = v.name, album_id = v.album_id
+			from unnest($1::int[], $2::text[], $3::int[]) as v(id, name, album_id)
+			where t.track_id = v.id and (t.name is distinct from v.name or t.album_id is distinct from v.album_id)`,
+			ids, names, albums)
+		if err != nil {
+			fmt.Fprintf(w, "changes: could not put the tracks' names and albums back: %v (reload the demo: dropdb chinook, make demo-data)\n", err)
+			return
+		}
+		fmt.Fprintf(w, "changes: put back the names and albums of %d tracks (--keep leaves them)\n", tag.RowsAffected())
+	}, nil
 }
 
 func updateLoop(ctx context.Context, f changesFlags, cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool,
