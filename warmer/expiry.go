@@ -127,6 +127,16 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 		if h.goneEvent == "del" && ttls[i] == pttlGone {
 			h.invalidated = true // an app's (or the change stream's) invalidation: excluded from the SLO
 		}
+		if !h.flushedSince.IsZero() && ttls[i] > 0 && !h.expiry.IsZero() && !h.counted && !h.missing &&
+			!h.lastRefresh.After(h.flushedSince) {
+			// Redis was emptied after flushedSince, so whatever is there now was written after the flush; the
+			// daemon has not written it since (its own publish would have found the key gone and counted it).
+			// Another writer rebuilt the key after the flush removed the value the daemon knew: a miss, however
+			// short, even when the daemon learnt that writer's value (a "set" notification) before the canary
+			// told it of the flush. A 10-minute soak left 116 such gaps after three Redis restarts uncounted.
+			k.countMissLocked(h, now, "rebuilt by another writer after a flush")
+		}
+		h.flushedSince = time.Time{}
 		h.needPTTL, h.goneEvent = false, ""
 		k.noteHandoverLocked(h, ttls[i], now)
 		prev := h.expiry

@@ -224,7 +224,7 @@ func (k *keyspace) rereadAll(why string, emptied time.Time) {
 			k.q.schedule(h, now)
 			continue
 		}
-		h.needPTTL, h.goneEvent = true, why
+		h.needPTTL, h.goneEvent, h.flushedSince = true, why, emptied
 		k.adopt = append(k.adopt, h)
 	}
 	k.mu.Unlock()

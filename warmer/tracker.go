@@ -45,6 +45,9 @@ type hotState struct {
 	pendingGone string    // a gone event (expired, evicted, del) that arrived while a refresh was in flight
 	handover    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
 	hotSince    time.Time // when the id became hot
+	// flushedSince is, while a flush's re-read of the key is pending (rereadAll), the moment since which Redis is
+	// known emptied (the flush canary's last write); zero otherwise.
+	flushedSince time.Time
 
 	// Reconciliation (reconcile.go).
 	cidx        int       // position in the check queue, -1 when not queued
