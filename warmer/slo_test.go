@@ -188,11 +188,11 @@ func TestShortNoticeDoesNotHideAFailedKey(t *testing.T) {
 	}
 }
 
-// FLUSHDB publishes no per-key event, and with notifications healthy the daemon's own writes are trusted and
-// re-read only every 5 minutes: before, hot keys stayed gone for minutes and nothing was counted. The flush
-// canary notices within a fraction of a second: every hot key is re-read, each is counted once as a miss, and
-// all are rebuilt.
-func TestFlushIsNoticedCountedAndRebuilt(t *testing.T) {
+// startFlushDaemon starts a warmer on a private Redis with notifications on, three pinned keys of a 10-minute TTL
+// (written once, then trusted) and the flush canary rewritten every flushEvery (0: the default), and waits until
+// the keys are written and notifications are healthy.
+func startFlushDaemon(t *testing.T, flushEvery time.Duration) (*warmer.Warmer, *redis.Client, []string, *prometheus.Registry, func()) {
+	t.Helper()
 	f := newFixture(t, 5)
 	ctx := context.Background()
 	priv := testenv.PrivateRedis(t)
@@ -200,11 +200,22 @@ func TestFlushIsNoticedCountedAndRebuilt(t *testing.T) {
 	cfg := f.config("1", "2", "3")
 	cfg.TTL, cfg.ReconcileTrustedEvery = 10*time.Minute, 5*time.Minute
 	keys := []string{f.key("1"), f.key("2"), f.key("3")}
-	_, reg, stop := start(t, priv, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
+	w, reg, stop := start(t, priv, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true,
+		FlushCheckInterval: flushEvery})
 	testenv.Eventually(t, 10*time.Second, "all three written", func() bool { return priv.Exists(ctx, keys...).Val() == 3 })
 	testenv.Eventually(t, 10*time.Second, "notifications healthy", func() bool {
 		return counter(t, reg, "keepwarm_warmer_notifications_enabled", nil) == 1
 	})
+	return w, priv, keys, reg, stop
+}
+
+// FLUSHDB publishes no per-key event, and with notifications healthy the daemon's own writes are trusted and
+// re-read only every 5 minutes: before, hot keys stayed gone for minutes and nothing was counted. The flush
+// canary notices within a fraction of a second: every hot key is re-read, each is counted once as a miss, and
+// all are rebuilt.
+func TestFlushIsNoticedCountedAndRebuilt(t *testing.T) {
+	ctx := context.Background()
+	_, priv, keys, reg, stop := startFlushDaemon(t, 0)
 	obs := observe(t, priv, keys...)
 	testenv.Eventually(t, 5*time.Second, "the observer saw the keys", func() bool {
 		obs.mu.Lock()
@@ -239,19 +250,8 @@ func TestFlushIsNoticedCountedAndRebuilt(t *testing.T) {
 // that reading was judged like any other (the known expiry had not passed: no miss), and a 10-minute soak left
 // 116 gaps after three Redis restarts without a count.
 func TestFlushCountsAKeyAnAppRebuiltBeforeTheReread(t *testing.T) {
-	f := newFixture(t, 5)
 	ctx := context.Background()
-	priv := testenv.PrivateRedis(t)
-	setConfig(t, priv, "notify-keyspace-events", "Exeg$")
-	cfg := f.config("1", "2", "3")
-	cfg.TTL, cfg.ReconcileTrustedEvery = 10*time.Minute, 5*time.Minute
-	keys := []string{f.key("1"), f.key("2"), f.key("3")}
-	w, reg, stop := start(t, priv, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true,
-		FlushCheckInterval: 3 * time.Second})
-	testenv.Eventually(t, 10*time.Second, "all three written", func() bool { return priv.Exists(ctx, keys...).Val() == 3 })
-	testenv.Eventually(t, 10*time.Second, "notifications healthy", func() bool {
-		return counter(t, reg, "keepwarm_warmer_notifications_enabled", nil) == 1
-	})
+	w, priv, keys, reg, stop := startFlushDaemon(t, 3*time.Second)
 	// Wait for the canary's write, then, well within the 3 s before the next: an app rewrites key 1, the daemon
 	// learns its expiry, Redis is flushed, and the app rebuilds key 1 at once.
 	var canary string
