@@ -48,6 +48,7 @@ type hotState struct {
 	// flushedSince is, while a flush's re-read of the key is pending (rereadAll), the moment since which Redis is
 	// known emptied (the flush canary's last write); zero otherwise.
 	flushedSince time.Time
+	missedAt     time.Time // when this key's last SLO miss was counted (countMissLocked)
 
 	// Reconciliation (reconcile.go).
 	cidx        int       // position in the check queue, -1 when not queued
