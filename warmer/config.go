@@ -219,12 +219,21 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	if c.RefreshAhead == 0 {
 		c.RefreshAhead, _ = scaleDuration(c.TTL, DefaultRefreshAheadFraction)
 	}
+	// Derived defaults are bounded like set values, once derived: a config that passes Resolve stays valid when
+	// its effective values are written back and resolved again (validate shows them, run uses them).
+	derived := func(field, how string, d time.Duration) {
+		if d > MaxDuration {
+			bad(field, "the default %s = %v is above the limit of %v (one year): set %s, or lower what it derives from",
+				how, d, MaxDuration, field)
+		}
+	}
 	if c.LockTTL == 0 {
 		two, ok := mulDuration(c.StatementTimeout, 2)
 		if !ok {
 			bad("lock_ttl", "the default 2 × statement_timeout (%v) overflows", c.StatementTimeout)
 		}
 		c.LockTTL = max(DefaultMinLockTTL, two)
+		derived("lock_ttl", fmt.Sprintf("2 × statement_timeout (%v)", c.StatementTimeout), c.LockTTL)
 	}
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = c.LockTTL / 2
@@ -233,6 +242,8 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 		st, ok := mulDuration(c.TTL, DefaultStaleTTLFactor)
 		if !ok {
 			bad("stale_ttl", "the default %d × ttl (%v) overflows", DefaultStaleTTLFactor, c.TTL)
+		} else {
+			derived("stale_ttl", fmt.Sprintf("%d × ttl (%v)", DefaultStaleTTLFactor, c.TTL), st)
 		}
 		c.StaleTTL = st
 	}

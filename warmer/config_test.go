@@ -97,6 +97,12 @@ func TestResolveBounds(t *testing.T) {
 		{"stale ttl below ttl", func(c *warmer.KeyspaceConfig) { c.StaleTTL = time.Second }, `keyspace "a": stale_ttl: 1s must be longer than ttl`},
 		{"jitter", func(c *warmer.KeyspaceConfig) { c.Jitter = 2 }, `keyspace "a": jitter: 2 is outside [0,1]`},
 		{"top_n", func(c *warmer.KeyspaceConfig) { c.TopN = warmer.MaxTopN + 1 }, `keyspace "a": top_n: 1000001 is not in [0, 1000000]`},
+		// Issue 22: the derived 10 × ttl was bounded only when set, so validate showed 8790h and run refused it.
+		{"derived stale ttl", func(c *warmer.KeyspaceConfig) { c.TTL = 879 * time.Hour }, `keyspace "a": stale_ttl: the default 10 × ttl (879h0m0s) = 8790h0m0s is above the limit`},
+		{"derived lock ttl", func(c *warmer.KeyspaceConfig) {
+			c.TTL, c.Keys = warmer.MaxDuration, nostale(t)
+			c.StatementTimeout = 4393 * time.Hour
+		}, `keyspace "a": lock_ttl: the default 2 × statement_timeout (4393h0m0s) = 8786h0m0s is above the limit`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,15 +114,34 @@ func TestResolveBounds(t *testing.T) {
 			}
 		})
 	}
-	// The largest allowed values derive without overflow.
-	c := base()
-	c.TTL, c.StatementTimeout = warmer.MaxDuration, warmer.MaxDuration/2 // the statement timeout fits half the TTL
-	c.Jitter = 1
-	got, err := c.Resolve()
+	// The largest allowed values derive without overflow, and what Resolve returns resolves again unchanged: the
+	// effective values validate shows (and run passes to New) are accepted.
+	for _, c := range []warmer.KeyspaceConfig{
+		{Name: "a", Keys: nostale(t), TTL: warmer.MaxDuration, StatementTimeout: warmer.MaxDuration / 4, Jitter: 1},
+		{Name: "a", Keys: stale, TTL: warmer.MaxDuration / warmer.DefaultStaleTTLFactor, Jitter: 1},
+	} {
+		got, err := c.Resolve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (got.StaleTTL != 0 && got.StaleTTL <= got.TTL) || got.LockTTL <= got.StatementTimeout {
+			t.Errorf("derived stale_ttl %v, lock_ttl %v: want them above ttl and statement_timeout", got.StaleTTL, got.LockTTL)
+		}
+		again, err := got.Resolve()
+		if err != nil {
+			t.Fatalf("resolving the resolved config again: %v", err)
+		}
+		if again.StaleTTL != got.StaleTTL || again.LockTTL != got.LockTTL {
+			t.Errorf("resolved twice: stale_ttl %v, lock_ttl %v; once: %v, %v", again.StaleTTL, again.LockTTL, got.StaleTTL, got.LockTTL)
+		}
+	}
+}
+
+func nostale(t *testing.T) *lockstep.Keys {
+	t.Helper()
+	k, err := lockstep.NewKeys("t:${id}", "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.StaleTTL <= got.TTL || got.LockTTL <= got.StatementTimeout {
-		t.Errorf("derived stale_ttl %v, lock_ttl %v: want them above ttl and statement_timeout", got.StaleTTL, got.LockTTL)
-	}
+	return k
 }
