@@ -220,6 +220,10 @@ func (c *Cron) Run(ctx context.Context) error {
 						"scheduled", at)
 					c.m.runs.WithLabelValues(name, "skipped_running").Inc()
 				} else {
+					if gap {
+						c.log.Warn("schedule: a daylight-saving change skipped this run's local time; running it now, right after the gap (dst_gap = \"run\")",
+							"schedule", name, "skipped_local_time", wall.Format("2006-01-02 15:04:05"), "zone", e.spec.loc.String())
+					}
 					c.running[name] = true
 					wg.Add(1)
 					go func() {

@@ -260,6 +260,9 @@ func TestCronDSTSpringForward(t *testing.T) {
 				if got["ok"] != 2 || got["skipped_dst"] != 0 || !claimed {
 					t.Errorf("results %v, 02:30 claimed %v: want 2 ok runs, the first one claiming 2026-03-29 02:30", got, claimed)
 				}
+				if !strings.Contains(logs, "running it now, right after the gap") || !strings.Contains(logs, "skipped_local_time=\"2026-03-29 02:30:00\"") {
+					t.Errorf("no WARN saying the skipped 02:30 run ran after the gap:\n%s", logs)
+				}
 				return
 			}
 			if got["ok"] != 1 || got["skipped_dst"] != 1 || claimed {

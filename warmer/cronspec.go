@@ -54,6 +54,32 @@ func ParseCron(spec string) (*CronSchedule, error) {
 	return cs, nil
 }
 
+// minGapFirings is how many consecutive activations MinInterval looks at.
+const minGapFirings = 512
+
+// MinInterval returns the shortest time between two consecutive activations: the delay of an "@every" spec
+// (robfig/cron rounds it up to 1 s, so "@every 0s" fires every second), else the smallest gap among the first
+// 512 activations after a fixed instant, which covers a spec's densest field ("*/5 * * * * *": 5s;
+// "0,30 0 3 * * *": 30s). Config uses it to refuse schedules that would run a warmup every few seconds.
+func (s *CronSchedule) MinInterval() time.Duration {
+	if d, ok := s.sched.(cron.ConstantDelaySchedule); ok {
+		return d.Delay
+	}
+	shortest := time.Duration(0)
+	t := s.sched.Next(cronReference)
+	for range minGapFirings {
+		next := s.sched.Next(t)
+		if next.IsZero() {
+			break
+		}
+		if g := next.Sub(t); shortest == 0 || g < shortest {
+			shortest = g
+		}
+		t = next
+	}
+	return shortest
+}
+
 func parseCronGuarded(spec string) (s cron.Schedule, err error) {
 	defer func() {
 		if r := recover(); r != nil {

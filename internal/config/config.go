@@ -27,6 +27,11 @@ const (
 
 	DefaultMissing = MissingDelete
 
+	// Floors of the timeouts (issue 22: a config that validate accepted with "1ns" timeouts never became ready).
+	MinRedisTimeout    = time.Millisecond       // [redis] read_timeout, write_timeout
+	MinConnectTimeout  = 100 * time.Millisecond // [redis] dial_timeout, [postgres] connect_timeout
+	MinPoolWaitTimeout = 10 * time.Millisecond  // [postgres] pool_wait_timeout
+
 	// Keyspace defaults and bounds are warmer's (warmer.DefaultJitter, warmer.DefaultTopN, warmer.MaxDuration,
 	// ...): one definition each, on warmer.KeyspaceConfig.
 )
@@ -222,9 +227,13 @@ type Schedule struct {
 	List     string        // the ids of this [[hotkeys]] list
 	Spread   time.Duration // spread the run's writes over this window; 0 means as fast as Rate allows
 	Rate     float64       // ids per second; 0 means unlimited
-	// DSTGap is what happens to a run whose local time a daylight-saving change skips: DSTGapSkip (default:
-	// log it and skip it) or DSTGapRun (run it at the first valid time after the gap, as cronie does).
+	// DSTGap is what happens to a run whose local time a daylight-saving change skips: DSTGapRun (the default:
+	// run it at the first valid time after the gap and log it, as cronie does; robfig/cron alone skips it, see
+	// robfig/cron PR #541) or DSTGapSkip (log it and skip it).
 	DSTGap string
+	// MinInterval (min_interval) is the floor on the time between two runs: a cron that fires more often is
+	// refused ("@every 0s" fires every second). Default DefaultScheduleMinInterval; at least 1s.
+	MinInterval time.Duration
 
 	spec *warmer.CronSchedule
 }
@@ -233,7 +242,12 @@ type Schedule struct {
 const (
 	DSTGapSkip = "skip"
 	DSTGapRun  = "run"
+
+	DefaultDSTGap = DSTGapRun
 )
+
+// DefaultScheduleMinInterval is the default [[schedule]] min_interval.
+const DefaultScheduleMinInterval = time.Minute
 
 // Spec returns the parsed cron schedule, time zone included: parsed once, by warmer.ParseCron, when the config
 // is loaded.

@@ -239,7 +239,7 @@ func TestBadConfigs(t *testing.T) {
 		{"unknown placeholder", cfg(map[string]string{"KEYSPACE": `lock = "lock:${kye}"`}), nil,
 			`keyspace "track": lock: lockstep: invalid template: "lock:${kye}": unknown placeholder ${kye}`},
 		{"cluster without hash tag", cfg(map[string]string{"REDIS": `mode = "cluster"`}), nil,
-			`keyspace "track": cluster mode: key template "track:${id}": no fixed Redis Cluster hash tag`},
+			`keyspace "track": [redis] mode = "cluster": key template "track:${id}": no fixed Redis Cluster hash tag`},
 		{"lock_ttl not above statement timeout", cfg(map[string]string{"KEYSPACE": `lock_ttl = "2s"`}), nil,
 			`keyspace "track": lock_ttl: 2s must be longer than postgres.statement_timeout (5s)`},
 		{"jitter out of range", cfg(map[string]string{"KEYSPACE": `jitter = 1.5`}), nil,

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -64,7 +65,12 @@ func LoadEnv(path string, environ []string) (*Config, error) {
 	return parse(path, abs, b, environ)
 }
 
+// utf8BOM is the byte order mark some editors (Notepad) put at the start of a UTF-8 file. It is not content:
+// parse drops it, as go-toml would otherwise report "invalid character at start of key: ï".
+var utf8BOM = []byte("\xef\xbb\xbf")
+
 func parse(path, abs string, b []byte, environ []string) (*Config, error) {
+	b = bytes.TrimPrefix(b, utf8BOM)
 	k := koanf.New(".")
 	if err := k.Load(rawbytes.Provider(b), toml.Parser()); err != nil {
 		var de *gotoml.DecodeError

@@ -3,6 +3,7 @@ package config
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -38,9 +39,9 @@ func decodeRedis(t *table, dir string, r *Redis) {
 	t.secret("sentinel_password", &r.SentinelPassword)
 	hasDB := t.integer("db", &r.DB)
 	t.integer("pool_size", &r.PoolSize)
-	t.duration("dial_timeout", &r.DialTimeout)
-	t.duration("read_timeout", &r.ReadTimeout)
-	t.duration("write_timeout", &r.WriteTimeout)
+	floor(t, "dial_timeout", &r.DialTimeout, MinConnectTimeout, "a TCP (and TLS) handshake cannot finish sooner, and every connection attempt would fail")
+	floor(t, "read_timeout", &r.ReadTimeout, MinRedisTimeout, "even a loopback round trip can take that long, and every command would fail")
+	floor(t, "write_timeout", &r.WriteTimeout, MinRedisTimeout, "even a loopback round trip can take that long, and every command would fail")
 	r.Notifications = DefaultNotifications
 	t.str("notifications", &r.Notifications)
 	tt := t.sub("tls")
@@ -183,6 +184,9 @@ func checkRedisURL(mode, raw string) (tls bool, db int, err error) {
 		if err != nil {
 			return false, 0, scrub(err)
 		}
+		if o.DB < 0 {
+			return false, 0, fmt.Errorf("the database number in its path is %d: want 0 or more (redis://host:port/0)", o.DB)
+		}
 		return o.TLSConfig != nil, o.DB, nil
 	}
 }
@@ -202,9 +206,10 @@ func decodePostgres(t *table, p *Postgres) {
 	hasDSN := t.str("dsn", &p.DSN)
 	t.integer("max_conns", &maxConns)
 	t.duration("statement_timeout", &p.StatementTimeout)
-	t.duration("connect_timeout", &p.ConnectTimeout)
+	floor(t, "connect_timeout", &p.ConnectTimeout, MinConnectTimeout, "a TCP, TLS and authentication handshake cannot finish sooner, and every connection attempt would fail")
 	p.PoolWaitTimeout = pgsource.DefaultPoolWaitTimeout
-	if t.duration("pool_wait_timeout", &p.PoolWaitTimeout) && p.PoolWaitTimeout > pgsource.MaxPoolWaitTimeout {
+	if floor(t, "pool_wait_timeout", &p.PoolWaitTimeout, MinPoolWaitTimeout, "a busy pool hands a connection over in about that long, and nearly every fetch would fail as pool exhausted") &&
+		p.PoolWaitTimeout > pgsource.MaxPoolWaitTimeout {
 		t.problem("pool_wait_timeout", "%s is more than %s: a pool that busy needs more max_conns, not a longer wait",
 			p.PoolWaitTimeout, pgsource.MaxPoolWaitTimeout)
 	}
@@ -227,6 +232,19 @@ func decodePostgres(t *table, p *Postgres) {
 	}
 }
 
+// floor reads the duration key into dst, like table.duration, and reports a value below min, saying why with
+// the reason given. It returns whether the key was set and valid.
+func floor(t *table, key string, dst *time.Duration, min time.Duration, why string) bool {
+	if !t.duration(key, dst) {
+		return false
+	}
+	if *dst < min {
+		t.problem(key, "%v is below the floor of %v: %s", *dst, min, why)
+		return false
+	}
+	return true
+}
+
 func decodeDaemon(t *table, d *Daemon) {
 	d.Listen, d.LogFormat = DefaultListen, DefaultLogFormat
 	level := DefaultLogLevel
@@ -239,10 +257,12 @@ func decodeDaemon(t *table, d *Daemon) {
 	}
 	// Port 0 asks the kernel for a free port (tests, several daemons on one host); the bound address is logged.
 	// An empty host (":9471") listens on every interface.
-	if _, port, err := net.SplitHostPort(d.Listen); err != nil {
+	if host, port, err := net.SplitHostPort(d.Listen); err != nil {
 		t.problem("listen", "%q is not host:port", d.Listen)
 	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 		t.problem("listen", "%q: port %q is not a number in [0, 65535]", d.Listen, port)
+	} else if err := listenHost(host); err != nil {
+		t.problem("listen", "%q: %v", d.Listen, err)
 	}
 	switch strings.ToLower(level) {
 	case "debug":
@@ -259,6 +279,29 @@ func decodeDaemon(t *table, d *Daemon) {
 	if !oneOf(d.LogFormat, "json", "text") {
 		t.problem("log_format", "%q is not a format: want json or text", d.LogFormat)
 	}
+}
+
+// listenTimeout bounds the name lookup of a listen host that is not an IP address.
+const listenTimeout = 2 * time.Second
+
+// listenHost checks that the daemon can bind to host: empty (every interface), an IP address, or a name that
+// resolves. A name of digits and dots only is a mistyped IPv4 address ("256.0.0.1"), not looked up.
+func listenHost(host string) error {
+	if host == "" || net.ParseIP(host) != nil {
+		return nil
+	}
+	if strings.Trim(host, "0123456789.") == "" {
+		return fmt.Errorf("host %q is not an IPv4 address", host)
+	}
+	if strings.Contains(host, ":") {
+		return fmt.Errorf("host %q is not an IPv6 address", host)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), listenTimeout)
+	defer cancel()
+	if _, err := net.DefaultResolver.LookupHost(ctx, host); err != nil {
+		return fmt.Errorf("host %q does not resolve: use an IP address such as 127.0.0.1, or a name in /etc/hosts", host)
+	}
+	return nil
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
@@ -355,7 +398,11 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 			ks.Lock, ks.Meta = keys.Lock.String(), keys.Meta.String()
 			if c.Redis.Mode == ModeCluster {
 				if err := keys.CheckCluster(); err != nil {
-					t.problem("", "cluster mode: %v", err)
+					mode := "[redis] mode = \"cluster\""
+					if env, ok := t.d.fromEnv["redis.mode"]; ok {
+						mode = env + "=cluster"
+					}
+					t.problem("", "%s: %v", mode, err)
 				}
 			}
 		}
@@ -586,8 +633,11 @@ func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {
 	hasList := t.str("list", &s.List)
 	t.duration("spread", &s.Spread)
 	t.float("rate", &s.Rate)
-	s.DSTGap = DSTGapSkip
+	s.DSTGap = DefaultDSTGap
 	t.str("dst_gap", &s.DSTGap)
+	s.MinInterval = DefaultScheduleMinInterval
+	hasMin := floor(t, "min_interval", &s.MinInterval, time.Second,
+		"robfig/cron fires at most once a second, and a warmup that often is a load test, not a warmup")
 	t.done()
 	if !oneOf(s.DSTGap, DSTGapSkip, DSTGapRun) {
 		t.problem("dst_gap", "%q is not a choice: want %q (log and skip a run whose local time a daylight-saving change skips) or %q (run it right after the gap)",
@@ -612,8 +662,17 @@ func decodeSchedule(t *table, c *Config, names map[string]bool) *Schedule {
 		spec, err := warmer.ParseCron(s.CronSpec())
 		if err != nil {
 			t.problem("cron", "%v", err)
+			break
 		}
 		s.spec = spec
+		if gap := spec.MinInterval(); gap > 0 && gap < s.MinInterval {
+			how := "lower min_interval"
+			if hasMin {
+				how = "min_interval is " + s.MinInterval.String()
+			}
+			t.problem("cron", "%q fires every %v, more often than the floor of %v: each run reads every id from the origin and writes every key (%s to allow it)",
+				s.Cron, gap, s.MinInterval, how)
+		}
 	}
 
 	ks := keyspaceRef(t, c, hasKS, s.Keyspace)

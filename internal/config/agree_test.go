@@ -1,0 +1,110 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/keepwarm/keepwarm/internal/config"
+)
+
+// The configs of issue 22 that `validate` accepted and `run` then failed on (exited, never became ready, or ran
+// a warmup every second), and the rejections that did not name their field. Each is now refused by Load, the
+// function both commands call, with a message that names the field (and the environment variable that set it).
+func TestLoadRefusesWhatRunCannotStartOn(t *testing.T) {
+	sched := func(cron, extra string) string {
+		return cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"" + cron + "\"\nkeyspace = \"track\"\nids = [\"1\"]\n" + extra})
+	}
+	tests := []struct {
+		name string
+		text string
+		env  []string
+		want string
+	}{
+		{"derived stale_ttl above the limit",
+			strings.Replace(cfg(map[string]string{"KEYSPACE": `stale = "s:${id}"`}), `ttl = "30s"`, `ttl = "879h"`, 1), nil,
+			`keyspace "track": stale_ttl: the default 10 × ttl (879h0m0s) = 8790h0m0s is above the limit`},
+		{"redis read_timeout 1ns", cfg(map[string]string{"REDIS": `read_timeout = "1ns"`}), nil,
+			`redis: read_timeout: 1ns is below the floor of 1ms`},
+		{"redis write_timeout 1ns", cfg(map[string]string{"REDIS": `write_timeout = "1ns"`}), nil,
+			`redis: write_timeout: 1ns is below the floor of 1ms`},
+		{"redis dial_timeout 1ns", cfg(map[string]string{"REDIS": `dial_timeout = "1ns"`}), nil,
+			`redis: dial_timeout: 1ns is below the floor of 100ms`},
+		{"postgres connect_timeout 1ms", cfg(map[string]string{"POSTGRES": `connect_timeout = "1ms"`}), nil,
+			`postgres: connect_timeout: 1ms is below the floor of 100ms`},
+		{"postgres pool_wait_timeout 1ns", cfg(map[string]string{"POSTGRES": `pool_wait_timeout = "1ns"`}), nil,
+			`postgres: pool_wait_timeout: 1ns is below the floor of 10ms`},
+		{"read_timeout from the environment", cfg(nil), []string{"KEEPWARM_REDIS_READ_TIMEOUT=1ns"},
+			`redis: read_timeout (from KEEPWARM_REDIS_READ_TIMEOUT): 1ns is below the floor of 1ms`},
+		{"connect_timeout from the environment", cfg(nil), []string{"KEEPWARM_POSTGRES_CONNECT_TIMEOUT=1ms"},
+			`postgres: connect_timeout (from KEEPWARM_POSTGRES_CONNECT_TIMEOUT): 1ms is below the floor of 100ms`},
+		{"listen on a host that is no address", cfg(map[string]string{"DAEMON": `listen = "256.0.0.1:9471"`}), nil,
+			`daemon: listen: "256.0.0.1:9471": host "256.0.0.1" is not an IPv4 address`},
+		{"listen on a name that does not resolve", cfg(map[string]string{"DAEMON": `listen = "no-such-host.invalid:9471"`}), nil,
+			`daemon: listen: "no-such-host.invalid:9471": host "no-such-host.invalid" does not resolve`},
+		{"@every 0s", sched("@every 0s", ""), nil,
+			`schedule "s": cron: "@every 0s" fires every 1s, more often than the floor of 1m0s`},
+		{"@every -1s", sched("@every -1s", ""), nil, `schedule "s": cron: "@every -1s" fires every 1s`},
+		{"@every 1ns", sched("@every 1ns", ""), nil, `schedule "s": cron: "@every 1ns" fires every 1s`},
+		{"every second as a spec", sched("* * * * * *", ""), nil, `schedule "s": cron: "* * * * * *" fires every 1s`},
+		{"twice a minute", sched("0,30 0 3 * * *", ""), nil, `schedule "s": cron: "0,30 0 3 * * *" fires every 30s`},
+		{"below a lowered floor", sched("@every 5s", `min_interval = "10s"`), nil,
+			`schedule "s": cron: "@every 5s" fires every 5s, more often than the floor of 10s`},
+		{"a floor below a second", sched("@every 5s", `min_interval = "500ms"`), nil,
+			`schedule "s": min_interval: 500ms is below the floor of 1s`},
+		{"redis url with a negative database", strings.Replace(cfg(nil), "redis://127.0.0.1:16379/0", "redis://127.0.0.1:16379/-1", 1), nil,
+			`redis: url: the database number in its path is -1`},
+		{"cluster mode from the environment", cfg(nil), []string{"KEEPWARM_REDIS_MODE=cluster"},
+			`keyspace "track": KEEPWARM_REDIS_MODE=cluster: key template "track:${id}": no fixed Redis Cluster hash tag`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := load(t, tt.text, nil, tt.env...)
+			if err == nil {
+				t.Fatalf("LoadEnv accepted it (%d schedules), want an error containing %q", len(c.Schedules), tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("LoadEnv: got\n\t%v\nwant an error containing\n\t%s", err, tt.want)
+			}
+		})
+	}
+}
+
+// The floors leave room for every sensible setting, and a lowered schedule floor allows what it says.
+func TestFloorsAcceptSensibleSettings(t *testing.T) {
+	c := mustLoad(t, cfg(map[string]string{
+		"REDIS":    "read_timeout = \"1ms\"\nwrite_timeout = \"1ms\"\ndial_timeout = \"100ms\"",
+		"POSTGRES": "connect_timeout = \"100ms\"\npool_wait_timeout = \"10ms\"",
+		"DAEMON":   `listen = "localhost:0"`,
+		"REST":     "[[schedule]]\nname = \"s\"\ncron = \"@every 10s\"\nmin_interval = \"10s\"\nkeyspace = \"track\"\nids = [\"1\"]\n",
+	}), nil)
+	if c.Redis.ReadTimeout != time.Millisecond || c.Postgres.PoolWaitTimeout != 10*time.Millisecond {
+		t.Errorf("read_timeout %v, pool_wait_timeout %v: want 1ms and 10ms", c.Redis.ReadTimeout, c.Postgres.PoolWaitTimeout)
+	}
+	if got := c.Schedules[0].Spec().MinInterval(); got != 10*time.Second {
+		t.Errorf("MinInterval: got %v, want 10s", got)
+	}
+	if d := mustLoad(t, cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"0 3 * * *\"\nkeyspace = \"track\"\nids = [\"1\"]\n"}), nil); d.Schedules[0].Spec().MinInterval() != 24*time.Hour {
+		t.Errorf("daily: MinInterval %v, want 24h", d.Schedules[0].Spec().MinInterval())
+	}
+}
+
+// A run whose local time a spring-forward skips runs right after the gap unless dst_gap = "skip" (issue 22: a
+// pre-promotion warmup at 02:00 America/Los_Angeles silently did not happen on that day).
+func TestDSTGapDefaultsToRun(t *testing.T) {
+	text := cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"CRON_TZ=America/Los_Angeles 0 2 * * *\"\nkeyspace = \"track\"\nids = [\"1\"]\n"})
+	if c := mustLoad(t, text, nil); c.Schedules[0].DSTGap != config.DSTGapRun {
+		t.Errorf("dst_gap: got %q, want %q by default", c.Schedules[0].DSTGap, config.DSTGapRun)
+	}
+	if c := mustLoad(t, text+"dst_gap = \"skip\"\n", nil); c.Schedules[0].DSTGap != config.DSTGapSkip {
+		t.Errorf("dst_gap: got %q, want %q as set", c.Schedules[0].DSTGap, config.DSTGapSkip)
+	}
+}
+
+// A UTF-8 byte order mark (Notepad writes one) is not content: the file loads as without it.
+func TestByteOrderMark(t *testing.T) {
+	c := mustLoad(t, "\xef\xbb\xbf"+cfg(nil), nil)
+	if len(c.Keyspaces) != 1 || c.Keyspaces[0].Name != "track" {
+		t.Errorf("keyspaces: got %d, want the one named track", len(c.Keyspaces))
+	}
+}
