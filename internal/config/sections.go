@@ -287,7 +287,8 @@ const listenTimeout = 2 * time.Second
 // listenHost checks that the daemon can bind to host: empty (every interface), an IP address, or a name that
 // resolves. A name of digits and dots only is a mistyped IPv4 address ("256.0.0.1"), not looked up.
 func listenHost(host string) error {
-	if host == "" || net.ParseIP(host) != nil {
+	ip, _, _ := strings.Cut(host, "%") // an IPv6 zone: "fe80::1%eth0"
+	if host == "" || net.ParseIP(ip) != nil {
 		return nil
 	}
 	if strings.Trim(host, "0123456789.") == "" {

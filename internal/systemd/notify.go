@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -36,19 +37,23 @@ func notify(state, status string) (bool, error) {
 // scheduler passes at least every poll interval (about 2 s), so WatchdogSec should be 10 s or more.
 //
 // It returns nil at once when the watchdog is not enabled (no $WATCHDOG_USEC, or $WATCHDOG_PID names another
-// process), nil when ctx ends, and an error only for a malformed $WATCHDOG_USEC. The scheduler has interval/2
-// from the call to make its first pass. Socket errors are logged, not
-// returned: a missed ping is systemd's to judge. log defaults to slog.Default().
+// process), and nil when ctx ends. A $WATCHDOG_USEC that is not a positive number, or a $WATCHDOG_PID that is
+// not a number, disables the watchdog with one WARN line: the service keeps running without pings rather than
+// stopping on a bad environment (issue 22: WATCHDOG_USEC=0 made the daemon exit 1 right after READY=1). The
+// scheduler has interval/2 from the call to make its first pass. Socket errors are logged, not returned: a
+// missed ping is systemd's to judge. log defaults to slog.Default().
 func Watchdog(ctx context.Context, progress func() time.Time, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
 	interval, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
-		return fmt.Errorf("systemd: watchdog: %w", err)
+		log.Warn("systemd watchdog disabled: invalid WATCHDOG_USEC or WATCHDOG_PID in the environment (set WatchdogSec= in the unit instead of these variables)",
+			"error", err, "WATCHDOG_USEC", os.Getenv("WATCHDOG_USEC"), "WATCHDOG_PID", os.Getenv("WATCHDOG_PID"))
+		return nil
 	}
 	if interval <= 0 {
 		return nil
-	}
-	if log == nil {
-		log = slog.Default()
 	}
 	period := interval / 2
 	log.Info("systemd watchdog enabled", "watchdog_sec", interval, "ping_every", period)

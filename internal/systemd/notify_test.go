@@ -1,9 +1,12 @@
 package systemd_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,24 +133,33 @@ func TestWatchdogDisabled(t *testing.T) {
 	listen(t)
 	for _, tc := range []struct {
 		name, usec, pid string
-		wantErr         bool
+		warns           bool // one WARN saying the watchdog is disabled
 	}{
 		{"no WATCHDOG_USEC", "", "", false},
 		{"another process's watchdog", "400000", strconv.Itoa(os.Getpid() + 1), false},
+		// Issue 22: these made the daemon exit 1 right after READY=1.
 		{"malformed WATCHDOG_USEC", "soon", "", true},
+		{"WATCHDOG_USEC=0", "0", "", true},
+		{"negative WATCHDOG_USEC", "-5", "", true},
+		{"malformed WATCHDOG_PID", "400000", "me", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("WATCHDOG_USEC", tc.usec)
 			t.Setenv("WATCHDOG_PID", tc.pid)
+			var logs bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&logs, nil))
 			errc := make(chan error, 1)
-			go func() { errc <- systemd.Watchdog(context.Background(), time.Now, nil) }()
+			go func() { errc <- systemd.Watchdog(context.Background(), time.Now, log) }()
 			select {
 			case err := <-errc:
-				if (err != nil) != tc.wantErr {
-					t.Errorf("Watchdog: err = %v, want error %v", err, tc.wantErr)
+				if err != nil {
+					t.Errorf("Watchdog: err = %v, want nil: a bad environment disables the watchdog, it does not stop the service", err)
 				}
 			case <-time.After(time.Second):
 				t.Fatal("Watchdog did not return at once with the watchdog off")
+			}
+			if got := strings.Count(logs.String(), "systemd watchdog disabled"); got != map[bool]int{true: 1}[tc.warns] {
+				t.Errorf("%d warnings that the watchdog is disabled, want %d:\n%s", got, map[bool]int{true: 1}[tc.warns], logs.String())
 			}
 		})
 	}
