@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -108,5 +110,60 @@ func TestMigrateChanges(t *testing.T) {
 	}
 	if tables != 2 || ident != "f" {
 		t.Errorf("after migrate up: %d published tables, track replica identity %q; want 2 and f", tables, ident)
+	}
+}
+
+// TestValidateCheckDBChecksTheChangeStream: validate --check-db refuses what the change stream would stop on or
+// report at run (issue 22: a publication that did not exist, with create_publication = false, passed
+// --check-db, and run exited 1): the missing publication, a publication lacking a feeding table, and a slot of
+// another plugin, each named.
+func TestValidateCheckDBChecksTheChangeStream(t *testing.T) {
+	dsn := chinookDSN(t)
+	t.Setenv("KEEPWARM_POSTGRES_DSN", dsn)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	name := streamName(t, pool, "kwcheck")
+	text, err := os.ReadFile(demoConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hotkeys, err := filepath.Abs("../../examples/hotkeys/black-friday.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgWith := func(slot, publication string) string {
+		s := strings.Replace(string(text), `create_publication = true `, `create_publication = false`, 1)
+		s = strings.Replace(s, `slot = "keepwarm" `, `slot = "`+slot+`"`, 1)
+		s = strings.Replace(s, `publication = "keepwarm" `, `publication = "`+publication+`"`, 1)
+		p := filepath.Join(t.TempDir(), "config.toml")
+		if err := os.WriteFile(p, []byte(strings.Replace(s, `file = "examples/hotkeys/black-friday.txt"`,
+			`file = "`+hotkeys+`"`, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// No publication of that name; a slot of that name made by another plugin.
+	if _, err := pool.Exec(context.Background(), "select pg_create_logical_replication_slot($1, 'test_decoding')", name); err != nil {
+		t.Fatalf("create a test_decoding slot: %v", err)
+	}
+	_, stderr, code := keepwarm(t, "validate", "--config", cfgWith(name, name), "--check-db")
+	for _, want := range []string{
+		`changes: postgres: publication "` + name + `" does not exist and [changes] create_publication is false`,
+		`postgres: slot "` + name + `" uses plugin "test_decoding", not pgoutput`,
+	} {
+		if code != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("validate --check-db: exit %d, want 1 and stderr containing %q; stderr:\n%s", code, want, stderr)
+		}
+	}
+	// A publication that lacks a feeding table.
+	if _, err := pool.Exec(context.Background(), "create publication "+name+" for table public.track"); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code = keepwarm(t, "validate", "--config", cfgWith(name+"_slot", name), "--check-db")
+	if want := `publication "` + name + `" lacks feeding tables`; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("validate --check-db: exit %d, want 1 and stderr containing %q; stderr:\n%s", code, want, stderr)
 	}
 }

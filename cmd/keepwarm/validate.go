@@ -164,6 +164,17 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 			cfg.Notes = append(cfg.Notes, "changes: "+w.String())
 		}
 	}
+	// What the change stream needs (wal_level, the publication and its tables, the slot's plugin), as run's
+	// stream would find it.
+	if cfg.Streamed() {
+		sctx, cancel := context.WithTimeout(ctx, connectTimeout)
+		err := postgres.CheckStream(sctx, postgres.StreamConfig{DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot,
+			Publication: cfg.Changes.Publication, Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication})
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("changes: %w", err))
+		}
+	}
 	for _, ks := range cfg.Keyspaces {
 		src, err := postgres.New(pool, postgres.Config{Keyspace: ks.Name, Query: ks.Query, IDsQuery: ks.IDsQuery})
 		if err == nil {

@@ -656,6 +656,53 @@ func ensureViaRoot(ctx context.Context, conn *pgconn.PgConn, pub string, log *sl
 	return nil
 }
 
+func slotPluginError(slot, plugin string) error {
+	return fmt.Errorf("postgres: slot %q uses plugin %q, not pgoutput: it is not keepwarm's; choose another [changes] slot", slot, plugin)
+}
+
+// CheckStream checks, over one ordinary connection to cfg.DSN and without changing anything, what Run would
+// refuse or report for cfg: wal_level not logical; the publication missing, or lacking feeding tables, when
+// CreatePublication is off (Run stops, or streams without those tables and reports them); and a slot of that
+// name with another plugin than pgoutput. `keepwarm validate --check-db` runs it. The error joins one error
+// per problem, each naming the setting to change; a connection failure is returned alone.
+func CheckStream(ctx context.Context, cfg StreamConfig) error {
+	conn, err := pgconn.Connect(ctx, cfg.DSN)
+	if err != nil {
+		return fmt.Errorf("postgres: change stream: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var errs []error
+	var fe *fatalError
+	if err := (&Stream{cfg: cfg}).checkServer(ctx, conn); errors.As(err, &fe) {
+		errs = append(errs, fe.err)
+	} else if err != nil {
+		return err
+	}
+	if !cfg.CreatePublication {
+		missing, exists, err := publicationMissing(ctx, conn, cfg.Publication, cfg.Tables)
+		switch {
+		case err != nil:
+			return err
+		case !exists:
+			errs = append(errs, fmt.Errorf("postgres: publication %q does not exist and [changes] create_publication is false: run `keepwarm migrate up` or %s",
+				cfg.Publication, PublicationSQL(cfg.Publication, cfg.Tables)))
+		case len(missing) > 0:
+			errs = append(errs, fmt.Errorf("postgres: publication %q lacks feeding tables %s and [changes] create_publication is false: their changes would not arrive (keepwarm migrate up, or ALTER PUBLICATION %s ADD TABLE %s)",
+				cfg.Publication, strings.Join(missing, ", "), cfg.Publication, strings.Join(missing, ", ")))
+		}
+	}
+	res, err := conn.Exec(ctx, "select plugin from pg_replication_slots where slot_name = "+quoteLiteral(cfg.Slot)).ReadAll()
+	if err != nil {
+		return fmt.Errorf("postgres: read slot: %w", err)
+	}
+	if len(res) > 0 && len(res[0].Rows) > 0 {
+		if plugin := string(res[0].Rows[0][0]); plugin != "pgoutput" {
+			errs = append(errs, slotPluginError(cfg.Slot, plugin))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // EnsurePublication creates publication for tables ("schema.table") on the database of dsn, or adds the tables
 // it lacks. `keepwarm migrate up` runs it. It needs a role that owns the tables (or a superuser).
 func EnsurePublication(ctx context.Context, dsn, publication string, tables []string) error {
@@ -712,7 +759,7 @@ func (s *Stream) ensureSlot(ctx context.Context, conn *pgconn.PgConn) error {
 		row := res[0].Rows[0]
 		walStatus, pid, plugin := string(row[0]), string(row[1]), string(row[2])
 		if plugin != "pgoutput" {
-			return &fatalError{fmt.Errorf("postgres: slot %q uses plugin %q, not pgoutput: it is not keepwarm's; choose another [changes] slot", s.cfg.Slot, plugin)}
+			return &fatalError{slotPluginError(s.cfg.Slot, plugin)}
 		}
 		if walStatus == "lost" {
 			s.log.Error("replication slot invalidated (max_slot_wal_keep_size): recreating it and refreshing every hot key once", "wal_status", walStatus)
