@@ -4,9 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/statuspage"
 	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/sources/postgres"
@@ -28,23 +33,32 @@ type changeStream struct {
 	changes *warmer.Changes
 }
 
-// newChangeStream checks the feeds against the catalog and builds the parts; nil when [changes] is off.
-func (d *daemon) newChangeStream(ctx context.Context) (*changeStream, error) {
-	cfg := d.cfg
-	if !cfg.Streamed() {
-		return nil, nil
+// checkFeeds checks the fed_by tables and columns against the catalog and logs replica identity gaps; a no-op
+// when [changes] is off.
+func (d *daemon) checkFeeds(ctx context.Context) error {
+	if !d.cfg.Streamed() {
+		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	warnings, err := postgres.CheckFeeds(cctx, d.pool, wire.FeedColumns(cfg))
+	warnings, err := postgres.CheckFeeds(cctx, d.pool, wire.FeedColumns(d.cfg))
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("changes: %w", err)
+		return fmt.Errorf("changes: %w", err)
 	}
 	for _, w := range warnings {
 		d.log.Warn("changes: " + w.String())
 	}
-	changes, err := warmer.NewChanges(d.w, warmer.ChangesConfig{Keyspaces: cfg.ChangeKeyspaces(),
-		ReplayTimeout: cfg.Changes.ReplayTimeout, Registerer: d.reg, Logger: d.log.With("component", "changes")})
+	return nil
+}
+
+// newChangeStream builds the change stream's parts for cfg, without I/O; nil when [changes] is off.
+func newChangeStream(cfg *config.Config, w *warmer.Warmer, rdb redis.UniversalClient, reg prometheus.Registerer,
+	log *slog.Logger) (*changeStream, error) {
+	if !cfg.Streamed() {
+		return nil, nil
+	}
+	changes, err := warmer.NewChanges(w, warmer.ChangesConfig{Keyspaces: cfg.ChangeKeyspaces(),
+		ReplayTimeout: cfg.Changes.ReplayTimeout, Registerer: reg, Logger: log.With("component", "changes")})
 	if err != nil {
 		return nil, err
 	}
@@ -53,14 +67,14 @@ func (d *daemon) newChangeStream(ctx context.Context) (*changeStream, error) {
 		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
 		StatusInterval: cfg.Changes.StatusInterval, Columns: cfg.FeedColumns(), MaxTxnChanges: cfg.Changes.MaxTxnChanges,
 		Resync: changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
-		Owed:   warmer.NewOwedResyncs(d.rdb, wire.LeaseKey(cfg.Changes.Slot)+":resync"),
-		Logger: d.log.With("component", "stream"), Registerer: d.reg,
+		Owed:   warmer.NewOwedResyncs(rdb, wire.LeaseKey(cfg.Changes.Slot)+":resync"),
+		Logger: log.With("component", "stream"), Registerer: reg,
 	})
 	if err != nil {
 		return nil, err
 	}
-	lease, err := warmer.NewStreamLease(d.rdb, wire.LeaseKey(cfg.Changes.Slot), cfg.Changes.LeaseTTL,
-		d.log.With("component", "stream"), d.reg)
+	lease, err := warmer.NewStreamLease(rdb, wire.LeaseKey(cfg.Changes.Slot), cfg.Changes.LeaseTTL,
+		log.With("component", "stream"), reg)
 	if err != nil {
 		return nil, err
 	}

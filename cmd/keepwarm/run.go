@@ -364,38 +364,21 @@ func (d *daemon) run(ctx context.Context) error {
 	if err := countRedisCommands(d.rdb, d.reg); err != nil {
 		return err
 	}
-	srcs, err := wire.Sources(d.pool, d.cfg, postgres.WithRegisterer(d.reg))
-	if err != nil {
-		return err
-	}
-	// Each keyspace's query is checked by the warmer before its first refresh (postgres.Source is a
-	// warmer.Checker): a keyspace whose check fails (a table renamed by a migration) is retried with back-off and
-	// named by /readyz and the status page, while the others run. Exiting here would crash-loop under systemd.
-	d.w, err = warmer.New(d.rdb, warmer.Config{
-		Keyspaces: wire.Keyspaces(d.cfg, srcs), Logger: d.log, Registerer: d.reg,
-		Notifications:   d.cfg.Redis.Notifications != config.NotificationsOff,
-		AutoNotifyFlags: d.cfg.Redis.Notifications == config.NotificationsAuto,
-		DB:              d.cfg.Redis.DB, Fleet: wire.Fleet(d.cfg),
-	})
-	if err != nil {
+	if err := d.checkFeeds(gctx); err != nil {
 		return err
 	}
 	rec := runs.New(d.pool, "")
+	p, err := assemble(d.cfg, d.rdb, d.pool, rec, d.reg, d.log)
+	if err != nil {
+		return err
+	}
+	d.w, d.cron, d.changes = p.w, p.cron, p.changes
 	if n, err := rec.SweepStale(ctx); err == nil && n > 0 {
 		d.log.Warn("warmup runs left running by processes that stopped without finishing them are now marked interrupted",
 			"runs", n)
 	}
-	if d.cron, err = warmer.NewCron(d.w, rec, d.reg, d.log); err != nil {
-		return err
-	}
-	if err := d.cron.Update(wire.Schedules(d.cfg, srcs)); err != nil {
-		return err
-	}
 	if d.watch, err = reload.New(d.log, watchedFiles(d.cfg)); err != nil {
 		return fmt.Errorf("watch config: %w", err)
-	}
-	if d.changes, err = d.newChangeStream(gctx); err != nil {
-		return err
 	}
 	keyspaces := len(d.cfg.Keyspaces) // read before the watcher starts: a reload replaces d.cfg
 	d.readyAt = time.Now()
@@ -423,6 +406,49 @@ func (d *daemon) run(ctx context.Context) error {
 	err = g.Wait()
 	d.log.Info("keepwarm stopped")
 	return err
+}
+
+// parts are what assemble builds from a config.
+type parts struct {
+	w       *warmer.Warmer
+	cron    *warmer.Cron
+	changes *changeStream // nil when [changes] is off
+}
+
+// assemble builds the daemon's parts from cfg with every constructor `run` calls, in order, and no I/O: the
+// sources over pool, the warmer over rdb, the cron with its schedules (runs recorded by rec), and the change
+// stream. A config that config.Load accepts must assemble: FuzzConfig checks that property, with a client and a
+// pool that never connect.
+//
+// Each keyspace's query is checked by the warmer before its first refresh (postgres.Source is a warmer.Checker):
+// a keyspace whose check fails (a table renamed by a migration) is retried with back-off and named by /readyz
+// and the status page, while the others run. Failing here would crash-loop under systemd.
+func assemble(cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool, rec warmer.RunRecorder,
+	reg prometheus.Registerer, log *slog.Logger) (*parts, error) {
+	srcs, err := wire.Sources(pool, cfg, postgres.WithRegisterer(reg))
+	if err != nil {
+		return nil, err
+	}
+	p := &parts{}
+	p.w, err = warmer.New(rdb, warmer.Config{
+		Keyspaces: wire.Keyspaces(cfg, srcs), Logger: log, Registerer: reg,
+		Notifications:   cfg.Redis.Notifications != config.NotificationsOff,
+		AutoNotifyFlags: cfg.Redis.Notifications == config.NotificationsAuto,
+		DB:              cfg.Redis.DB, Fleet: wire.Fleet(cfg),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if p.cron, err = warmer.NewCron(p.w, rec, reg, log); err != nil {
+		return nil, err
+	}
+	if err := p.cron.Update(wire.Schedules(cfg, srcs)); err != nil {
+		return nil, err
+	}
+	if p.changes, err = newChangeStream(cfg, p.w, rdb, reg, log); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // watchedFiles are the config file and every hot-key list file it names.
