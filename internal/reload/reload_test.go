@@ -96,7 +96,11 @@ func (h *harness) nextBy(deadline time.Time, what string) call {
 	case c := <-h.calls:
 		return c
 	case <-time.After(time.Until(deadline)):
-		h.t.Fatalf("%s: no reload by %s; watcher log:\n%s", what, deadline.Format("15:04:05.000"), h.logs.String())
+		log := h.logs.String()
+		if len(log) > 4000 {
+			log = fmt.Sprintf("(%d bytes before)\n…%s", len(log)-4000, log[len(log)-4000:])
+		}
+		h.t.Fatalf("%s: no reload by %s; watcher log:\n%s", what, deadline.Format("15:04:05.000"), log)
 		return call{}
 	}
 }
