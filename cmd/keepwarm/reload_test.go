@@ -194,8 +194,12 @@ query = 'select id, body from %s where id = any($1)'
 	if got := reloaded(log)[0]; !strings.Contains(got, "keyspaces=2") {
 		t.Fatalf("applied %q, want the completed file (2 keyspaces); the cut file was applied", got)
 	}
-	if n := len(logLines(log, "waiting for it to settle", "keyspaces=[items2]")); n != 1 {
-		t.Errorf("the cut file was held back %d times, want 1 (it was tried once, before the writer completed it)", n)
+	switch n := len(logLines(log, "waiting for it to settle", "keyspaces=[items2]")); n {
+	case 1: // tried once, 1 s into the writer's 1.5 s pause, and held back
+	case 0: // the check came late, after the writer had completed the file: a very busy machine
+		t.Logf("the cut file was never tried (the first check came after the writer completed it): not exercised")
+	default:
+		t.Errorf("the cut file was held back %d times, want 1", n)
 	}
 	if got := logLines(log, "config reload removed"); len(got) != 0 {
 		t.Fatalf("a keyspace was removed: %q", got)
