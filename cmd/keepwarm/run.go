@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -464,8 +465,12 @@ func watchedFiles(cfg *config.Config) []string {
 
 // reload re-reads the config. An invalid file is logged (every problem) and counted, and the daemon keeps its
 // last good config; for a file change seen for the first time (final false) the error is only returned, since
-// the writer may not be done: the watcher calls again, final, if the file stays the same. Settings that need a
-// restart (connections, listen address) are reported, not applied.
+// the writer may not be done: the watcher calls again, final, if the file stays the same. A valid file that
+// removes a keyspace, a schedule or a hot-key list (by name, against the running config) is what a file cut short
+// looks like: on a first try it returns reload.ErrSettle, so the watcher applies it only once it has stayed the
+// same for the settle period (reload.DefaultSettle); a final call (SIGHUP, or the settled file) applies it at
+// once. Either way an applied removal is logged with the names removed. Settings that need a restart
+// (connections, listen address) are reported, not applied.
 func (d *daemon) reload(reason string, final bool) error {
 	cfg, err := config.Load(d.path)
 	if err != nil {
@@ -483,6 +488,12 @@ func (d *daemon) reload(reason string, final bool) error {
 		}
 		d.log.Error("config reload failed; keeping the running config", "reason", reason, "error", err)
 		return err
+	}
+	gone := removedBy(d.cfg, cfg)
+	if !gone.empty() && !final {
+		d.log.Info("config on disk removes keyspaces, schedules or hot-key lists; waiting for it to settle before applying",
+			append([]any{"reason", reason}, gone.attrs()...)...)
+		return reload.ErrSettle
 	}
 	for _, n := range cfg.Notes {
 		d.log.Warn("config: " + n)
@@ -513,5 +524,53 @@ func (d *daemon) reload(reason string, final bool) error {
 	d.skipped.report(cfg)
 	d.reloads.WithLabelValues("ok").Inc()
 	d.log.Info("config reloaded", "reason", reason, "keyspaces", len(cfg.Keyspaces))
+	if !gone.empty() {
+		d.log.Warn("config reload removed keyspaces, schedules or hot-key lists",
+			append([]any{"reason", reason}, gone.attrs()...)...)
+	}
 	return nil
+}
+
+// removals names what applying a config over the running one drops, by name: each list in file order of the
+// running config, nil when nothing of that kind goes.
+type removals struct {
+	keyspaces, schedules, hotkeys []string
+}
+
+// removedBy returns what cfg drops of old's keyspaces, [[schedule]]s and [[hotkeys]] lists.
+func removedBy(old, cfg *config.Config) removals {
+	var r removals
+	for _, ks := range old.Keyspaces {
+		if cfg.Keyspace(ks.Name) == nil {
+			r.keyspaces = append(r.keyspaces, ks.Name)
+		}
+	}
+	for _, s := range old.Schedules {
+		if !slices.ContainsFunc(cfg.Schedules, func(n *config.Schedule) bool { return n.Name == s.Name }) {
+			r.schedules = append(r.schedules, s.Name)
+		}
+	}
+	for _, h := range old.Hotkeys {
+		if cfg.HotkeysList(h.Name) == nil {
+			r.hotkeys = append(r.hotkeys, h.Name)
+		}
+	}
+	return r
+}
+
+func (r removals) empty() bool { return len(r.keyspaces)+len(r.schedules)+len(r.hotkeys) == 0 }
+
+// attrs are the log attributes naming the removals: "keyspaces", "schedules", "hotkeys", each only when not
+// empty.
+func (r removals) attrs() []any {
+	var out []any
+	for _, kv := range []struct {
+		key   string
+		names []string
+	}{{"keyspaces", r.keyspaces}, {"schedules", r.schedules}, {"hotkeys", r.hotkeys}} {
+		if len(kv.names) > 0 {
+			out = append(out, kv.key, kv.names)
+		}
+	}
+	return out
 }

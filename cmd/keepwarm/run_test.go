@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -44,7 +45,13 @@ func newDaemonFixture(t *testing.T) *daemonFixture {
 
 func (f *daemonFixture) write(t *testing.T, pinned string, extra string) {
 	t.Helper()
-	cfg := fmt.Sprintf(`
+	f.writeText(t, f.text(pinned, extra))
+}
+
+// text is the config write writes: extra goes at the end of the [[keyspace]] table, the [[hotkeys]] list comes
+// last.
+func (f *daemonFixture) text(pinned string, extra string) string {
+	return fmt.Sprintf(`
 [redis]
 url = %q
 [postgres]
@@ -68,7 +75,11 @@ name = "pins"
 keyspace = "items"
 ids = [%s]
 `, testenv.RedisURL(), testenv.PostgresURL(), f.prefix, f.table, extra, pinned)
-	// Write to a temp file and rename it over the config, as editors and deploy tools do.
+}
+
+// writeText writes cfg to a temp file and renames it over the config, as editors and deploy tools do.
+func (f *daemonFixture) writeText(t *testing.T, cfg string) {
+	t.Helper()
 	tmp := f.path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -81,11 +92,21 @@ ids = [%s]
 // startRun runs `keepwarm run` in-process until the returned stop is called; stop returns the exit code.
 func startRun(t *testing.T, path string) (logs *syncBuffer, stop func() int) {
 	t.Helper()
+	return startRunLoggingTo(t, path, nil)
+}
+
+// startRunLoggingTo is startRun with the daemon's output also written to also, when not nil (a log file).
+func startRunLoggingTo(t *testing.T, path string, also io.Writer) (logs *syncBuffer, stop func() int) {
+	t.Helper()
 	logs = &syncBuffer{}
+	var out io.Writer = logs
+	if also != nil {
+		out = io.MultiWriter(logs, also)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	go func() {
-		err := run(ctx, []string{"run", "--config", path}, logs, logs)
+		err := run(ctx, []string{"run", "--config", path}, out, out)
 		done <- exitCode(err, logs)
 	}()
 	var once sync.Once

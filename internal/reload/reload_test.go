@@ -3,6 +3,8 @@ package reload_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,14 +16,17 @@ import (
 	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
-// call is one reload call, with the config content on disk when it was made.
+// call is one reload call, with the config content on disk when it was made, when it was made and what the
+// reload function returned.
 type call struct {
 	reason  string
 	final   bool
 	content string
+	at      time.Time
+	err     error
 }
 
-// harness runs a Watcher over path; valid decides whether a content is a valid config.
+// harness runs a Watcher over path.
 type harness struct {
 	t     *testing.T
 	path  string
@@ -32,11 +37,34 @@ type harness struct {
 // syncBuffer collects a daemon's log output.
 type syncBuffer = testenv.LogBuffer
 
+// setup is what a harness runs: apply is the reload function (it gets the content on disk and final), logTo
+// also receives the watcher's debug log when set, and opts go to reload.New.
+type setup struct {
+	apply func(content string, final bool) error
+	logTo io.Writer
+	opts  []reload.Option
+}
+
+// start runs a Watcher over path with default settings; valid decides whether a content is a valid config.
 func start(t *testing.T, path string, valid func(string) bool) *harness {
 	t.Helper()
+	return startWith(t, path, setup{apply: func(content string, _ bool) error {
+		if !valid(content) {
+			return errors.New("invalid")
+		}
+		return nil
+	}})
+}
+
+func startWith(t *testing.T, path string, s setup) *harness {
+	t.Helper()
 	h := &harness{t: t, path: path, logs: &syncBuffer{}, calls: make(chan call, 100)}
-	log := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	w, err := reload.New(log, []string{path})
+	var out io.Writer = h.logs
+	if s.logTo != nil {
+		out = io.MultiWriter(h.logs, s.logTo)
+	}
+	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w, err := reload.New(log, []string{path}, s.opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,11 +74,9 @@ func start(t *testing.T, path string, valid func(string) bool) *harness {
 		defer close(done)
 		_ = w.Run(ctx, func(reason string, final bool) error {
 			b, _ := os.ReadFile(path)
-			h.calls <- call{reason, final, string(b)}
-			if !valid(string(b)) {
-				return errors.New("invalid")
-			}
-			return nil
+			err := s.apply(string(b), final)
+			h.calls <- call{reason, final, string(b), time.Now(), err}
+			return err
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-done })
@@ -60,25 +86,32 @@ func start(t *testing.T, path string, valid func(string) bool) *harness {
 // next waits for the next reload call.
 func (h *harness) next(what string) call {
 	h.t.Helper()
+	return h.nextBy(time.Now().Add(20*time.Second), what)
+}
+
+// nextBy waits for the next reload call until deadline, and fails the test if none came by then.
+func (h *harness) nextBy(deadline time.Time, what string) call {
+	h.t.Helper()
 	select {
 	case c := <-h.calls:
 		return c
-	case <-time.After(20 * time.Second):
-		h.t.Fatalf("%s: no reload within 20 s; watcher log:\n%s", what, h.logs.String())
+	case <-time.After(time.Until(deadline)):
+		log := h.logs.String()
+		if len(log) > 4000 {
+			log = fmt.Sprintf("(%d bytes before)\n…%s", len(log)-4000, log[len(log)-4000:])
+		}
+		h.t.Fatalf("%s: no reload by %s; watcher log:\n%s", what, deadline.Format("15:04:05.000"), log)
 		return call{}
 	}
 }
 
-// waitLog waits until the watcher has logged sub n times (it logs every event and every unchanged-content check).
+// waitLog waits until the watcher has logged sub n times (it logs each decision, e.g. an unchanged-content
+// check).
 func (h *harness) waitLog(sub string, n int) {
 	h.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for h.logs.Count(sub) < n {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("watcher did not log %q %d times within 20 s", sub, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(h.t, 20*time.Second, fmt.Sprintf("watcher logged %q %d times", sub, n), func() bool {
+		return h.logs.Count(sub) >= n
+	})
 }
 
 func (h *harness) noCall() {
