@@ -69,3 +69,36 @@ func TestRunNotifiesSystemd(t *testing.T) {
 		t.Errorf("want STOPPING=1 after READY=1 on shutdown; got %s", sd)
 	}
 }
+
+// TestRunKeepsRunningWithABadWatchdogSetting: an invalid WATCHDOG_USEC disables the watchdog with one warning; the
+// daemon keeps running and exits 0 on SIGTERM (issue 22: WATCHDOG_USEC=0 sent READY=1, then exited 1).
+func TestRunKeepsRunningWithABadWatchdogSetting(t *testing.T) {
+	for _, usec := range []string{"0", "soon"} {
+		t.Run("WATCHDOG_USEC="+usec, func(t *testing.T) {
+			f := newDaemonFixture(t)
+			f.write(t, `"1"`, "")
+			sd := listenNotify(t)
+			t.Setenv("WATCHDOG_USEC", usec)
+			t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+			logs, stop := startRun(t, f.path)
+			waitFor(t, 10*time.Second, "READY=1", func() bool { return sd.index("READY=1") >= 0 }, logs)
+			waitFor(t, 5*time.Second, "the warning that the watchdog is disabled",
+				func() bool { return strings.Contains(logs.String(), "systemd watchdog disabled") }, logs)
+			addr := listenAddr(t, logs)
+			resp, err := http.Get("http://" + addr + "/readyz")
+			if err != nil {
+				t.Fatalf("/readyz after the warning: %v\n%s", err, logs)
+			}
+			resp.Body.Close()
+			if code := stop(); code != 0 {
+				t.Errorf("exit code %d after SIGTERM, want 0\n%s", code, logs)
+			}
+			if n := strings.Count(logs.String(), "systemd watchdog disabled"); n != 1 {
+				t.Errorf("%d warnings that the watchdog is disabled, want 1", n)
+			}
+			if sd.index("WATCHDOG=1") >= 0 {
+				t.Errorf("watchdog pings sent with WATCHDOG_USEC=%s: %s", usec, sd)
+			}
+		})
+	}
+}
