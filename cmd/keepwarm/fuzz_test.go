@@ -133,4 +133,3 @@ func configMapTOML(f *testing.F, path string) []byte {
 	}
 	return out.Bytes()
 }
-

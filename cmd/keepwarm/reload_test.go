@@ -20,33 +20,6 @@ func debugLevel(cfg string) string {
 	return strings.Replace(cfg, `log_format = "text"`, `log_format = "text"`+"\n"+`log_level = "debug"`, 1)
 }
 
-// writeSiblingEvery writes path (a counter) now and then every interval until the test ends.
-func writeSiblingEvery(t *testing.T, path string, interval time.Duration) {
-	t.Helper()
-	if err := os.WriteFile(path, []byte("0\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for n := 1; ; n++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				if err := os.WriteFile(path, []byte(fmt.Sprintf("%d\n", n)), 0o644); err != nil {
-					t.Errorf("sibling writer: %v", err)
-					return
-				}
-			}
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-}
-
 // waitForLog is waitFor on the daemon's log, printing only its last 8 kB when cond never held (a self-feeding
 // log runs to megabytes).
 func waitForLog(t *testing.T, within time.Duration, what string, cond func(log string) bool, logs *syncBuffer) {
@@ -110,7 +83,7 @@ func TestRunReloadsBesideBusySiblingAndOwnDebugLog(t *testing.T) {
 	waitForLog(t, 10*time.Second, "pinned id 1 written", func(string) bool {
 		return rdb.Exists(ctx, key("1")).Val() == 1
 	}, logs)
-	writeSiblingEvery(t, filepath.Join(f.dir, "sibling.dat"), 200*time.Millisecond)
+	testenv.WriteEvery(t, filepath.Join(f.dir, "sibling.dat"), 200*time.Millisecond, time.Hour, false)
 
 	wrote := time.Now()
 	f.writeText(t, debugLevel(f.text(`"1", "7"`, "")))

@@ -1,7 +1,6 @@
 package reload_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,51 +9,8 @@ import (
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/reload"
+	"github.com/keepwarm/keepwarm/internal/testenv"
 )
-
-// writeEvery writes path (a new counter each time) every interval from now until the test ends or for d, whichever
-// comes first; the first write is done when it returns. appendLines appends a comment line instead of replacing the
-// file, for the watched file itself. It returns a channel closed when the writer has stopped.
-func writeEvery(t *testing.T, path string, interval, d time.Duration, appendLines bool) <-chan struct{} {
-	t.Helper()
-	writeOnce := func(n int) error {
-		if !appendLines {
-			return os.WriteFile(path, []byte(fmt.Sprintf("%d\n", n)), 0o644)
-		}
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-		if err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintf(f, "# touch %d\n", n); err != nil {
-			f.Close()
-			return err
-		}
-		return f.Close()
-	}
-	if err := writeOnce(0); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for n := 1; ; n++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				if err := writeOnce(n); err != nil {
-					t.Errorf("writer of %s: %v", path, err)
-					return
-				}
-			}
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return done
-}
 
 // TestSiblingWritesDoNotDelayReload: a file written every 200 ms beside the config (in the watched directory)
 // does not delay a reload: the change is applied within 2 s of the write (issue 22's acceptance criterion). The
@@ -65,7 +21,7 @@ func TestSiblingWritesDoNotDelayReload(t *testing.T) {
 	path := filepath.Join(dir, "config.toml")
 	write(t, path, "version = 1\n")
 	h := start(t, path, always)
-	writeEvery(t, filepath.Join(dir, "sibling.txt"), 200*time.Millisecond, time.Hour, false)
+	testenv.WriteEvery(t, filepath.Join(dir, "sibling.txt"), 200*time.Millisecond, time.Hour, false)
 
 	for v := 2; v <= 3; v++ {
 		wrote := time.Now()
@@ -132,7 +88,7 @@ func TestMaxDelayUnderConstantWrites(t *testing.T) {
 	h := start(t, path, always)
 
 	first := time.Now()
-	stopped := writeEvery(t, path, 300*time.Millisecond, 10*time.Second, true)
+	stopped := testenv.WriteEvery(t, path, 300*time.Millisecond, 10*time.Second, true)
 	// 2 s of slack for a busy machine; the writer still has 3 s to go then, so this is the ceiling at work.
 	c := h.nextBy(first.Add(reload.DefaultMaxDelay+2*time.Second), "reload while the writer keeps writing")
 	if c.reason != "file" || !strings.HasPrefix(c.content, "version = 1\n# touch 0\n") {
