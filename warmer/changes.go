@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -430,6 +431,7 @@ func (c *Changes) refresh(ctx context.Context, k *keyspace, ids []string, lsn ui
 	items, invalid := warmItems(cfg, ids)
 	if len(invalid) > 0 {
 		c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Add(float64(len(invalid)))
+		k.skipInvalid(ctx, cfg, sourceChanges, slices.Collect(maps.Keys(invalid)))
 	}
 	items, err := c.revoke(ctx, k, items)
 	if err != nil {
@@ -507,6 +509,16 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 			again = append(again, it.reset())
 		case ResultTooLarge:
 			large = append(large, it)
+		case ResultError:
+			if it.reason == ReasonBadInput {
+				// The origin query fails on this id alone (the pipeline split the batch and wrote the others):
+				// retrying the change would fail the same way, forever.
+				c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Inc()
+				continue
+			}
+			if failed == nil {
+				failed = fmt.Errorf("refresh %q: %w", it.ks.Cache, it.err)
+			}
 		default:
 			if failed == nil {
 				failed = fmt.Errorf("refresh %q: %w", it.ks.Cache, it.err)
