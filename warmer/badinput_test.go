@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
@@ -190,5 +191,49 @@ func TestNULPinnedIDRefused(t *testing.T) {
 	_, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2\x00")}})
 	if err == nil || !strings.Contains(err.Error(), `keyspace "items": pinned: postgres: invalid id`) {
 		t.Errorf("New: got %v, want the pinned NUL id refused", err)
+	}
+}
+
+// TestBadInputChangeSplit (issue 22): a change batch whose query fails on one id with a data error (22P02 from a
+// cast) applies the other changes; the bad id is counted as invalid_id, its cached value (stale since the change)
+// is invalidated, and Apply succeeds rather than failing the batch for the stream to retry forever.
+func TestBadInputChangeSplit(t *testing.T) {
+	f := newFixture(t, 20)
+	f.src = &countingSource{src: f.source(t, "select ids.id, t.body from unnest($1::text[]) as ids(id) join "+f.table+" t on t.id::int = ids.id::int")}
+	reg := prometheus.NewRegistry()
+	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config()}, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := warmer.NewChanges(w, warmer.ChangesConfig{Registerer: reg, Keyspaces: []warmer.ChangeKeyspace{
+		{Keyspace: "items", OnChange: warmer.OnChangeRefresh, Feeds: []warmer.Feed{{Table: "t.items", Column: "id"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := w.Warmup(ctx, "items", warmer.SliceIDs([]string{"1", "2"}), warmer.WarmupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.rdb.Set(ctx, f.key("abc"), "stale", time.Minute)
+	f.setBody(t, "1", 100)
+	f.setBody(t, "2", 200)
+	err = c.Apply(ctx, []warmer.Txn{{Commit: time.Now(), Changes: []warmer.RowChange{rowChange("1"), rowChange("abc"), rowChange("2")}}})
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	for id, want := range map[string]string{"1": `"v": 100`, "2": `"v": 200`} {
+		if got := f.get(t, id); !strings.Contains(got, want) {
+			t.Errorf("key %s: got %s, want it to contain %s", id, got, want)
+		}
+	}
+	if got := f.get(t, "abc"); got != "<none>" {
+		t.Errorf("key abc: got %s, want it invalidated", got)
+	}
+	if got := counter(t, reg, "keepwarm_changes_applied_total", map[string]string{"result": warmer.ChangeInvalidID}); got != 1 {
+		t.Errorf("applied{result=invalid_id}: got %v, want 1", got)
+	}
+	labels := map[string]string{"keyspace": "items", "source": "origin"}
+	if got := counter(t, reg, "keepwarm_warmer_invalid_ids_total", labels); got != 1 {
+		t.Errorf("keepwarm_warmer_invalid_ids_total%v = %v, want 1", labels, got)
 	}
 }
