@@ -15,7 +15,16 @@
 //     context.DeadlineExceeded) holds, and Fetch returns promptly rather than hanging.
 //   - Ids are opaque UTF-8 strings (quotes, spaces, any Unicode, up to lockstep.MaxIDBytes). A backend passes them
 //     as bound parameters, never spliced into a query.
+//   - A batch that failed on its input rather than on the origin (an id, or that id's row, the query cannot
+//     process while the origin is healthy) returns an error with a method BadInput() bool that returns true
+//     (sources/postgres: ErrBadInput, for SQLSTATE class 22). The caller may split the batch to find the id at
+//     fault and fetch the others; it does not count such an error as an origin outage.
 //   - Fetch is safe for concurrent use.
+//
+// A backend whose origin cannot hold every id that lockstep accepts implements ValidID(id string) error
+// (warmer.IDValidator; sources/postgres refuses a NUL byte, which no PostgreSQL text can hold): the warmer asks it
+// wherever ids come in (access set, LFU scan, pinned ids, warmups, the change stream) and skips and counts the
+// ids it refuses, so that they never reach Fetch. Fetch may still refuse such an id, with a BadInput error.
 //
 // A backend may also list ids for a warmup, with IDs(ctx, fn func(id string) error) error: it calls fn for
 // every id in the origin's order, streaming rather than buffering, and stops with fn's error when fn fails.

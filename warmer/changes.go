@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -393,6 +394,18 @@ func (c *Changes) invalidate(ctx context.Context, k *keyspace, ids []string) err
 		}
 		sets = append(sets, ks)
 	}
+	if err := c.dropKeys(ctx, sets); err != nil {
+		return err
+	}
+	c.m.applied.WithLabelValues(k.name, ChangeInvalidated).Add(float64(len(sets)))
+	return nil
+}
+
+// dropKeys deletes the keys, meta hashes and locks of sets (lockstep.Invalidate), pipelined, without counting.
+func (c *Changes) dropKeys(ctx context.Context, sets []lockstep.KeySet) error {
+	if len(sets) == 0 {
+		return nil
+	}
 	_, err := c.w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, ks := range sets {
 			if err := lockstep.Invalidate(ctx, p, ks); err != nil {
@@ -404,7 +417,6 @@ func (c *Changes) invalidate(ctx context.Context, k *keyspace, ids []string) err
 	if err != nil {
 		return fmt.Errorf("invalidate: %w", err)
 	}
-	c.m.applied.WithLabelValues(k.name, ChangeInvalidated).Add(float64(len(sets)))
 	return nil
 }
 
@@ -430,6 +442,7 @@ func (c *Changes) refresh(ctx context.Context, k *keyspace, ids []string, lsn ui
 	items, invalid := warmItems(cfg, ids)
 	if len(invalid) > 0 {
 		c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Add(float64(len(invalid)))
+		k.skipInvalid(ctx, cfg, sourceChanges, slices.Collect(maps.Keys(invalid)))
 	}
 	items, err := c.revoke(ctx, k, items)
 	if err != nil {
@@ -495,6 +508,7 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 		return nil, err
 	}
 	var again, large []*item
+	var bad []lockstep.KeySet
 	var failed error
 	for _, it := range batch {
 		switch it.result {
@@ -507,6 +521,17 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 			again = append(again, it.reset())
 		case ResultTooLarge:
 			large = append(large, it)
+		case ResultError:
+			if it.reason == ReasonBadInput {
+				// The origin query fails on this id alone (the pipeline split the batch and wrote the others):
+				// retrying the change would fail the same way, forever. The cached value is stale: drop it.
+				c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Inc()
+				bad = append(bad, it.ks)
+				continue
+			}
+			if failed == nil {
+				failed = fmt.Errorf("refresh %q: %w", it.ks.Cache, it.err)
+			}
 		default:
 			if failed == nil {
 				failed = fmt.Errorf("refresh %q: %w", it.ks.Cache, it.err)
@@ -526,6 +551,9 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 		if err := c.invalidate(ctx, k, idsOf(large)); err != nil {
 			return nil, err
 		}
+	}
+	if err := c.dropKeys(ctx, bad); err != nil {
+		return nil, err
 	}
 	c.noteRefreshed(k, p, batch)
 	return again, nil

@@ -12,7 +12,10 @@ const (
 	ChangeNotCached = "not_cached"
 	// ChangeInvalidated: on_change = "invalidate" deleted the key and its lock.
 	ChangeInvalidated = "invalidated"
-	// ChangeInvalidID: the row's id column does not make a valid id for the key template.
+	// ChangeInvalidID: the row's id column does not make a valid id for the key template, or the source refuses
+	// it (IDValidator: a NUL byte for PostgreSQL), or the origin query failed on it alone with a data error
+	// (ReasonBadInput: its cached key, now stale, is invalidated). Not refreshed, and not retried; counted in
+	// keepwarm_warmer_invalid_ids_total too.
 	ChangeInvalidID = "invalid_id"
 )
 

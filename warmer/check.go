@@ -161,7 +161,8 @@ type refreshStreak struct {
 }
 
 // noteBatchLocked folds one settled batch into the streak: any key written, found fresh or missing, or held by
-// another (the keyspace works) ends it; a batch whose keys all failed extends it.
+// another (the keyspace works) ends it; a batch whose keys all failed extends it. A key that failed on its own
+// input (ReasonBadInput) says nothing about the keyspace: a batch of such keys alone leaves the streak as it is.
 func (s *refreshStreak) noteBatchLocked(items []*item, runErr error, now time.Time) {
 	var last error
 	for _, it := range items {
@@ -170,7 +171,7 @@ func (s *refreshStreak) noteBatchLocked(items []*item, runErr error, now time.Ti
 			*s = refreshStreak{}
 			return
 		case ResultError:
-			if it.err != nil {
+			if it.err != nil && it.reason != ReasonBadInput {
 				last = it.err
 			}
 		}

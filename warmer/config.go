@@ -125,7 +125,7 @@ type KeyspaceConfig struct {
 	Tombstone    []byte        // value written for a missing record under MissingTombstone
 	TombstoneTTL time.Duration // TTL of a tombstone; required with MissingTombstone
 
-	Pinned    []string // ids that are always hot
+	Pinned    []string // ids that are always hot; each must pass lockstep.ValidateID and the Source's IDValidator
 	AccessKey string   // sorted set of access scores; default lockstep.DefaultAccessKeyPrefix+Name
 
 	LeadMultiple float64       // default DefaultLeadMultiple
@@ -416,6 +416,13 @@ func (c KeyspaceConfig) withDefaults() (KeyspaceConfig, error) {
 	c, err := c.Resolve()
 	if c.Src == nil {
 		err = errors.Join(err, &FieldError{Keyspace: c.Name, Field: "source", Msg: "is nil"})
+	}
+	if v, ok := c.Src.(IDValidator); ok {
+		for _, id := range c.Pinned {
+			if verr := v.ValidID(id); verr != nil {
+				err = errors.Join(err, &FieldError{Keyspace: c.Name, Field: "pinned", Msg: verr.Error()})
+			}
+		}
 	}
 	return c, err
 }

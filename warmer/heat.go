@@ -100,7 +100,7 @@ func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[str
 		k.mu.Lock()
 		for _, z := range page {
 			if id, ok := z.Member.(string); ok {
-				if cfg.Keys.ValidateID(id) != nil {
+				if cfg.validID(id) != nil {
 					bad = append(bad, id)
 					continue
 				}
@@ -120,7 +120,8 @@ func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[str
 
 // readTop reads the access set's best members (those scoring at least min_score, when set) and returns up to
 // window of them that are valid ids, best first, and apart the members that are not valid ids
-// (lockstep.Keys.ValidateID fails: invalid UTF-8, empty, too long). Those never take a hot slot: reading goes
+// (lockstep.Keys.ValidateID fails: invalid UTF-8, empty, too long; or the source refuses them, IDValidator: a NUL
+// byte for PostgreSQL). Those never take a hot slot: reading goes
 // on past them, up to max_tracked members in all, so a flood of invalid members cannot hide the real hot ids.
 // Without invalid members it is one ZREVRANGE of window members, as before.
 func (k *keyspace) readTop(ctx context.Context, cfg KeyspaceConfig, window int64) (zs []redis.Z, bad []string, err error) {
@@ -142,7 +143,7 @@ func (k *keyspace) readTop(ctx context.Context, cfg KeyspaceConfig, window int64
 			id, ok := z.Member.(string)
 			switch {
 			case !ok:
-			case cfg.Keys.ValidateID(id) != nil:
+			case cfg.validID(id) != nil:
 				bad = append(bad, id)
 			case int64(len(zs)) < window:
 				zs = append(zs, z)

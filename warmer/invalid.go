@@ -14,6 +14,10 @@ import (
 const (
 	sourceAccessSet = "access_set" // members of the access sorted set; they are removed from it
 	sourceLFU       = "lfu"        // cache keys found by the LFU scan whose id part is not a valid id; left alone
+	sourceChanges   = "changes"    // ids of the change stream (refresh mode) that are not valid ids; not refreshed
+	// sourceOrigin: ids whose origin query failed with a data error on their own (ReasonBadInput), found by
+	// splitting their batch; not written, retried with back-off.
+	sourceOrigin = "origin"
 )
 
 // invalidLogEvery is how often, at most, a keyspace logs its summary of the invalid ids it skipped. A client that
@@ -88,12 +92,13 @@ func (k *keyspace) logInvalidLocked() {
 	}
 	args := []any{"example", k.invalid.example, "max_id_bytes", lockstep.MaxIDBytes,
 		"summary_every", invalidLogEvery.String()}
-	for _, src := range []string{sourceAccessSet, sourceLFU} {
+	for _, src := range []string{sourceAccessSet, sourceLFU, sourceChanges, sourceOrigin} {
 		if n := k.invalid.pending[src]; n > 0 {
 			args = append(args, src, n)
 		}
 	}
-	k.log.Warn("skipped invalid ids: not valid UTF-8, empty, too long or emptying the hash tag; "+
-		"access-set members removed, never made hot", args...)
+	k.log.Warn("skipped invalid ids: not valid UTF-8, empty, too long, emptying the hash tag or refused by the source "+
+		"(a NUL byte), or failing the origin query on their own (origin: a data error); access-set members removed, "+
+		"never made hot; origin ids retried with back-off", args...)
 	k.invalid.logged, k.invalid.pending, k.invalid.example = now, nil, ""
 }

@@ -115,7 +115,7 @@ func (k *keyspace) scanLFU(ctx context.Context, cfg KeyspaceConfig) map[string]u
 		if !ok {
 			continue
 		}
-		if cfg.Keys.ValidateID(id) != nil {
+		if cfg.validID(id) != nil {
 			bad = append(bad, id)
 			continue
 		}

@@ -35,6 +35,12 @@ const (
 	ReasonWrongType     = "wrongtype" // a key of the layout holds the wrong type (e.g. the meta key is not a hash)
 	ReasonReply         = "reply"     // another Redis error reply
 	ReasonTransport     = "transport" // Redis did not answer (timeout, reset, refused)
+
+	// ReasonBadInput: the origin query failed on this id alone with a data error (the Source's BadInput error:
+	// SQLSTATE class 22, such as an id the query casts to int that is not a number). The other ids of its batch
+	// were fetched apart and written; the id is counted in keepwarm_warmer_invalid_ids_total{source="origin"}
+	// and retried with back-off. Not an origin outage: no fail-safe, no "origin failing".
+	ReasonBadInput = "bad_input"
 )
 
 // metrics are the warmer's Prometheus metrics. Labels are bounded: keyspace and result, never a key or an id.
@@ -58,7 +64,7 @@ type metrics struct {
 	queued         *prometheus.GaugeVec     // keyspace
 	owned          *prometheus.GaugeVec     // keyspace
 	decays         *prometheus.CounterVec   // keyspace
-	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu)
+	invalidIDs     *prometheus.CounterVec   // keyspace, source (access_set, lfu, changes, origin)
 	judged         *prometheus.CounterVec   // keyspace: refreshes the refresh feedback judged (selection.go)
 	wasted         *prometheus.CounterVec   // keyspace: of those, refreshes no read followed
 	wasteRatio     *prometheus.GaugeVec     // keyspace: wasted / judged over a window of decay_half_life
@@ -84,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace", "result"}),
 		refreshErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_refresh_errors_total",
-			Help: "Refreshes that ended in result error, by keyspace and reason (origin, origin_timeout, pool_exhausted, origin_failing, oom, tryagain, cluster, wrongtype, reply, transport).",
+			Help: "Refreshes that ended in result error, by keyspace and reason (origin, origin_timeout, pool_exhausted, origin_failing, bad_input, oom, tryagain, cluster, wrongtype, reply, transport).",
 		}, []string{"keyspace", "reason"}),
 		refreshSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "keepwarm_warmer_refresh_duration_seconds",
@@ -110,7 +116,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace"}),
 		originQueries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_origin_queries_total",
-			Help: "Origin (PostgreSQL) queries made by refreshes, by keyspace and result (ok, error).",
+			Help: "Origin (PostgreSQL) queries made by refreshes, by keyspace and result (ok, error, bad_input: failed on a data error, so the batch was split to find the id at fault).",
 		}, []string{"keyspace", "result"}),
 		originRows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_origin_rows_total",
@@ -159,8 +165,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace"}),
 		invalidIDs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_invalid_ids_total",
-			Help: "Ids skipped because they are not valid ids (invalid UTF-8, empty, too long), by source: access_set " +
-				"(members, removed from the set) or lfu (cache keys found by the LFU scan, left alone).",
+			Help: "Ids skipped because they are not valid ids (invalid UTF-8, empty, too long, or refused by the source: a NUL byte for PostgreSQL), by source: access_set " +
+				"(members, removed from the set), lfu (cache keys found by the LFU scan, left alone), changes (ids of the change stream, not refreshed) " +
+				"or origin (ids whose origin query failed on a data error on their own: not written, retried with back-off).",
 		}, []string{"keyspace", "source"}),
 		judged: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_refreshes_judged_total",

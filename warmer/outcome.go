@@ -12,6 +12,16 @@ import (
 // wait bound (sources/postgres: ErrPoolExhausted), as opposed to a query that failed or ran too long.
 type poolExhausted interface{ PoolExhausted() bool }
 
+// badInput is implemented by an origin error that means the batch failed on its input (an id, or its row, that
+// the query cannot process: sources/postgres ErrBadInput, SQLSTATE class 22), not on the origin.
+type badInput interface{ BadInput() bool }
+
+// isBadInput reports whether err is a Source error that blames the batch's input (see badInput).
+func isBadInput(err error) bool {
+	var bi badInput
+	return errors.As(err, &bi) && bi.BadInput()
+}
+
 // originReason classifies a failed origin query for the reason label.
 func originReason(err error) string {
 	var pe poolExhausted

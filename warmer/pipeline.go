@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -215,18 +216,13 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	for i, it := range items {
 		ids[i] = it.id
 	}
-	// The query may run up to the statement timeout plus a margin; the leases are renewed meanwhile.
-	qctx, cancel := context.WithTimeout(ctx, cfg.queryBound())
-	qstart := p.now()
-	values, missing, err := cfg.Src.Fetch(qctx, ids)
-	p.rebuild = p.now().Sub(qstart)
-	cancel()
-	p.m.originSeconds.WithLabelValues(cfg.Name).Observe(p.rebuild.Seconds())
+	fstart := p.now()
+	values, bad, last, err := p.fetch(ctx, ids)
+	p.rebuild = p.now().Sub(fstart) // the whole fetch, splits included: what the next rebuild may take
 	if err != nil && ctx.Err() != nil {
 		return ctx.Err() // shutdown or an interrupted warmup: not the origin's failure
 	}
 	if err != nil {
-		p.m.originQueries.WithLabelValues(cfg.Name, "error").Inc()
 		reason := originReason(err)
 		for _, it := range items {
 			it.fail(reason, err)
@@ -234,17 +230,31 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		if p.failSafe != nil {
 			// A client-side deadline that fired well after it was due means this process was paused (SIGSTOP,
 			// a stalled VM) while PostgreSQL had answered: not the origin's failure.
-			paused := reason == ReasonOriginTimeout && p.rebuild > cfg.queryBound()+pausedSlack
+			paused := reason == ReasonOriginTimeout && last > cfg.queryBound()+pausedSlack
 			p.k.originFailed(cfg, reason, paused, err)
 			p.closeLeases(items)
 			p.failSafe(ctx, items)
 		}
 		return nil
 	}
-	p.m.originQueries.WithLabelValues(cfg.Name, "ok").Inc()
-	p.m.originRows.WithLabelValues(cfg.Name).Add(float64(len(values)))
+	// The origin answered every query, even when some ids failed on their own: it is healthy.
 	p.k.originOK()
-	_ = missing // every id not in values is missing (the Source contract)
+	if len(bad) > 0 {
+		var badIDs []string
+		kept := items[:0:0]
+		for _, it := range items {
+			if e, ok := bad[it.id]; ok {
+				it.fail(ReasonBadInput, e)
+				badIDs = append(badIDs, it.id)
+				continue
+			}
+			kept = append(kept, it)
+		}
+		items = kept
+		// Not written and not kept alive by the fail-safe (the origin is fine; this id is not): the lock is
+		// released at the end of the batch, and the key retried with back-off.
+		p.k.skipInvalid(ctx, cfg, sourceOrigin, badIDs)
+	}
 
 	var writes []lockstep.Write
 	var witems, large []*item
@@ -336,6 +346,48 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 	p.checkOwnPublish(ctx, writes, witems)
 	p.k.warnRefused("publish refused by Redis; lock released, retrying with back-off", replies)
 	return nil
+}
+
+// fetch runs the origin query for ids (Source.Fetch, bounded by queryBound; the leases are renewed meanwhile).
+// When a query fails on its input (the Source's BadInput error: a data error such as SQLSTATE class 22, or an id
+// it refuses), fetch splits the ids in halves and fetches each again, down to single ids, so that an id that
+// fails on its own comes back in bad, with its error, and every other id's value in values. One bad id among n
+// costs about 2·log2(n) more queries; they run in the batch's origin slot, one at a time, without waiting for the
+// origin budget again. Any other error fails the whole fetch (err), as an origin failure. last is the duration
+// of the last query run (for the paused-process test). Each query is counted in
+// keepwarm_warmer_origin_queries_total (ok, error or bad_input) and timed.
+func (p *pipeline) fetch(ctx context.Context, ids []string) (values map[string][]byte, bad map[string]error, last time.Duration, err error) {
+	cfg := p.cfg
+	qctx, cancel := context.WithTimeout(ctx, cfg.queryBound())
+	qstart := p.now()
+	values, _, err = cfg.Src.Fetch(qctx, ids) // every id not in values is missing (the Source contract)
+	last = p.now().Sub(qstart)
+	cancel()
+	p.m.originSeconds.WithLabelValues(cfg.Name).Observe(last.Seconds())
+	switch {
+	case err == nil:
+		p.m.originQueries.WithLabelValues(cfg.Name, "ok").Inc()
+		p.m.originRows.WithLabelValues(cfg.Name).Add(float64(len(values)))
+		return values, nil, last, nil
+	case ctx.Err() != nil || !isBadInput(err):
+		p.m.originQueries.WithLabelValues(cfg.Name, "error").Inc()
+		return nil, nil, last, err
+	}
+	p.m.originQueries.WithLabelValues(cfg.Name, ReasonBadInput).Inc()
+	if len(ids) == 1 {
+		return nil, map[string]error{ids[0]: err}, last, nil
+	}
+	values, bad = map[string][]byte{}, map[string]error{}
+	for _, half := range [][]string{ids[:len(ids)/2], ids[len(ids)/2:]} {
+		v, b, l, err := p.fetch(ctx, half)
+		last = l
+		if err != nil {
+			return nil, nil, last, err
+		}
+		maps.Copy(values, v)
+		maps.Copy(bad, b)
+	}
+	return values, bad, last, nil
 }
 
 // checkOwnPublish reads its GETs in pipelines of ownPublishChunk keys, each tried up to ownPublishAttempts times:

@@ -94,6 +94,14 @@ func (c *countingSource) Fetch(ctx context.Context, ids []string) (map[string][]
 	return values, missing, err
 }
 
+// ValidID passes the wrapped source's id check on (warmer.IDValidator), so that the warmer's doors see it.
+func (c *countingSource) ValidID(id string) error {
+	if v, ok := c.src.(interface{ ValidID(string) error }); ok {
+		return v.ValidID(id)
+	}
+	return nil
+}
+
 func (c *countingSource) count(id string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -217,7 +217,8 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 	return res, nil
 }
 
-// warmItems turns a batch of ids into pipeline items; invalid ids come back apart, with their errors.
+// warmItems turns a batch of ids into pipeline items; invalid ids (the key template refuses them, or the source:
+// IDValidator) come back apart, with their errors.
 func warmItems(cfg KeyspaceConfig, batch []string) ([]*item, map[string]error) {
 	items := make([]*item, 0, len(batch))
 	var invalid map[string]error
@@ -228,6 +229,9 @@ func warmItems(cfg KeyspaceConfig, batch []string) ([]*item, map[string]error) {
 		}
 		seen[id] = true
 		ks, err := cfg.Keys.For(id)
+		if v, ok := cfg.Src.(IDValidator); ok && err == nil {
+			err = v.ValidID(id)
+		}
 		if err != nil {
 			if invalid == nil {
 				invalid = map[string]error{}

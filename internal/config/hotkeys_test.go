@@ -3,6 +3,7 @@ package config_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -73,5 +74,41 @@ func TestHotkeysInlineBadIDStaysAnError(t *testing.T) {
 	var ve *config.ValidationError
 	if !errors.As(err, &ve) || !strings.Contains(ve.Error(), `hotkeys "hk": ids[1]: lockstep: invalid id: empty`) {
 		t.Errorf("LoadEnv: got %v, want the inline empty id reported", err)
+	}
+}
+
+// TestNULIDsRejectedAtLoad (issue 22): an id with a NUL byte is valid UTF-8, so lockstep accepts it, but no
+// PostgreSQL text can hold it, and at run time it failed every batch it was in (22021). A list file's NUL line is
+// skipped and reported with its file:line; an inline pinned or scheduled id with one is a problem naming the
+// field.
+func TestNULIDsRejectedAtLoad(t *testing.T) {
+	t.Run("list file", func(t *testing.T) {
+		text := cfg(map[string]string{"REST": "[[hotkeys]]\nname = \"hk\"\nkeyspace = \"track\"\nfile = \"lists/ids.txt\""})
+		c, err := load(t, text, map[string]string{"lists/ids.txt": "1\n2\x003\n3\n"})
+		if err != nil {
+			t.Fatalf("LoadEnv: %v, want the NUL line skipped", err)
+		}
+		h := c.HotkeysList("hk")
+		if want := []string{"1", "3"}; !slices.Equal(h.IDs, want) {
+			t.Errorf("IDs: got %q, want %q", h.IDs, want)
+		}
+		want := `lists/ids.txt:2: postgres: invalid id: "2\x003" has a NUL byte at offset 1`
+		if len(h.Skipped) != 1 || !strings.HasPrefix(h.Skipped[0], want) {
+			t.Errorf("Skipped: got %q, want one line starting with %q", h.Skipped, want)
+		}
+	})
+	for _, tc := range []struct{ name, rest, want string }{
+		{"inline pinned", "[[hotkeys]]\nname = \"hk\"\nkeyspace = \"track\"\nids = [\"1\", \"2\\u00003\"]",
+			`hotkeys "hk": ids[1]: postgres: invalid id: "2\x003" has a NUL byte at offset 1`},
+		{"inline schedule", "[[schedule]]\nname = \"s\"\ncron = \"@daily\"\nkeyspace = \"track\"\nids = [\"\\u0000\", \"1\"]",
+			`schedule "s": ids[0]: postgres: invalid id: "\x00" has a NUL byte at offset 0`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, cfg(map[string]string{"REST": tc.rest}), nil)
+			var ve *config.ValidationError
+			if !errors.As(err, &ve) || !strings.Contains(ve.Error(), tc.want) {
+				t.Errorf("LoadEnv: got %v, want a problem containing %s", err, tc.want)
+			}
+		})
 	}
 }

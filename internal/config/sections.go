@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/sources/postgres"
 	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -555,9 +556,9 @@ func decodeHotkeys(t *table, c *Config, dir string, names map[string]bool) *Hotk
 }
 
 // readIDs reads a hotkeys file: one id per line, surrounding spaces trimmed, blank lines and lines starting
-// with # skipped. A line that is not a valid id (check fails with lockstep.ErrInvalidID, or the line is longer
-// than an id can be) does not make the file invalid: it comes back in skipped as "file:line: error", so that one
-// bad line in a list of 10,000 ids leaves the other 9,999 warm. err is for a file that cannot be read, and for
+// with # skipped. A line that is not a valid id (check fails with lockstep.ErrInvalidID or postgres.ErrInvalidID,
+// such as a NUL byte, or the line is longer than an id can be) does not make the file invalid: it comes back in
+// skipped as "file:line: error", so that one bad line in a list of 10,000 ids leaves the other 9,999 warm. err is for a file that cannot be read, and for
 // check errors other than an invalid id. Errors name the file as written in the config, and the line.
 func readIDs(path, shown string, check func(string) error) (ids, skipped []string, err error) {
 	f, err := os.Open(path)
@@ -592,7 +593,7 @@ func readIDs(path, shown string, check func(string) error) (ids, skipped []strin
 		switch {
 		case err == nil:
 			ids = append(ids, s)
-		case errors.Is(err, lockstep.ErrInvalidID):
+		case errors.Is(err, lockstep.ErrInvalidID), errors.Is(err, postgres.ErrInvalidID):
 			skipped = append(skipped, fmt.Sprintf("%s:%d: %v", shown, line, err))
 		default:
 			errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line, err))
@@ -745,13 +746,20 @@ func known(names []string) string {
 	return " (known: " + strings.Join(names, ", ") + ")"
 }
 
-// checkID validates a pinned id against its keyspace's templates, or alone when the keyspace is unknown.
+// checkID validates a pinned or scheduled id against its keyspace's templates (or alone when the keyspace is
+// unknown), then against what PostgreSQL text can hold (postgres.ValidID: no NUL byte), since every keyspace's
+// source is PostgreSQL. The error wraps lockstep.ErrInvalidID or postgres.ErrInvalidID.
 func checkID(ks *Keyspace, id string) error {
+	var err error
 	if ks != nil && ks.keys != nil {
-		_, err := ks.keys.For(id)
+		_, err = ks.keys.For(id)
+	} else {
+		err = lockstep.ValidateID(id)
+	}
+	if err != nil {
 		return err
 	}
-	return lockstep.ValidateID(id)
+	return postgres.ValidID(id)
 }
 
 // unjoin splits an errors.Join into its errors.

@@ -12,6 +12,15 @@
 // psql prints them, text as is, bytea raw. An id the query does not return, or returns with a NULL value, is
 // missing.
 //
+// # Ids the origin cannot take
+//
+// No PostgreSQL text value can hold a NUL byte: bound in $1, an id with one fails the whole batch (22021, or 08P01
+// and a lost connection in simple_protocol mode). ValidID refuses such ids (and invalid UTF-8); the warmer and the
+// config loader ask it, and Fetch refuses a batch holding one with ErrBadInput before sending anything. A data
+// exception the server raises for one id (SQLSTATE class 22, e.g. a query that casts ids to int and meets "abc")
+// also comes back as ErrBadInput, so that the warmer splits the batch, writes the other ids and counts the one at
+// fault, rather than taking the origin for down.
+//
 // # Query modes and PgBouncer
 //
 // Values are decoded by the wire format each column really came in, so they are the same bytes in all five of

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,6 +28,47 @@ type poolExhaustedError struct{}
 
 func (poolExhaustedError) Error() string       { return "postgres: pool exhausted" }
 func (poolExhaustedError) PoolExhausted() bool { return true }
+
+// ErrBadInput is wrapped by Fetch's error when the batch failed on its input rather than on the origin: the server
+// raised a data exception (SQLSTATE class 22, e.g. 22P02 invalid_text_representation from an id cast to int,
+// 22021 from a byte the database encoding cannot hold), or an id is one ValidID refuses (then no query ran). The
+// error also wraps the *pgconn.PgError or ErrInvalidID. Some id of the batch, or its row, cannot be processed
+// while PostgreSQL itself is healthy: the warmer splits such a batch to find that id and writes the others,
+// instead of treating the keyspace's origin as failing. It has a method BadInput() bool (true), by which the
+// warmer tells it apart without importing this package.
+var ErrBadInput error = badInputError{}
+
+type badInputError struct{}
+
+func (badInputError) Error() string  { return "postgres: bad input" }
+func (badInputError) BadInput() bool { return true }
+
+// ErrInvalidID is wrapped by ValidID's errors: an id that PostgreSQL text cannot hold.
+var ErrInvalidID = errors.New("postgres: invalid id")
+
+// ValidID reports whether id can be bound as an element of $1 (text[]): it returns an error wrapping ErrInvalidID
+// when id holds a NUL byte, which no PostgreSQL text value can hold (the server answers 22021 "invalid byte
+// sequence for encoding UTF8: 0x00", or, in simple_protocol mode, 08P01 and a closed connection), or is not valid
+// UTF-8 (pgx always speaks client_encoding UTF8). The error names the byte offset. Other limits of the server's
+// encoding (a character a LATIN1 database cannot store: 22P05) are not known here; Fetch reports them as
+// ErrBadInput.
+func ValidID(id string) error {
+	if i := strings.IndexByte(id, 0); i >= 0 {
+		return fmt.Errorf("%w: %q has a NUL byte at offset %d, which PostgreSQL text cannot hold", ErrInvalidID, truncateID(id), i)
+	}
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("%w: %q is not valid UTF-8", ErrInvalidID, truncateID(id))
+	}
+	return nil
+}
+
+// truncateID shortens an id for an error message: a prefix is enough to find it, and quoting shows every byte.
+func truncateID(id string) string {
+	if len(id) > 64 {
+		return id[:64] + "..."
+	}
+	return id
+}
 
 // Defaults and bounds of Config.
 const (
@@ -121,6 +163,11 @@ func New(pool *pgxpool.Pool, cfg Config, opts ...Option) (*Source, error) {
 // Keyspace returns the keyspace's name.
 func (s *Source) Keyspace() string { return s.cfg.Keyspace }
 
+// ValidID is the package's ValidID: it returns an error wrapping ErrInvalidID for an id this source can never
+// query (a NUL byte, invalid UTF-8). The warmer asks it at every door an id comes in by (warmer.IDValidator), so
+// that such an id is skipped and counted there instead of failing a batch.
+func (s *Source) ValidID(id string) error { return ValidID(id) }
+
 // Fetch runs the keyspace's query once for ids, bound as $1 (text[]), following the Source contract of package
 // sources: the value of each id the query returned, and the ids it did not return (or returned NULL for).
 //
@@ -131,6 +178,10 @@ func (s *Source) Keyspace() string { return s.cfg.Keyspace }
 // 42P05 and 26000 (prepared statements lost behind a transaction-pooling PgBouncer) the message says what to set
 // in the DSN. A row whose id was not requested, or that repeats an id, fails the batch: it means the query does
 // not honour $1.
+//
+// A batch that fails on its input, not on the origin, returns an error wrapping ErrBadInput: a data exception
+// (SQLSTATE class 22) from the server, or an id that ValidID refuses, which is never sent (in simple_protocol mode
+// a NUL byte would otherwise cost the connection, 08P01). Splitting the batch isolates the id at fault.
 func (s *Source) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
 	uniq := make([]string, 0, len(ids))
 	want := make(map[string]bool, len(ids))
@@ -142,6 +193,11 @@ func (s *Source) Fetch(ctx context.Context, ids []string) (map[string][]byte, []
 	}
 	if len(uniq) == 0 {
 		return map[string][]byte{}, []string{}, nil
+	}
+	for _, id := range uniq {
+		if err := ValidID(id); err != nil {
+			return nil, nil, fmt.Errorf("keyspace %q: query: %w: %w", s.cfg.Keyspace, ErrBadInput, err)
+		}
 	}
 
 	conn, err := s.acquire(ctx)
@@ -411,6 +467,7 @@ const (
 	sqlstateQueryCanceled     = "57014" // query_canceled: a cancel request or the server's statement_timeout
 	sqlstateDuplicatePrepared = "42P05" // duplicate_prepared_statement
 	sqlstateInvalidStatement  = "26000" // invalid_sql_statement_name: the prepared statement does not exist
+	sqlstateClassData         = "22"    // class 22, data_exception: a value the query cannot cast, convert or store
 )
 
 // PgBouncerHint is appended to errors with SQLSTATE 42P05 or 26000, which mean that pgx's prepared statements
@@ -423,7 +480,7 @@ const PgBouncerHint = "prepared statements do not survive a transaction-pooling 
 // Err(); when StatementTimeout passed (the server's statement_timeout, or the client-side backstop), it wraps
 // context.DeadlineExceeded and says "timeout". pgx reports a cancelled query as SQLSTATE 57014 or as a context
 // error depending on timing; either way the original error stays wrapped too. Errors 42P05 and 26000 get
-// PgBouncerHint.
+// PgBouncerHint. A data exception (class 22) also wraps ErrBadInput.
 func (s *Source) wrap(ctx, qctx context.Context, op string, err error) error {
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
@@ -445,6 +502,8 @@ func (s *Source) wrap(ctx, qctx context.Context, op string, err error) error {
 		return fmt.Errorf("keyspace %q: %s: timeout (server statement_timeout): %w: %w", s.cfg.Keyspace, op, context.DeadlineExceeded, err)
 	case isPg && (pgErr.Code == sqlstateDuplicatePrepared || pgErr.Code == sqlstateInvalidStatement):
 		return fmt.Errorf("keyspace %q: %s: %w; %s", s.cfg.Keyspace, op, err, PgBouncerHint)
+	case isPg && strings.HasPrefix(pgErr.Code, sqlstateClassData):
+		return fmt.Errorf("keyspace %q: %s: %w: %w", s.cfg.Keyspace, op, ErrBadInput, err)
 	}
 	return fmt.Errorf("keyspace %q: %s: %w", s.cfg.Keyspace, op, err)
 }
