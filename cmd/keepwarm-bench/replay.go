@@ -484,6 +484,9 @@ type refreshLog struct {
 	at      []int64 // ns since start
 }
 
+// ValidID is the PostgreSQL source's id check (warmer.IDValidator), so that the warmer's doors see it.
+func (r *refreshLog) ValidID(id string) error { return r.src.ValidID(id) }
+
 func (r *refreshLog) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
 	r.queries.Add(1)
 	vals, missing, err := r.src.Fetch(ctx, ids)

@@ -229,6 +229,9 @@ type countingSource struct {
 	src *postgres.Source
 }
 
+// ValidID is the PostgreSQL source's id check (warmer.IDValidator), so that the warmer's doors see it.
+func (s countingSource) ValidID(id string) error { return s.src.ValidID(id) }
+
 func (s countingSource) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
 	var vals map[string][]byte
 	var missing []string
