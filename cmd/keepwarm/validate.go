@@ -169,7 +169,8 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 	if cfg.Streamed() {
 		sctx, cancel := context.WithTimeout(ctx, connectTimeout)
 		err := postgres.CheckStream(sctx, postgres.StreamConfig{DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot,
-			Publication: cfg.Changes.Publication, Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication})
+			Publication: cfg.Changes.Publication, Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication,
+			ConnectTimeout: cfg.Postgres.ConnectTimeout})
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("changes: %w", err))

@@ -54,8 +54,11 @@ func pgBouncerChinookDSN(t *testing.T) string {
 }
 
 // TestValidateBehindPgBouncer: validate --check-db must reject pgx's default statement cache behind a
-// transaction-pooling PgBouncer, saying what to set in the dsn, and accept the dsn with that setting.
+// transaction-pooling PgBouncer, saying what to set in the dsn, and accept the dsn with that setting. The demo
+// config streams changes, which needs a replication connection that PgBouncer 1.18 does not pass: without a
+// [changes] dsn pointing at PostgreSQL itself, --check-db says so (run's stream would retry forever).
 func TestValidateBehindPgBouncer(t *testing.T) {
+	t.Setenv("KEEPWARM_CHANGES_DSN", chinookDSN(t))
 	fixed := pgBouncerChinookDSN(t)
 	broken := strings.Replace(fixed, "default_query_exec_mode=exec", "default_query_exec_mode=cache_statement", 1)
 	t.Setenv("KEEPWARM_POSTGRES_DSN", broken)
@@ -66,6 +69,11 @@ func TestValidateBehindPgBouncer(t *testing.T) {
 	t.Setenv("KEEPWARM_POSTGRES_DSN", fixed)
 	if stdout, stderr, code := keepwarm(t, "validate", "--config", demoConfig, "--check-db"); code != 0 {
 		t.Errorf("validate --check-db with default_query_exec_mode=exec behind PgBouncer: exit %d\n%s%s", code, stdout, stderr)
+	}
+	t.Setenv("KEEPWARM_CHANGES_DSN", "")
+	_, stderr, code = keepwarm(t, "validate", "--config", demoConfig, "--check-db")
+	if want := "point [changes] dsn (KEEPWARM_CHANGES_DSN) at PostgreSQL itself"; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("validate --check-db, the change stream through PgBouncer: exit %d, want 1 and %q\n%s", code, want, stderr)
 	}
 }
 

@@ -370,8 +370,31 @@ func replicationDSN(dsn string) string {
 	return dsn + " replication=database"
 }
 
+// pgxOnlyParams are DSN settings that pgx and pgxpool read and remove before connecting ([postgres] dsn often
+// carries default_query_exec_mode=exec for PgBouncer). pgconn alone would send them to the server as run-time
+// parameters, which PostgreSQL refuses ("unrecognized configuration parameter") and PgBouncer too ("unsupported
+// startup parameter").
+var pgxOnlyParams = []string{"default_query_exec_mode", "statement_cache_capacity", "description_cache_capacity",
+	"pool_max_conns", "pool_min_conns", "pool_min_idle_conns", "pool_max_conn_lifetime", "pool_max_conn_idle_time",
+	"pool_health_check_period", "pool_max_conn_lifetime_jitter"}
+
+// connConfig parses dsn for a pgconn connection (the stream's own connections), without pgx's settings.
+func connConfig(dsn string, connectTimeout time.Duration) (*pgconn.Config, error) {
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range pgxOnlyParams {
+		delete(pc.RuntimeParams, k)
+	}
+	if connectTimeout > 0 {
+		pc.ConnectTimeout = connectTimeout
+	}
+	return pc, nil
+}
+
 func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	pc, err := pgconn.ParseConfig(replicationDSN(s.cfg.DSN))
+	pc, err := connConfig(replicationDSN(s.cfg.DSN), s.cfg.ConnectTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("parse dsn: %w", scrubParseError(err))
 	}
@@ -521,12 +544,9 @@ func tableOIDs(ctx context.Context, conn *pgconn.PgConn, tables []string) (map[s
 // connection: nil while nothing changed; an error that ends the session (the next one re-adds the table and
 // resyncs) when a feeding table left the publication (with CreatePublication) or was rebuilt.
 func (s *Stream) checkPublication(ctx context.Context) error {
-	pc, err := pgconn.ParseConfig(s.cfg.DSN)
+	pc, err := connConfig(s.cfg.DSN, s.cfg.ConnectTimeout)
 	if err != nil {
 		return nil // NewStream checked it; nothing to watch with
-	}
-	if s.cfg.ConnectTimeout > 0 {
-		pc.ConnectTimeout = s.cfg.ConnectTimeout
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
@@ -666,12 +686,29 @@ func slotPluginError(slot, plugin string) error {
 // name with another plugin than pgoutput. `keepwarm validate --check-db` runs it. The error joins one error
 // per problem, each naming the setting to change; a connection failure is returned alone.
 func CheckStream(ctx context.Context, cfg StreamConfig) error {
-	conn, err := pgconn.Connect(ctx, cfg.DSN)
+	pc, err := connConfig(cfg.DSN, cfg.ConnectTimeout)
+	if err != nil {
+		return fmt.Errorf("postgres: change stream: parse dsn: %w", scrubParseError(err))
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return fmt.Errorf("postgres: change stream: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var errs []error
+	// The stream's own connection is a replication connection, which a pooler such as PgBouncer (before 1.23)
+	// does not pass on.
+	if rc, err := connConfig(replicationDSN(cfg.DSN), cfg.ConnectTimeout); err == nil {
+		repl, err := pgconn.ConnectConfig(ctx, rc)
+		if err == nil {
+			_, err = pglogrepl.IdentifySystem(ctx, repl)
+			repl.Close(context.WithoutCancel(ctx))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("postgres: change stream: a replication connection (replication=database) fails: %w; "+
+				"behind a connection pooler such as PgBouncer, point [changes] dsn (KEEPWARM_CHANGES_DSN) at PostgreSQL itself", err))
+		}
+	}
 	var fe *fatalError
 	if err := (&Stream{cfg: cfg}).checkServer(ctx, conn); errors.As(err, &fe) {
 		errs = append(errs, fe.err)
@@ -714,7 +751,11 @@ func EnsurePublication(ctx context.Context, dsn, publication string, tables []st
 			return fmt.Errorf("postgres: %w", err)
 		}
 	}
-	conn, err := pgconn.Connect(ctx, dsn)
+	pc, err := connConfig(dsn, 0)
+	if err != nil {
+		return fmt.Errorf("postgres: parse dsn: %w", scrubParseError(err))
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return fmt.Errorf("postgres: connect: %w", err)
 	}
