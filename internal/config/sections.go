@@ -22,7 +22,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/lockstep"
-	"github.com/keepwarm/keepwarm/sources/postgres"
 	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -558,8 +557,8 @@ func decodeHotkeys(t *table, c *Config, dir string, names map[string]bool) *Hotk
 // readIDs reads a hotkeys file: one id per line, surrounding spaces trimmed, blank lines and lines starting
 // with # skipped. A line that is not a valid id (check fails with lockstep.ErrInvalidID or postgres.ErrInvalidID,
 // such as a NUL byte, or the line is longer than an id can be) does not make the file invalid: it comes back in
-// skipped as "file:line: error", so that one bad line in a list of 10,000 ids leaves the other 9,999 warm. err is for a file that cannot be read, and for
-// check errors other than an invalid id. Errors name the file as written in the config, and the line.
+// skipped as "file:line: error", so that one bad line in a list of 10,000 ids leaves the other 9,999 warm. err
+// is for a file that cannot be read, and for check errors other than an invalid id. Errors name the file as written in the config, and the line.
 func readIDs(path, shown string, check func(string) error) (ids, skipped []string, err error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -593,7 +592,7 @@ func readIDs(path, shown string, check func(string) error) (ids, skipped []strin
 		switch {
 		case err == nil:
 			ids = append(ids, s)
-		case errors.Is(err, lockstep.ErrInvalidID), errors.Is(err, postgres.ErrInvalidID):
+		case errors.Is(err, lockstep.ErrInvalidID), errors.Is(err, pgsource.ErrInvalidID):
 			skipped = append(skipped, fmt.Sprintf("%s:%d: %v", shown, line, err))
 		default:
 			errs = append(errs, fmt.Errorf("%s:%d: %w", shown, line, err))
@@ -759,7 +758,7 @@ func checkID(ks *Keyspace, id string) error {
 	if err != nil {
 		return err
 	}
-	return postgres.ValidID(id)
+	return pgsource.ValidID(id)
 }
 
 // unjoin splits an errors.Join into its errors.
