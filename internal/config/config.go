@@ -32,6 +32,10 @@ const (
 	MinConnectTimeout  = 100 * time.Millisecond // [redis] dial_timeout, [postgres] connect_timeout
 	MinPoolWaitTimeout = 10 * time.Millisecond  // [postgres] pool_wait_timeout
 
+	// MaxRedisPoolSize bounds [redis] pool_size: go-redis allocates a pool's slots when it builds the client, and
+	// 2147483647 of them exhausted memory before the daemon started.
+	MaxRedisPoolSize = 100000
+
 	// Keyspace defaults and bounds are warmer's (warmer.DefaultJitter, warmer.DefaultTopN, warmer.MaxDuration,
 	// ...): one definition each, on warmer.KeyspaceConfig.
 )

@@ -222,6 +222,10 @@ func (t *table) float(key string, dst *float64) bool {
 	}
 	switch v := v.(type) {
 	case float64:
+		if math.IsNaN(v) || math.IsInf(v, 0) { // TOML's bare nan and inf
+			t.problem(key, "%v is not a finite number", v)
+			return false
+		}
 		*dst = v
 		return true
 	case int64:

@@ -125,8 +125,9 @@ func decodeRedis(t *table, dir string, r *Redis) {
 	if r.DB < 0 {
 		t.problem("db", "must be 0 or more, got %d", r.DB)
 	}
-	if r.PoolSize < 0 {
-		t.problem("pool_size", "must be 0 (the go-redis default) or more, got %d", r.PoolSize)
+	if r.PoolSize < 0 || r.PoolSize > MaxRedisPoolSize {
+		t.problem("pool_size", "%d is not in [0, %d] (0: the go-redis default, 10 per CPU); go-redis allocates the pool's slots up front",
+			r.PoolSize, MaxRedisPoolSize)
 	}
 	switch {
 	case !r.TLS.Enabled && tlsSet != "":
@@ -178,11 +179,19 @@ func checkRedisURL(mode, raw string) (tls bool, db int, err error) {
 		if err != nil {
 			return false, 0, scrub(err)
 		}
+		for _, a := range o.Addrs {
+			if !validHostPort(a) {
+				return false, 0, fmt.Errorf("address %q is not host:port with a port in [1, 65535]", a)
+			}
+		}
 		return o.TLSConfig != nil, 0, nil
 	default:
 		o, err := redis.ParseURL(raw)
 		if err != nil {
 			return false, 0, scrub(err)
+		}
+		if !validHostPort(o.Addr) {
+			return false, 0, fmt.Errorf("address %q is not host:port with a port in [1, 65535]", o.Addr)
 		}
 		if o.DB < 0 {
 			return false, 0, fmt.Errorf("the database number in its path is %d: want 0 or more (redis://host:port/0)", o.DB)
@@ -287,9 +296,11 @@ const listenTimeout = 2 * time.Second
 // listenHost checks that the daemon can bind to host: empty (every interface), an IP address, or a name that
 // resolves. A name of digits and dots only is a mistyped IPv4 address ("256.0.0.1"), not looked up.
 func listenHost(host string) error {
-	ip, _, _ := strings.Cut(host, "%") // an IPv6 zone: "fe80::1%eth0"
-	if host == "" || net.ParseIP(ip) != nil {
+	if host == "" {
 		return nil
+	}
+	if ip, _, _ := strings.Cut(host, "%"); net.ParseIP(ip) != nil { // an IPv6 zone: "fe80::1%eth0"
+		return localIP(host)
 	}
 	if strings.Trim(host, "0123456789.") == "" {
 		return fmt.Errorf("host %q is not an IPv4 address", host)
@@ -299,10 +310,51 @@ func listenHost(host string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), listenTimeout)
 	defer cancel()
-	if _, err := net.DefaultResolver.LookupHost(ctx, host); err != nil {
+	addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+	if err != nil {
 		return fmt.Errorf("host %q does not resolve: use an IP address such as 127.0.0.1, or a name in /etc/hosts", host)
 	}
-	return nil
+	for _, a := range addrs {
+		if localIP(a) == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("host %q resolves to %s, none of this host's addresses", host, strings.Join(addrs, ", "))
+}
+
+// localIP checks that the daemon can bind to ip (zone allowed): the unspecified address (every interface), a
+// loopback address, or an address of one of this host's interfaces; not a multicast or broadcast address.
+func localIP(s string) error {
+	addr, zone, _ := strings.Cut(s, "%")
+	ip := net.ParseIP(addr)
+	switch {
+	case ip == nil:
+		return fmt.Errorf("host %q is not an IP address", s)
+	case ip.IsUnspecified() || (ip.IsLoopback() && zone == ""):
+		return nil
+	case ip.IsMulticast() || ip.Equal(net.IPv4bcast):
+		return fmt.Errorf("host %q is a multicast or broadcast address, which cannot be listened on", s)
+	}
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return nil // cannot tell: let the bind decide
+	}
+	for _, ifc := range ifaces {
+		if zone != "" && ifc.Name != zone {
+			continue
+		}
+		as, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range as {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("host %q is not an address of this host (%s): use 127.0.0.1, 0.0.0.0 or one of its interfaces' addresses",
+		s, "see `ip addr`")
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
@@ -560,6 +612,10 @@ func decodeHotkeys(t *table, c *Config, dir string, names map[string]bool) *Hotk
 // skipped as "file:line: error", so that one bad line in a list of 10,000 ids leaves the other 9,999 warm. err
 // is for a file that cannot be read, and for check errors other than an invalid id. Errors name the file as written in the config, and the line.
 func readIDs(path, shown string, check func(string) error) (ids, skipped []string, err error) {
+	// Only a regular file: opening a FIFO blocks until a writer comes, and /dev/zero never ends.
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s: is not a regular file (%s)", shown, st.Mode().Type())
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		var pe *os.PathError
