@@ -6,11 +6,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/reload"
 	"github.com/keepwarm/keepwarm/internal/testenv"
 )
@@ -219,5 +221,29 @@ query = 'select id, body from %s where id = any($1)'
 	}
 	if code := stop(); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
+	}
+}
+
+// TestRemovedByNamesUnpinnedIDs: a list that stays but loses ids (a hot-key file rewritten in place, read after
+// its first two lines of fifty) counts as a removal, so the reload waits for the file to settle; a list that
+// gains ids, or is unchanged, does not.
+func TestRemovedByNamesUnpinnedIDs(t *testing.T) {
+	ids := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprint(i + 1)
+		}
+		return out
+	}
+	conf := func(n int) *config.Config {
+		return &config.Config{Hotkeys: []*config.Hotkeys{{Name: "black-friday", Keyspace: "track", IDs: ids(n)}}}
+	}
+	if r := removedBy(conf(50), conf(2)); r.empty() || !slices.Equal(r.unpinned, []string{"black-friday (lost 48 of 50 ids)"}) {
+		t.Errorf("50 ids to 2: removals %+v, want unpinned [black-friday (lost 48 of 50 ids)]", r)
+	}
+	for _, n := range []int{50, 60} {
+		if r := removedBy(conf(50), conf(n)); !r.empty() {
+			t.Errorf("50 ids to %d: removals %+v, want none", n, r)
+		}
 	}
 }

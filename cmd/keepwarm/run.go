@@ -491,7 +491,7 @@ func (d *daemon) reload(reason string, final bool) error {
 	}
 	gone := removedBy(d.cfg, cfg)
 	if !gone.empty() && !final {
-		d.log.Info("config on disk removes keyspaces, schedules or hot-key lists; waiting for it to settle before applying",
+		d.log.Info("config on disk removes keyspaces, schedules, hot-key lists or pinned ids; waiting for it to settle before applying",
 			append([]any{"reason", reason}, gone.attrs()...)...)
 		return reload.ErrSettle
 	}
@@ -525,7 +525,7 @@ func (d *daemon) reload(reason string, final bool) error {
 	d.reloads.WithLabelValues("ok").Inc()
 	d.log.Info("config reloaded", "reason", reason, "keyspaces", len(cfg.Keyspaces))
 	if !gone.empty() {
-		d.log.Warn("config reload removed keyspaces, schedules or hot-key lists",
+		d.log.Warn("config reload removed keyspaces, schedules, hot-key lists or pinned ids",
 			append([]any{"reason", reason}, gone.attrs()...)...)
 	}
 	return nil
@@ -535,6 +535,9 @@ func (d *daemon) reload(reason string, final bool) error {
 // running config, nil when nothing of that kind goes.
 type removals struct {
 	keyspaces, schedules, hotkeys []string
+	// unpinned names the lists that stay but lose ids, "name (lost N of M ids)": a hot-key file cut short (a
+	// writer that paused after two lines of fifty) looks like that.
+	unpinned []string
 }
 
 // removedBy returns what cfg drops of old's keyspaces, [[schedule]]s and [[hotkeys]] lists.
@@ -551,14 +554,31 @@ func removedBy(old, cfg *config.Config) removals {
 		}
 	}
 	for _, h := range old.Hotkeys {
-		if cfg.HotkeysList(h.Name) == nil {
+		nh := cfg.HotkeysList(h.Name)
+		if nh == nil {
 			r.hotkeys = append(r.hotkeys, h.Name)
+			continue
+		}
+		kept := make(map[string]bool, len(nh.IDs))
+		for _, id := range nh.IDs {
+			kept[id] = true
+		}
+		lost := 0
+		for _, id := range h.IDs {
+			if !kept[id] {
+				lost++
+			}
+		}
+		if lost > 0 {
+			r.unpinned = append(r.unpinned, fmt.Sprintf("%s (lost %d of %d ids)", h.Name, lost, len(h.IDs)))
 		}
 	}
 	return r
 }
 
-func (r removals) empty() bool { return len(r.keyspaces)+len(r.schedules)+len(r.hotkeys) == 0 }
+func (r removals) empty() bool {
+	return len(r.keyspaces)+len(r.schedules)+len(r.hotkeys)+len(r.unpinned) == 0
+}
 
 // attrs are the log attributes naming the removals: "keyspaces", "schedules", "hotkeys", each only when not
 // empty.
@@ -567,7 +587,7 @@ func (r removals) attrs() []any {
 	for _, kv := range []struct {
 		key   string
 		names []string
-	}{{"keyspaces", r.keyspaces}, {"schedules", r.schedules}, {"hotkeys", r.hotkeys}} {
+	}{{"keyspaces", r.keyspaces}, {"schedules", r.schedules}, {"hotkeys", r.hotkeys}, {"unpinned", r.unpinned}} {
 		if len(kv.names) > 0 {
 			out = append(out, kv.key, kv.names)
 		}
