@@ -247,3 +247,33 @@ func TestRemovedByNamesUnpinnedIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestRunAppliesAConfigOnceTheListItNamesExists: an edit that names a hot-key list file not created yet is
+// rejected; creating the file applies the config without another edit or a SIGHUP (the file was not watched,
+// since only the running config's files were, so the valid config waited forever).
+func TestRunAppliesAConfigOnceTheListItNamesExists(t *testing.T) {
+	f := newDaemonFixture(t)
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	f.write(t, `"1"`, "")
+	logs, stop := startRunLoggingTo(t, f.path, nil)
+	waitForLog(t, 10*time.Second, "pinned id 1 written", func(string) bool {
+		return rdb.Exists(ctx, f.prefix+"item:1").Val() == 1
+	}, logs)
+	f.writeText(t, f.text(`"1"`, "")+"\n[[hotkeys]]\nname = \"more\"\nkeyspace = \"items\"\nfile = \"more.txt\"\n")
+	waitForLog(t, 15*time.Second, "the edit rejected", func(log string) bool {
+		return len(logLines(log, "config reload rejected", "more.txt")) > 0
+	}, logs)
+	if err := os.WriteFile(filepath.Join(f.dir, "more.txt"), []byte("5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog(t, 10*time.Second, "the config applied once more.txt exists (id 5 written)", func(string) bool {
+		return rdb.Exists(ctx, f.prefix+"item:5").Val() == 1
+	}, logs)
+	if n := len(logLines(logs.String(), `msg="config reloaded"`, "reason=file")); n != 1 {
+		t.Errorf("%d file reloads, want 1", n)
+	}
+	if code := stop(); code != 0 {
+		t.Errorf("exit code %d", code)
+	}
+}

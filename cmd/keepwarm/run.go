@@ -474,13 +474,19 @@ func watchedFiles(cfg *config.Config) []string {
 func (d *daemon) reload(reason string, final bool) error {
 	cfg, err := config.Load(d.path)
 	if err != nil {
+		var ve *config.ValidationError
+		if errors.As(err, &ve) && len(ve.Files) > 0 {
+			// A list it names may not exist yet: creating it must start a check.
+			if err := d.watch.Also(ve.Files); err != nil {
+				d.log.Warn("config reload: cannot watch a hot-key file", "error", err)
+			}
+		}
 		if !final {
 			d.log.Info("config on disk is invalid; waiting for it to settle before reporting", "reason", reason)
 			return err
 		}
 		d.reloads.WithLabelValues("error").Inc()
-		var ve *config.ValidationError
-		if errors.As(err, &ve) {
+		if ve != nil {
 			for _, p := range ve.Problems {
 				d.log.Error("config reload rejected; keeping the running config", "reason", reason, "problem", p)
 			}

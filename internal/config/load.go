@@ -30,6 +30,10 @@ const EnvPrefix = "KEEPWARM_"
 type ValidationError struct {
 	Path     string   // the config file, as given to Load
 	Problems []string // in file order
+	// Files are the hot-key list files the config names, absolute, whether or not they exist: a daemon whose
+	// reload was rejected watches them (reload.Watcher.Also), so that creating a missing list applies the config.
+	// Nil for a TOML syntax error.
+	Files []string
 }
 
 // Error returns "path: problem" for one problem, else "path: N problems:" and one indented problem per line.
@@ -122,7 +126,13 @@ func parse(path, abs string, b []byte, environ []string) (*Config, error) {
 			}
 			d.problems[i] = p
 		}
-		return nil, &ValidationError{Path: path, Problems: d.problems}
+		ve := &ValidationError{Path: path, Problems: d.problems}
+		for _, h := range c.Hotkeys {
+			if h.File != "" {
+				ve.Files = append(ve.Files, h.File)
+			}
+		}
+		return nil, ve
 	}
 	c.Notes = d.notes
 	return c, nil

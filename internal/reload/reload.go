@@ -31,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -75,6 +76,7 @@ type Watcher struct {
 	// and Run share them.
 	mu      sync.Mutex
 	files   []string        // absolute paths as configured (maybe symlinks)
+	extra   []string        // files a rejected config names (Also), watched until the next Watch
 	dirs    map[string]bool // directories watched
 	names   map[string]bool // the watched names (see the package doc): events on other names are dropped
 	applied [sha256.Size]byte
@@ -124,14 +126,11 @@ func New(log *slog.Logger, files []string, opts ...Option) (*Watcher, error) {
 func (w *Watcher) Watch(files []string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.files = w.files[:0]
-	for _, f := range files {
-		abs, err := filepath.Abs(f)
-		if err != nil {
-			return err
-		}
-		w.files = append(w.files, abs)
+	abs, err := absAll(files)
+	if err != nil {
+		return err
 	}
+	w.files, w.extra = abs, nil
 	if err := w.resolveLocked(); err != nil {
 		return err
 	}
@@ -139,6 +138,36 @@ func (w *Watcher) Watch(files []string) error {
 	w.gen++
 	return nil
 }
+
+// Also watches files too, until the next Watch, without taking their content as applied: the files that a
+// config the Func rejected names (a new hot-key list it refers to before the list exists). Creating or changing
+// one of them then starts a check, so the config is applied once it is valid, without waiting for another edit
+// or a SIGHUP. It returns the errors of adding directory watches, as Watch does.
+func (w *Watcher) Also(files []string) error {
+	abs, err := absAll(files)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.extra = abs
+	return w.resolveLocked()
+}
+
+func absAll(files []string) ([]string, error) {
+	out := make([]string, 0, len(files))
+	for _, f := range files {
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, abs)
+	}
+	return out, nil
+}
+
+// allLocked returns the watched files: Watch's, then Also's.
+func (w *Watcher) allLocked() []string { return append(slices.Clip(w.files), w.extra...) }
 
 // setApplied records h as the applied content, unless Watch (called by the reload) has set it since gen.
 func (w *Watcher) setApplied(h [sha256.Size]byte, gen int) {
@@ -167,7 +196,7 @@ func (w *Watcher) resolveLocked() error {
 			names[p] = true // p and every directory above it: renaming any of them changes what p reads
 		}
 	}
-	for _, f := range w.files {
+	for _, f := range w.allLocked() {
 		want[filepath.Dir(f)] = true
 		name(f)
 		p := f
@@ -214,7 +243,7 @@ func (w *Watcher) resolveLocked() error {
 // hashLocked returns a SHA-256 over the files' paths and contents (a missing file hashes as absent).
 func (w *Watcher) hashLocked() [sha256.Size]byte {
 	h := sha256.New()
-	for _, f := range w.files {
+	for _, f := range w.allLocked() {
 		h.Write([]byte(f))
 		b, err := os.ReadFile(f)
 		if err != nil {
