@@ -276,3 +276,16 @@ func TestExitCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateCheckNamesADatabaseOutOfRange: validate --check against a Redis with fewer databases than the
+// config's db names the db (it printed `redis : ERR DB index is out of range`).
+func TestValidateCheckNamesADatabaseOutOfRange(t *testing.T) {
+	testenv.Redis(t) // fails with a how-to-start message when Redis is down
+	t.Setenv("KEEPWARM_POSTGRES_DSN", chinookDSN(t))
+	u := testenv.RedisURL()
+	t.Setenv("KEEPWARM_REDIS_URL", u[:strings.LastIndex(u, "/")]+"/9999")
+	_, stderr, code := keepwarm(t, "validate", "--config", demoConfig, "--check")
+	if want := "db 9999: the server has fewer databases"; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("validate --check with db 9999: exit %d, want 1 and %q in\n%s", code, want, stderr)
+	}
+}

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -125,5 +126,23 @@ func TestByteOrderMark(t *testing.T) {
 	c := mustLoad(t, "\xef\xbb\xbf"+cfg(nil), nil)
 	if len(c.Keyspaces) != 1 || c.Keyspaces[0].Name != "track" {
 		t.Errorf("keyspaces: got %d, want the one named track", len(c.Keyspaces))
+	}
+}
+
+// An environment url naming another database than the file's db wins, with a note, as it wins over the file's
+// addresses (the demo config sets db = 0; KEEPWARM_REDIS_URL=redis://host:port/15 was refused as "db: 0 differs
+// from the url's database 15", without saying where the url came from).
+func TestEnvURLDatabaseReplacesTheFilesDB(t *testing.T) {
+	c := mustLoad(t, cfg(map[string]string{"REDIS": "db = 0"}), nil, "KEEPWARM_REDIS_URL=redis://127.0.0.1:16379/15")
+	if c.Redis.DB != 15 {
+		t.Errorf("db: got %d, want 15 from the environment's url", c.Redis.DB)
+	}
+	if want := "redis: database 15 from KEEPWARM_REDIS_URL replaces the file's db = 0"; !slices.Contains(c.Notes, want) {
+		t.Errorf("notes %q, want %q", c.Notes, want)
+	}
+	// Both in the file: still a contradiction to fix.
+	_, err := load(t, strings.Replace(cfg(map[string]string{"REDIS": "db = 3"}), "16379/0", "16379/15", 1), nil)
+	if err == nil || !strings.Contains(err.Error(), "redis: db: 3 differs from the url's database 15") {
+		t.Errorf("file db 3, file url /15: got %v", err)
 	}
 }

@@ -93,10 +93,19 @@ func decodeRedis(t *table, dir string, r *Redis) {
 			t.problem("url", "%v", err)
 		default:
 			r.TLS.Enabled = r.TLS.Enabled || urlTLS
-			if hasDB && r.DB != urlDB && urlDB != 0 {
-				t.problem("db", "%d differs from the url's database %d", r.DB, urlDB)
-			} else if !hasDB {
+			_, urlEnv := t.d.fromEnv["redis.url"]
+			_, dbEnv := t.d.fromEnv["redis.db"]
+			switch {
+			case !hasDB:
 				r.DB = urlDB
+			case r.DB == urlDB || urlDB == 0:
+			case urlEnv && !dbEnv:
+				// The environment's url wins over the file's db, as it wins over the file's addresses.
+				t.d.notes = append(t.d.notes, fmt.Sprintf("redis: database %d from %s replaces the file's db = %d",
+					urlDB, t.d.fromEnv["redis.url"], r.DB))
+				r.DB = urlDB
+			default:
+				t.problem("db", "%d differs from the url's database %d", r.DB, urlDB)
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,7 +30,14 @@ func Redis(ctx context.Context, cfg *config.Config, timeout time.Duration) (redi
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		_ = rdb.Close()
-		return nil, fmt.Errorf("redis %s: %w", cfg.Redis.RedactedURL(), err)
+		where := cfg.Redis.RedactedURL()
+		if where == "" {
+			where = strings.Join(cfg.Redis.Addresses, ",")
+		}
+		if strings.Contains(err.Error(), "DB index is out of range") {
+			return nil, fmt.Errorf("redis %s: db %d: the server has fewer databases (its `databases` setting): %w", where, cfg.Redis.DB, err)
+		}
+		return nil, fmt.Errorf("redis %s: %w", where, err)
 	}
 	return rdb, nil
 }
