@@ -121,8 +121,8 @@ func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[str
 // readTop reads the access set's best members (those scoring at least min_score, when set) and returns up to
 // window of them that are valid ids, best first, and apart the members that are not valid ids
 // (lockstep.Keys.ValidateID fails: invalid UTF-8, empty, too long; or the source refuses them, IDValidator: a NUL
-// byte for PostgreSQL). Those never take a hot slot: reading goes
-// on past them, up to max_tracked members in all, so a flood of invalid members cannot hide the real hot ids.
+// byte for PostgreSQL). Those never take a hot slot: reading goes on past them, up to max_tracked members in
+// all, so a flood of invalid members cannot hide the real hot ids.
 // Without invalid members it is one ZREVRANGE of window members, as before.
 func (k *keyspace) readTop(ctx context.Context, cfg KeyspaceConfig, window int64) (zs []redis.Z, bad []string, err error) {
 	limit := max(int64(cfg.MaxTracked), window)
