@@ -174,13 +174,22 @@ func (s *soak) flushDB(ctx context.Context) (string, error) {
 		what = fmt.Sprintf("%d keys", n)
 		err = s.rdb.FlushDB(ctx).Err()
 	}
-	if err == nil && s.emptied != nil {
-		select { // the observer learns that every key was gone at once (see observer.emptied)
-		case s.emptied <- flush{sent: at, done: time.Now()}:
-		default:
-		}
+	if err == nil {
+		s.reportEmptied(at)
 	}
 	return what, err
+}
+
+// reportEmptied tells the observer that the data set was emptied at once between at and now (see
+// observer.emptied): a FLUSHDB, or a restart of the single Redis, which has no persistence.
+func (s *soak) reportEmptied(at time.Time) {
+	if s.emptied == nil {
+		return
+	}
+	select {
+	case s.emptied <- flush{sent: at, done: time.Now()}:
+	default:
+	}
 }
 
 // migrateSlots moves the slots of up to 8 hot keys to another master, key by key, 100 ms apart.
@@ -228,6 +237,10 @@ func (s *soak) restartRedis(ctx context.Context, target int) (string, error) {
 	if err := s.redis.Restart(ctx); err != nil {
 		return "", err
 	}
+	// It comes back empty, like a FLUSHDB: the observer's polls fail while it is down, and the daemons rebuild
+	// most hot keys before the observer reads again, so without this it saw about half of the gaps (seed 61:
+	// 734 keys gone at each of two restarts, 827 gaps seen, and the phantom check failed on the difference).
+	s.reportEmptied(t0)
 	return fmt.Sprintf("down %v", time.Since(t0).Round(time.Millisecond)), nil
 }
 
