@@ -32,11 +32,12 @@ type ScheduleConfig struct {
 	IDs      IDSource // the ids to warm at each run
 	Spread   time.Duration
 	Rate     float64
-	// RunSkipped, when a daylight-saving change skips a local time the spec names (02:30 on a spring-forward
-	// night in Europe/Berlin), runs that time's warmup at the first valid time after the gap (03:00), as cronie
-	// and Vixie cron do. Default false: the run is skipped, logged at WARN and counted as result
-	// "skipped_dst", as robfig/cron does.
-	RunSkipped bool
+	// SkipDSTGap is what happens when a daylight-saving change skips a local time the spec names (02:30 on a
+	// spring-forward night in Europe/Berlin). Default false: that time's warmup runs at the first valid time
+	// after the gap (03:00) and is logged at WARN, as cronie and Vixie cron do, so a pre-promotion warmup is never
+	// silently lost. True: the run is skipped, logged at WARN and counted as result "skipped_dst", as
+	// robfig/cron alone does (robfig/cron PR #541). The daemon's dst_gap maps onto it ("skip": true).
+	SkipDSTGap bool
 }
 
 // ScheduleStatus is one schedule's state for the status page and `keepwarm status`.
@@ -64,8 +65,8 @@ func WithCronClock(clk clockwork.Clock) CronOption { return func(c *Cron) { c.cl
 // Daylight-saving time, in the schedule's own zone (CRON_TZ=, else the host's): a local time that a change
 // repeats (02:30 on the fall-back night in Europe/Berlin) fires twice, but both instants claim the same key,
 // built from the wall-clock time in the schedule's zone, so it runs once. A local time that a change skips
-// (02:30 on the spring-forward night) does not exist: by default that run is skipped and logged; with
-// ScheduleConfig.RunSkipped it runs at the first valid time after the gap (cronie's behaviour).
+// (02:30 on the spring-forward night) does not exist: by default that run happens at the first valid time after
+// the gap (cronie's behaviour), logged; with ScheduleConfig.SkipDSTGap it is skipped and logged.
 type Cron struct {
 	w   *Warmer
 	rec RunRecorder
@@ -210,7 +211,7 @@ func (c *Cron) Run(ctx context.Context) error {
 			if !e.next.IsZero() && !e.next.After(now) {
 				at, wall, gap := e.next, e.wall, e.gap
 				c.plan(e, now)
-				if gap && !e.cfg.RunSkipped {
+				if gap && e.cfg.SkipDSTGap {
 					c.log.Warn("schedule: a daylight-saving change skipped this run's local time; not running it (set dst_gap = \"run\" to run it after the gap)",
 						"schedule", name, "skipped_local_time", wall.Format("2006-01-02 15:04:05"), "zone", e.spec.loc.String())
 					c.m.runs.WithLabelValues(name, "skipped_dst").Inc()
@@ -260,7 +261,7 @@ func (c *Cron) Run(ctx context.Context) error {
 }
 
 // plan sets e's next firing: the spec's first activation after t, or, when a daylight-saving gap before it
-// skips a time the spec names, the end of that gap (run or only logged, per RunSkipped). c.mu is held.
+// skips a time the spec names, the end of that gap (run or only logged, per SkipDSTGap). c.mu is held.
 func (c *Cron) plan(e *schedEntry, t time.Time) {
 	next := e.spec.Next(t)
 	e.gap = false
@@ -286,7 +287,7 @@ func (c *Cron) apply(next map[string]*schedEntry) {
 			continue
 		}
 		n.last, n.lastR = old.last, old.lastR
-		if n.spec.String() == old.spec.String() && n.cfg.RunSkipped == old.cfg.RunSkipped {
+		if n.spec.String() == old.spec.String() && n.cfg.SkipDSTGap == old.cfg.SkipDSTGap {
 			n.next, n.wall, n.gap = old.next, old.wall, old.gap
 		}
 	}

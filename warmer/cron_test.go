@@ -236,16 +236,16 @@ func TestCronDSTFallBackRunsOnce(t *testing.T) {
 }
 
 // TestCronDSTSpringForward runs "30 2 * * *" in Europe/Berlin over 2026-03-29, when 02:00–03:00 does not
-// exist. By default the run is skipped, logged and counted; with RunSkipped it runs at 03:00 (cronie's way),
+// exist. With SkipDSTGap the run is skipped, logged and counted; by default it runs at 03:00 (cronie's way),
 // claiming the 02:30 wall-clock time.
 func TestCronDSTSpringForward(t *testing.T) {
 	for _, runSkipped := range []bool{false, true} {
-		name := map[bool]string{false: "default skips and logs", true: "RunSkipped runs after the gap"}[runSkipped]
+		name := map[bool]string{false: "SkipDSTGap skips and logs", true: "default runs after the gap"}[runSkipped]
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t, 3)
 			clk := clockwork.NewFakeClockAt(time.Date(2026, 3, 28, 12, 0, 0, 0, time.UTC))
 			sched := warmer.ScheduleConfig{Name: f.prefix + "spring", Spec: "CRON_TZ=Europe/Berlin 30 2 * * *",
-				Keyspace: "items", IDs: warmer.SliceIDs([]string{"1"}), RunSkipped: runSkipped}
+				Keyspace: "items", IDs: warmer.SliceIDs([]string{"1"}), SkipDSTGap: !runSkipped}
 			ds := newCronDaemons(t, f, clk, 1, nil, sched)
 			stop := runCrons(t, ds)
 			// 2026-03-29: no 02:30, the gap ends at 03:00 CEST = 01:00 UTC; 2026-03-30 02:30 CEST = 00:30 UTC.

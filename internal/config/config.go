@@ -247,7 +247,7 @@ const (
 	DSTGapSkip = "skip"
 	DSTGapRun  = "run"
 
-	DefaultDSTGap = DSTGapRun
+	DefaultDSTGap = DSTGapRun // warmer's own default: ScheduleConfig.SkipDSTGap false
 )
 
 // DefaultScheduleMinInterval is the default [[schedule]] min_interval.

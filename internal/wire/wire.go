@@ -93,7 +93,7 @@ func Schedules(cfg *config.Config, sources map[string]*postgres.Source) []warmer
 	out := make([]warmer.ScheduleConfig, 0, len(cfg.Schedules))
 	for _, s := range cfg.Schedules {
 		sc := warmer.ScheduleConfig{Name: s.Name, Spec: s.CronSpec(), Cron: s.Spec(), Keyspace: s.Keyspace,
-			Spread: s.Spread, Rate: s.Rate, RunSkipped: s.DSTGap == config.DSTGapRun}
+			Spread: s.Spread, Rate: s.Rate, SkipDSTGap: s.DSTGap == config.DSTGapSkip}
 		switch {
 		case s.IDsQuery:
 			if src := sources[s.Keyspace]; src != nil {
