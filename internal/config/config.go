@@ -28,9 +28,8 @@ const (
 	DefaultMissing = MissingDelete
 
 	// Floors of the timeouts (issue 22: a config that validate accepted with "1ns" timeouts never became ready).
-	MinRedisTimeout    = time.Millisecond       // [redis] read_timeout, write_timeout
-	MinConnectTimeout  = 100 * time.Millisecond // [redis] dial_timeout, [postgres] connect_timeout
-	MinPoolWaitTimeout = 10 * time.Millisecond  // [postgres] pool_wait_timeout
+	MinRedisTimeout   = time.Millisecond       // [redis] read_timeout, write_timeout
+	MinConnectTimeout = 100 * time.Millisecond // [redis] dial_timeout, [postgres] connect_timeout
 
 	// MaxRedisPoolSize bounds [redis] pool_size: go-redis allocates a pool's slots when it builds the client, and
 	// 2147483647 of them exhausted memory before the daemon started.
@@ -115,8 +114,8 @@ type Postgres struct {
 	StatementTimeout time.Duration // bound on each fetch query; default DefaultPostgresStatementTimeout
 	ConnectTimeout   time.Duration // bound on each connection attempt; default DefaultPostgresConnectTimeout
 	// PoolWaitTimeout (pool_wait_timeout) bounds a fetch's wait for a free pool connection; when it runs out the
-	// fetch fails with "pool exhausted (max_conns N)". Its default (1s) and bounds (more than 0, at most 1m) are
-	// postgres.Config.PoolWaitTimeout's: postgres.DefaultPoolWaitTimeout and postgres.MaxPoolWaitTimeout.
+	// fetch fails with "pool exhausted (max_conns N)". Its default (1s) and bounds (10ms to 1m) are
+	// postgres.Config.PoolWaitTimeout's: postgres.DefaultPoolWaitTimeout, MinPoolWaitTimeout and MaxPoolWaitTimeout.
 	PoolWaitTimeout time.Duration
 }
 

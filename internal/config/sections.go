@@ -226,7 +226,7 @@ func decodePostgres(t *table, p *Postgres) {
 	t.duration("statement_timeout", &p.StatementTimeout)
 	floor(t, "connect_timeout", &p.ConnectTimeout, MinConnectTimeout, "a TCP, TLS and authentication handshake cannot finish sooner, and every connection attempt would fail")
 	p.PoolWaitTimeout = pgsource.DefaultPoolWaitTimeout
-	if floor(t, "pool_wait_timeout", &p.PoolWaitTimeout, MinPoolWaitTimeout, "a busy pool hands a connection over in about that long, and nearly every fetch would fail as pool exhausted") &&
+	if floor(t, "pool_wait_timeout", &p.PoolWaitTimeout, pgsource.MinPoolWaitTimeout, "a busy pool hands a connection over in about that long, and nearly every fetch would fail as pool exhausted") &&
 		p.PoolWaitTimeout > pgsource.MaxPoolWaitTimeout {
 		t.problem("pool_wait_timeout", "%s is more than %s: a pool that busy needs more max_conns, not a longer wait",
 			p.PoolWaitTimeout, pgsource.MaxPoolWaitTimeout)

@@ -101,7 +101,7 @@ func TestPoolExhausted(t *testing.T) {
 // TestNewPoolWaitTimeoutBounds checks New's bounds on PoolWaitTimeout.
 func TestNewPoolWaitTimeoutBounds(t *testing.T) {
 	pool := testenv.Postgres(t)
-	for _, d := range []time.Duration{-time.Millisecond, postgres.MaxPoolWaitTimeout + time.Second} {
+	for _, d := range []time.Duration{-time.Millisecond, time.Nanosecond, postgres.MinPoolWaitTimeout - 1, postgres.MaxPoolWaitTimeout + time.Second} {
 		_, err := postgres.New(pool, postgres.Config{Keyspace: "k", Query: "q", PoolWaitTimeout: d})
 		if err == nil || !strings.Contains(err.Error(), "pool wait timeout") {
 			t.Errorf("New(PoolWaitTimeout %s): got %v, want an error naming the pool wait timeout", d, err)

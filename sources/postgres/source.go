@@ -77,6 +77,10 @@ const (
 	// MaxPoolWaitTimeout is the largest Config.PoolWaitTimeout: a wait longer than this means the pool is far too
 	// small for the load, and the lead would have to be as long.
 	MaxPoolWaitTimeout = time.Minute
+	// MinPoolWaitTimeout is the smallest Config.PoolWaitTimeout other than 0: a busy pool hands a connection over
+	// in about that long, so a shorter wait fails nearly every fetch as pool exhausted (issue 22: 1ns made a
+	// daemon that was ready and refreshed nothing).
+	MinPoolWaitTimeout = 10 * time.Millisecond
 	// ClientTimeoutMargin is how much longer than StatementTimeout the client-side backstop waits before pgx
 	// cancels the query itself (which costs the connection). The server's statement_timeout should fire first.
 	ClientTimeoutMargin = 500 * time.Millisecond
@@ -105,7 +109,8 @@ type Config struct {
 	StatementTimeout time.Duration
 	// PoolWaitTimeout bounds how long Fetch waits for a free pool connection before it fails with
 	// ErrPoolExhausted; it is separate from StatementTimeout, so a query's worst case is PoolWaitTimeout +
-	// StatementTimeout. 0 means DefaultPoolWaitTimeout (1s); it must be at most MaxPoolWaitTimeout (1m).
+	// StatementTimeout. 0 means DefaultPoolWaitTimeout (1s); otherwise it must be in [MinPoolWaitTimeout,
+	// MaxPoolWaitTimeout] (10ms to 1m).
 	PoolWaitTimeout time.Duration
 }
 
@@ -139,8 +144,10 @@ func New(pool *pgxpool.Pool, cfg Config, opts ...Option) (*Source, error) {
 		return nil, fmt.Errorf("postgres: keyspace %q: no query", cfg.Keyspace)
 	case cfg.StatementTimeout < 0:
 		return nil, fmt.Errorf("postgres: keyspace %q: negative statement timeout %s", cfg.Keyspace, cfg.StatementTimeout)
-	case cfg.PoolWaitTimeout < 0 || cfg.PoolWaitTimeout > MaxPoolWaitTimeout:
-		return nil, fmt.Errorf("postgres: keyspace %q: pool wait timeout %s is not in [0, %s]", cfg.Keyspace, cfg.PoolWaitTimeout, MaxPoolWaitTimeout)
+	case cfg.PoolWaitTimeout < 0 || (cfg.PoolWaitTimeout > 0 && cfg.PoolWaitTimeout < MinPoolWaitTimeout) ||
+		cfg.PoolWaitTimeout > MaxPoolWaitTimeout:
+		return nil, fmt.Errorf("postgres: keyspace %q: pool wait timeout %s is not 0 (the default) or in [%s, %s]",
+			cfg.Keyspace, cfg.PoolWaitTimeout, MinPoolWaitTimeout, MaxPoolWaitTimeout)
 	}
 	if cfg.PoolWaitTimeout == 0 {
 		cfg.PoolWaitTimeout = DefaultPoolWaitTimeout
