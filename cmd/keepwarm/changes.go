@@ -62,14 +62,11 @@ func newChangeStream(cfg *config.Config, w *warmer.Warmer, rdb redis.UniversalCl
 	if err != nil {
 		return nil, err
 	}
-	stream, err := postgres.NewStream(postgres.StreamConfig{
-		DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot, Publication: cfg.Changes.Publication,
-		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
-		StatusInterval: cfg.Changes.StatusInterval, Columns: cfg.FeedColumns(), MaxTxnChanges: cfg.Changes.MaxTxnChanges,
-		Resync: changes.Resync, ConnectTimeout: cfg.Postgres.ConnectTimeout,
-		Owed:   warmer.NewOwedResyncs(rdb, wire.LeaseKey(cfg.Changes.Slot)+":resync"),
-		Logger: log.With("component", "stream"), Registerer: reg,
-	})
+	sc := wire.StreamConfig(cfg)
+	sc.Resync = changes.Resync
+	sc.Owed = warmer.NewOwedResyncs(rdb, wire.LeaseKey(cfg.Changes.Slot)+":resync")
+	sc.Logger, sc.Registerer = log.With("component", "stream"), reg
+	stream, err := postgres.NewStream(sc)
 	if err != nil {
 		return nil, err
 	}

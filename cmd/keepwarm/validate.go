@@ -168,9 +168,7 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 	// stream would find it.
 	if cfg.Streamed() {
 		sctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		err := postgres.CheckStream(sctx, postgres.StreamConfig{DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot,
-			Publication: cfg.Changes.Publication, Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication,
-			ConnectTimeout: cfg.Postgres.ConnectTimeout})
+		err := postgres.CheckStream(sctx, wire.StreamConfig(cfg))
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("changes: %w", err))

@@ -32,3 +32,16 @@ func FeedColumns(cfg *config.Config) []postgres.FeedColumn {
 
 // LeaseKey is the Redis key of the fleet's stream lease for a slot.
 func LeaseKey(slot string) string { return "keepwarm:stream:" + slot }
+
+// StreamConfig translates [changes] (and [postgres] connect_timeout) into the stream's config, without the
+// parts a running daemon adds (Resync, Owed, Logger, Registerer): `run` starts the stream from it, and
+// `validate --check-db` checks it (postgres.CheckStream), so that both look at the same slot, publication, tables
+// and dsn.
+func StreamConfig(cfg *config.Config) postgres.StreamConfig {
+	return postgres.StreamConfig{
+		DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot, Publication: cfg.Changes.Publication,
+		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
+		StatusInterval: cfg.Changes.StatusInterval, Columns: cfg.FeedColumns(), MaxTxnChanges: cfg.Changes.MaxTxnChanges,
+		ConnectTimeout: cfg.Postgres.ConnectTimeout,
+	}
+}
