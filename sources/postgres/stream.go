@@ -418,7 +418,7 @@ func (s *Stream) session(ctx context.Context, apply func(context.Context, []Txn)
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if err := s.checkServer(ctx, conn); err != nil {
+	if err := checkServer(ctx, conn); err != nil {
 		return err
 	}
 	if err := s.loadOwed(ctx); err != nil {
@@ -454,7 +454,8 @@ func (s *Stream) session(ctx context.Context, apply func(context.Context, []Txn)
 	return s.stream(ctx, conn, apply)
 }
 
-func (s *Stream) checkServer(ctx context.Context, conn *pgconn.PgConn) error {
+// checkServer checks that the server's wal_level is logical (a *fatalError if not).
+func checkServer(ctx context.Context, conn *pgconn.PgConn) error {
 	res, err := conn.Exec(ctx, "select current_setting('wal_level'), pg_is_in_recovery()::text").ReadAll()
 	if err != nil {
 		return fmt.Errorf("read wal_level: %w", err)
@@ -710,7 +711,7 @@ func CheckStream(ctx context.Context, cfg StreamConfig) error {
 		}
 	}
 	var fe *fatalError
-	if err := (&Stream{cfg: cfg}).checkServer(ctx, conn); errors.As(err, &fe) {
+	if err := checkServer(ctx, conn); errors.As(err, &fe) {
 		errs = append(errs, fe.err)
 	} else if err != nil {
 		return err
