@@ -1,8 +1,10 @@
 package config_test
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,5 +146,26 @@ func TestEnvURLDatabaseReplacesTheFilesDB(t *testing.T) {
 	_, err := load(t, strings.Replace(cfg(map[string]string{"REDIS": "db = 3"}), "16379/0", "16379/15", 1), nil)
 	if err == nil || !strings.Contains(err.Error(), "redis: db: 3 differs from the url's database 15") {
 		t.Errorf("file db 3, file url /15: got %v", err)
+	}
+}
+
+// A hot-key list that is a FIFO is refused at once: opening it would block until some writer came.
+func TestHotkeysFileThatIsAFIFO(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "ids.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := config.LoadEnv(write(t, cfg(map[string]string{"REST": "[[hotkeys]]\nname = \"h\"\nkeyspace = \"track\"\nfile = \"" + fifo + "\""}), nil), nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if want := `hotkeys "h": file: ` + fifo + `: is not a regular file`; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadEnv: got %v, want %q", err, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("LoadEnv blocked on the FIFO")
 	}
 }
