@@ -105,31 +105,6 @@ type StreamConfig struct {
 	Registerer prometheus.Registerer
 }
 
-// Change is one row change of a feeding table. Old and New hold the row's columns as PostgreSQL's text output,
-// for non-NULL values only: New for INSERT and UPDATE; Old for DELETE (the replica identity columns, or every
-// column with REPLICA IDENTITY FULL) and for UPDATE when PostgreSQL sends the old row (REPLICA IDENTITY FULL, or
-// a changed key). A column whose TOASTed value did not change is in neither.
-type Change struct {
-	Table    string // "schema.table"
-	Op       byte   // 'I' insert, 'U' update, 'D' delete
-	Old, New map[string]string
-}
-
-// Txn is one committed transaction's changes to feeding tables, in the order they were made.
-type Txn struct {
-	End     uint64    // the LSN just past the commit record: acknowledged once applied
-	Commit  time.Time // the commit time, on the primary's clock
-	Changes []Change
-	// Truncated lists the feeding tables the transaction truncated (Resync is called for them).
-	Truncated []string
-	// Overflowed is set when the transaction changed more rows than StreamConfig.MaxTxnChanges: Changes is
-	// empty, and Resync was called for it (ResyncLargeTransaction).
-	Overflowed bool
-	rows       int // row changes received, kept or not
-
-	received time.Time
-}
-
 // StreamStatus is a Stream's state, for `keepwarm status` and the status page.
 type StreamStatus struct {
 	State       string    `json:"state"` // "connecting", "streaming", "resync", "stopped"
@@ -525,30 +500,7 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 	s.pending, s.appliedN = nil, 0 // the server sends again everything after the acknowledged LSN
 	s.failing = time.Time{}
 	s.mu.Unlock()
-	relations := map[uint32]*pglogrepl.RelationMessage{}
-	keep := map[string]map[string]bool{} // table → columns kept (Columns); nil: keep all
-	for t, cols := range s.cfg.Columns {
-		m := map[string]bool{}
-		for _, c := range cols {
-			m[c] = true
-		}
-		keep[QualifiedTable(t)] = m
-	}
-	var cur *Txn
-	add := func(c Change) {
-		cur.rows++
-		if cur.Overflowed {
-			return
-		}
-		if s.cfg.MaxTxnChanges > 0 && len(cur.Changes) >= s.cfg.MaxTxnChanges {
-			cur.Changes, cur.Overflowed = nil, true
-			s.m.overflowed.Inc()
-			s.log.Warn("a transaction changes more rows than max_transaction_changes: dropping its changes and refreshing every hot key instead",
-				"max_transaction_changes", s.cfg.MaxTxnChanges)
-			return
-		}
-		cur.Changes = append(cur.Changes, c)
-	}
+	dec := newDecoder(s.cfg.Columns, s.cfg.MaxTxnChanges)
 	var sentAck pglogrepl.LSN
 	lastStatus := time.Time{}
 	// A keepalive's WAL end, received outside a transaction when delivered transactions numbered delivered, may
@@ -568,7 +520,7 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 			s.mu.Unlock()
 			return fmt.Errorf("applying changes has failed for %v; releasing the slot until it can (changes are sent again)", ReleaseAfter)
 		}
-		if idleEnd > s.acked && s.appliedN >= idleAt && len(s.pending) == 0 && cur == nil {
+		if idleEnd > s.acked && s.appliedN >= idleAt && len(s.pending) == 0 && !dec.inTxn() {
 			s.acked = idleEnd
 		}
 		ack := s.acked
@@ -597,6 +549,9 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		default:
 			continue
 		}
+		if len(data) == 0 {
+			return errors.New("receive: empty CopyData message")
+		}
 		switch data[0] {
 		case pglogrepl.PrimaryKeepaliveMessageByteID:
 			pkm, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
@@ -604,7 +559,7 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 				return fmt.Errorf("parse keepalive: %w", err)
 			}
 			s.noteServer(pkm.ServerWALEnd)
-			if cur == nil {
+			if !dec.inTxn() {
 				idleEnd, idleAt = pkm.ServerWALEnd, delivered
 			}
 			if pkm.ReplyRequested {
@@ -616,54 +571,29 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 				return fmt.Errorf("parse xlog data: %w", err)
 			}
 			s.noteServer(xld.ServerWALEnd)
-			msg, err := pglogrepl.Parse(xld.WALData)
+			txn, overflowed, err := dec.decode(xld.WALData)
 			if err != nil {
 				return fmt.Errorf("parse pgoutput: %w", err)
 			}
-			switch m := msg.(type) {
-			case *pglogrepl.RelationMessage:
-				relations[m.RelationID] = m
-			case *pglogrepl.BeginMessage:
-				cur = &Txn{Commit: m.CommitTime}
-			case *pglogrepl.InsertMessage:
-				if cur != nil {
-					add(change(relations, keep, m.RelationID, 'I', nil, m.Tuple))
-				}
-			case *pglogrepl.UpdateMessage:
-				if cur != nil {
-					add(change(relations, keep, m.RelationID, 'U', m.OldTuple, m.NewTuple))
-				}
-			case *pglogrepl.DeleteMessage:
-				if cur != nil {
-					add(change(relations, keep, m.RelationID, 'D', m.OldTuple, nil))
-				}
-			case *pglogrepl.TruncateMessage:
-				if cur != nil {
-					for _, id := range m.RelationIDs {
-						if r := relations[id]; r != nil {
-							cur.Truncated = append(cur.Truncated, r.Namespace+"."+r.RelationName)
-						}
-					}
-				}
-			case *pglogrepl.CommitMessage:
-				if cur == nil {
-					continue
-				}
-				cur.End = uint64(m.TransactionEndLSN)
-				cur.received = time.Now()
-				cur.Commit = m.CommitTime
-				s.m.received.Add(float64(cur.rows))
-				s.m.txns.Inc()
-				s.mu.Lock()
-				s.st.Received += int64(cur.rows)
-				s.pending = append(s.pending, *cur)
-				s.mu.Unlock()
-				delivered++
-				cur = nil
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
+			if overflowed {
+				s.m.overflowed.Inc()
+				s.log.Warn("a transaction changes more rows than max_transaction_changes: dropping its changes and refreshing every hot key instead",
+					"max_transaction_changes", s.cfg.MaxTxnChanges)
+			}
+			if txn == nil {
+				continue
+			}
+			txn.received = time.Now()
+			s.m.received.Add(float64(txn.rows))
+			s.m.txns.Inc()
+			s.mu.Lock()
+			s.st.Received += int64(txn.rows)
+			s.pending = append(s.pending, *txn)
+			s.mu.Unlock()
+			delivered++
+			select {
+			case wake <- struct{}{}:
+			default:
 			}
 		}
 	}
@@ -673,41 +603,6 @@ func (s *Stream) noteServer(end pglogrepl.LSN) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.server = max(s.server, end)
-}
-
-// change builds one Change, keeping of its rows only the columns keep names for its table (all when keep has no
-// entry for it).
-func change(rel map[uint32]*pglogrepl.RelationMessage, keep map[string]map[string]bool, id uint32, op byte, old, new *pglogrepl.TupleData) Change {
-	r := rel[id]
-	c := Change{Op: op}
-	if r == nil {
-		return c
-	}
-	c.Table = r.Namespace + "." + r.RelationName
-	k := keep[c.Table]
-	c.Old, c.New = columns(r, k, old), columns(r, k, new)
-	return c
-}
-
-func columns(r *pglogrepl.RelationMessage, keep map[string]bool, t *pglogrepl.TupleData) map[string]string {
-	if t == nil {
-		return nil
-	}
-	n := len(t.Columns)
-	if keep != nil {
-		n = len(keep)
-	}
-	out := make(map[string]string, n)
-	for i, col := range t.Columns {
-		if i >= len(r.Columns) || col.DataType != pglogrepl.TupleDataTypeText {
-			continue // NULL, unchanged TOAST, or binary (not requested)
-		}
-		if keep != nil && !keep[r.Columns[i].Name] {
-			continue
-		}
-		out[r.Columns[i].Name] = string(col.Data)
-	}
-	return out
 }
 
 // applyLoop hands pending transactions to apply, in order, and moves the acknowledged LSN past those applied.
