@@ -138,11 +138,14 @@ type Stream struct {
 	log *slog.Logger
 	m   *streamMetrics
 
+	// mu guards the fields below it. The receive loop (stream), the applier (applyLoop, which owns the
+	// transactions not yet applied and publishes their count here), the publication watch and Status share them.
 	mu       sync.Mutex
 	st       StreamStatus
-	acked    pglogrepl.LSN
+	acked    pglogrepl.LSN // may be confirmed to the slot: every transaction up to it was applied
 	server   pglogrepl.LSN
-	pending  []Txn     // received, not yet applied
+	pending  int       // transactions received and not yet applied (the applier's queue)
+	oldest   time.Time // the commit time of the oldest of them
 	appliedN int64     // transactions of this session applied
 	failing  time.Time // when apply began failing in a row; zero while it succeeds
 	resync   []string
@@ -207,7 +210,7 @@ func (s *Stream) Status() StreamStatus {
 	st := s.st
 	st.AckedLSN, st.ServerLSN = s.acked.String(), s.server.String()
 	st.LagBytes, st.LagSeconds = s.lagLocked(time.Now())
-	st.Pending = len(s.pending)
+	st.Pending = s.pending
 	return st
 }
 
@@ -217,8 +220,8 @@ func (s *Stream) lagLocked(now time.Time) (int64, float64) {
 		bytes = int64(s.server - s.acked)
 	}
 	secs := 0.0
-	if len(s.pending) > 0 {
-		secs = max(now.Sub(s.pending[0].Commit).Seconds(), 0)
+	if s.pending > 0 {
+		secs = max(now.Sub(s.oldest).Seconds(), 0)
 	}
 	return bytes, secs
 }
@@ -458,18 +461,25 @@ func CheckStream(ctx context.Context, cfg StreamConfig) error {
 	return errors.Join(errs...)
 }
 
-// stream receives messages and runs the applier until the connection fails or ctx ends. All I/O on conn happens
-// in this goroutine; the applier only moves the acknowledged LSN, which the next status update sends.
+// stream receives messages, decodes them (decoder) and hands each committed transaction to the applier
+// (applyLoop) over a channel, until the connection fails or ctx ends. All I/O on conn happens in this goroutine;
+// the applier only moves the acknowledged LSN, which the next status update sends. The applier is always ready
+// for the next transaction (it applies on a goroutine of its own), so this loop never waits on apply and keeps
+// answering the server's keepalives however long apply takes.
 func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(context.Context, []Txn) error) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wake := make(chan struct{}, 1)
+	s.mu.Lock()
+	s.pending, s.oldest, s.appliedN = 0, time.Time{}, 0 // the server sends again everything after the acknowledged LSN
+	s.failing = time.Time{}
+	s.mu.Unlock()
+	txns := make(chan Txn) // received, in commit order; the applier owns them from here
 	applied := make(chan error, 1)
 	var applier sync.WaitGroup
 	applier.Add(1)
 	go func() {
 		defer applier.Done()
-		applied <- s.applyLoop(sctx, wake, apply)
+		applied <- s.applyLoop(sctx, txns, apply)
 	}()
 	defer func() {
 		cancel() // before the wait: the applier stops when sctx ends
@@ -496,10 +506,6 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		}()
 	}
 
-	s.mu.Lock()
-	s.pending, s.appliedN = nil, 0 // the server sends again everything after the acknowledged LSN
-	s.failing = time.Time{}
-	s.mu.Unlock()
 	dec := newDecoder(s.cfg.Columns, s.cfg.MaxTxnChanges)
 	var sentAck pglogrepl.LSN
 	lastStatus := time.Time{}
@@ -520,7 +526,9 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 			s.mu.Unlock()
 			return fmt.Errorf("applying changes has failed for %v; releasing the slot until it can (changes are sent again)", ReleaseAfter)
 		}
-		if idleEnd > s.acked && s.appliedN >= idleAt && len(s.pending) == 0 && !dec.inTxn() {
+		// Every transaction handed over is applied (appliedN counts this session's, like delivered), and none is
+		// being received: the keepalive's position holds nothing unprocessed.
+		if idleEnd > s.acked && s.appliedN >= idleAt && s.appliedN == delivered && !dec.inTxn() {
 			s.acked = idleEnd
 		}
 		ack := s.acked
@@ -588,12 +596,14 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 			s.m.txns.Inc()
 			s.mu.Lock()
 			s.st.Received += int64(txn.rows)
-			s.pending = append(s.pending, *txn)
 			s.mu.Unlock()
-			delivered++
 			select {
-			case wake <- struct{}{}:
-			default:
+			case txns <- *txn:
+				delivered++
+			case err := <-applied:
+				return err
+			case <-ctx.Done():
+				return fmt.Errorf("receive: %w", ctx.Err())
 			}
 		}
 	}
@@ -605,84 +615,119 @@ func (s *Stream) noteServer(end pglogrepl.LSN) {
 	s.server = max(s.server, end)
 }
 
-// applyLoop hands pending transactions to apply, in order, and moves the acknowledged LSN past those applied.
-func (s *Stream) applyLoop(ctx context.Context, wake <-chan struct{}, apply func(context.Context, []Txn) error) error {
+// applyLoop owns the transactions received and not yet applied. It takes them from txns in commit order, and
+// hands them to apply in batches of whole transactions (at most MaxBatch changes, unless one transaction alone
+// has more), each after its oldest transaction waited Gather for company, one batch at a time on a goroutine of
+// its own: it is always ready for the next transaction, and those that arrive while a batch is applied join the
+// next one. Resyncs a batch needs (truncates, overflowed transactions) run before its apply.
+//
+// When apply returned nil, the acknowledged LSN moves to the End of the batch's last transaction, and never
+// before: an LSN is confirmed only once every transaction up to it was applied. When apply (or a resync)
+// fails, nothing is acknowledged and the batch, with whatever arrived since, is offered again after a back-off
+// (100 ms doubling to 5 s). It returns nil when ctx ends, after any apply in progress has returned.
+func (s *Stream) applyLoop(ctx context.Context, txns <-chan Txn, apply func(context.Context, []Txn) error) error {
+	var pending []Txn
+	publish := func() { // under s.mu: what Status and the lag gauges show
+		s.pending, s.oldest = len(pending), time.Time{}
+		if len(pending) > 0 {
+			s.oldest = pending[0].Commit
+		}
+	}
+	done := make(chan error, 1) // the batch in progress's result
+	busy, n := false, 0         // a batch of pending's first n is being applied
 	failures := 0
+	var retryAt time.Time // after a failure: when the batch is offered again
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
-		s.mu.Lock()
-		n, changes := 0, 0
-		var truncated []string
-		overflowed := false
-		for n < len(s.pending) && (n == 0 || changes+len(s.pending[n].Changes) <= s.cfg.MaxBatch) {
-			changes += len(s.pending[n].Changes)
-			truncated = append(truncated, s.pending[n].Truncated...)
-			overflowed = overflowed || s.pending[n].Overflowed
-			n++
-		}
-		var wait time.Duration
-		if n > 0 {
-			wait = s.cfg.Gather - time.Since(s.pending[0].received)
-		}
-		batch := slices.Clone(s.pending[:n])
-		s.mu.Unlock()
-		if n == 0 {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-wake:
+		var wake <-chan time.Time
+		if !busy && len(pending) > 0 {
+			wait := time.Until(retryAt)
+			if failures == 0 {
+				wait = s.cfg.Gather - time.Since(pending[0].received)
 			}
-			continue
-		}
-		if wait > 0 && failures == 0 {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(wait):
+			if wait > 0 {
+				timer.Reset(wait)
+				wake = timer.C
+			} else {
+				n = batchLen(pending, s.cfg.MaxBatch)
+				busy = true
+				go func(batch []Txn) { done <- s.applyBatch(ctx, batch, apply) }(slices.Clone(pending[:n]))
 			}
-			continue
 		}
-		for range truncated {
+		select {
+		case <-ctx.Done():
+			if busy {
+				<-done
+			}
+			return nil
+		case t := <-txns:
+			pending = append(pending, t)
+			s.mu.Lock()
+			publish()
+			s.mu.Unlock()
+		case <-wake:
+		case err := <-done:
+			busy = false
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err != nil {
+				pause := backoff.Delay(failures, 100*time.Millisecond, 5*time.Second, rand.Float64())
+				failures++
+				if failures == 1 || failures%20 == 0 {
+					s.log.Warn("applying changes failed; retrying (not acknowledged, nothing lost)", "error", err,
+						"transactions", n, "attempt", failures, "retry_in", pause.String())
+				}
+				s.mu.Lock()
+				s.st.LastError = err.Error()
+				if s.failing.IsZero() {
+					s.failing = time.Now()
+				}
+				s.mu.Unlock()
+				s.m.applyErrors.Inc()
+				retryAt = time.Now().Add(pause)
+				continue
+			}
+			failures = 0
+			last := pending[n-1]
+			pending = pending[n:]
+			s.mu.Lock()
+			s.failing = time.Time{}
+			s.acked = max(s.acked, pglogrepl.LSN(last.End))
+			s.appliedN += int64(n)
+			s.st.LastCommit = last.Commit
+			publish()
+			s.mu.Unlock()
+		}
+	}
+}
+
+// batchLen returns how many of pending's first transactions make the next batch: whole transactions while their
+// changes total at most maxBatch, and at least one.
+func batchLen(pending []Txn, maxBatch int) int {
+	n, changes := 0, 0
+	for n < len(pending) && (n == 0 || changes+len(pending[n].Changes) <= maxBatch) {
+		changes += len(pending[n].Changes)
+		n++
+	}
+	return n
+}
+
+// applyBatch runs the resyncs batch needs (a truncate of a feeding table, a transaction past MaxTxnChanges),
+// then apply.
+func (s *Stream) applyBatch(ctx context.Context, batch []Txn, apply func(context.Context, []Txn) error) error {
+	for _, t := range batch {
+		if len(t.Truncated) > 0 {
 			s.queueResync(ResyncTruncate)
 		}
-		if overflowed {
+		if t.Overflowed {
 			s.queueResync(ResyncLargeTransaction)
 		}
-		err := s.runResyncs(ctx)
-		if err == nil {
-			err = apply(ctx, batch)
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			pause := backoff.Delay(failures, 100*time.Millisecond, 5*time.Second, rand.Float64())
-			failures++
-			if failures == 1 || failures%20 == 0 {
-				s.log.Warn("applying changes failed; retrying (not acknowledged, nothing lost)", "error", err,
-					"transactions", n, "attempt", failures, "retry_in", pause.String())
-			}
-			s.mu.Lock()
-			s.st.LastError = err.Error()
-			if s.failing.IsZero() {
-				s.failing = time.Now()
-			}
-			s.mu.Unlock()
-			s.m.applyErrors.Inc()
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(pause):
-			}
-			continue
-		}
-		failures = 0
-		s.mu.Lock()
-		s.failing = time.Time{}
-		last := batch[n-1]
-		s.acked = max(s.acked, pglogrepl.LSN(last.End))
-		s.pending = s.pending[n:]
-		s.appliedN += int64(n)
-		s.st.LastCommit = last.Commit
-		s.mu.Unlock()
 	}
+	if err := s.runResyncs(ctx); err != nil {
+		return err
+	}
+	return apply(ctx, batch)
 }
