@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
-	"github.com/keepwarm/keepwarm/internal/wire"
 )
 
 // changesReport is what `keepwarm-bench changes` measured.
@@ -83,12 +83,12 @@ func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	rdb, err := wire.Redis(ctx, cfg, 5*time.Second)
+	rdb, err := assemble.Redis(ctx, cfg, 5*time.Second)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	pool, err := wire.Postgres(ctx, cfg, 5*time.Second)
+	pool, err := assemble.Postgres(ctx, cfg, 5*time.Second)
 	if err != nil {
 		return err
 	}
@@ -325,7 +325,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // verifyCached compares every cached key of the fed keyspaces with a fresh fetch from the origin.
 func verifyCached(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool, rep *changesReport) error {
-	srcs, err := wire.Sources(pool, cfg)
+	srcs, err := assemble.Sources(pool, cfg)
 	if err != nil {
 		return err
 	}

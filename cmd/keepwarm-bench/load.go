@@ -20,8 +20,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
-	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
@@ -65,17 +65,17 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	rdb, err := wire.Redis(ctx, cfg, 5*time.Second)
+	rdb, err := assemble.Redis(ctx, cfg, 5*time.Second)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	pool, err := wire.Postgres(ctx, cfg, 5*time.Second)
+	pool, err := assemble.Postgres(ctx, cfg, 5*time.Second)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	srcs, err := wire.Sources(pool, cfg)
+	srcs, err := assemble.Sources(pool, cfg)
 	if err != nil {
 		return err
 	}

@@ -19,9 +19,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
-	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 )
@@ -246,14 +246,14 @@ func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
 	if s.cfg, err = config.LoadEnv(cfgPath, apps); err != nil {
 		return err
 	}
-	if s.rdb, err = wire.Redis(ctx, s.cfg, 5*time.Second); err != nil {
+	if s.rdb, err = assemble.Redis(ctx, s.cfg, 5*time.Second); err != nil {
 		return err
 	}
-	pool, err := wire.Postgres(ctx, s.cfg, 5*time.Second)
+	pool, err := assemble.Postgres(ctx, s.cfg, 5*time.Second)
 	if err != nil {
 		return err
 	}
-	if s.srcs, err = wire.Sources(pool, s.cfg); err != nil {
+	if s.srcs, err = assemble.Sources(pool, s.cfg); err != nil {
 		return err
 	}
 	s.keys = map[string]*lockstep.Keys{}
@@ -444,7 +444,7 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 	upDone := make(chan error, 1)
 	go func() {
 		cf := changesFlags{rate: s.f.updateRate, duration: d, workers: 4, moveEvery: 100, zipf: 1.1}
-		pool, err := wire.Postgres(ctx, s.cfg, 5*time.Second)
+		pool, err := assemble.Postgres(ctx, s.cfg, 5*time.Second)
 		if err != nil {
 			upDone <- err
 			return

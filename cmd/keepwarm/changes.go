@@ -11,9 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/statuspage"
-	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -40,7 +40,7 @@ func (d *daemon) checkFeeds(ctx context.Context) error {
 		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	warnings, err := postgres.CheckFeeds(cctx, d.pool, wire.FeedColumns(d.cfg))
+	warnings, err := postgres.CheckFeeds(cctx, d.pool, assemble.FeedColumns(d.cfg))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("changes: %w", err)
@@ -62,15 +62,15 @@ func newChangeStream(cfg *config.Config, w *warmer.Warmer, rdb redis.UniversalCl
 	if err != nil {
 		return nil, err
 	}
-	sc := wire.StreamConfig(cfg)
+	sc := assemble.StreamConfig(cfg)
 	sc.Resync = changes.Resync
-	sc.Owed = warmer.NewOwedResyncs(rdb, wire.LeaseKey(cfg.Changes.Slot)+":resync")
+	sc.Owed = warmer.NewOwedResyncs(rdb, assemble.LeaseKey(cfg.Changes.Slot)+":resync")
 	sc.Logger, sc.Registerer = log.With("component", "stream"), reg
 	stream, err := postgres.NewStream(sc)
 	if err != nil {
 		return nil, err
 	}
-	lease, err := warmer.NewStreamLease(rdb, wire.LeaseKey(cfg.Changes.Slot), cfg.Changes.LeaseTTL,
+	lease, err := warmer.NewStreamLease(rdb, assemble.LeaseKey(cfg.Changes.Slot), cfg.Changes.LeaseTTL,
 		log.With("component", "stream"), reg)
 	if err != nil {
 		return nil, err
@@ -82,7 +82,7 @@ func newChangeStream(cfg *config.Config, w *warmer.Warmer, rdb redis.UniversalCl
 func (c *changeStream) run(ctx context.Context) error {
 	return c.lease.Run(ctx, func(ctx context.Context) error {
 		return c.stream.Run(ctx, func(ctx context.Context, txns []postgres.Txn) error {
-			return c.changes.Apply(ctx, wire.Txns(txns))
+			return c.changes.Apply(ctx, assemble.Txns(txns))
 		})
 	})
 }

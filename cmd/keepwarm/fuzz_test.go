@@ -21,7 +21,7 @@ import (
 
 // FuzzConfig checks the promise of `keepwarm validate` over mutated TOML: a config that config.Load accepts (the
 // function validate and run both call) is one every constructor of `run` accepts, and nothing panics on any
-// input. The constructors run as in `run` (assemble), with a Redis client and a PostgreSQL pool that are built
+// input. The constructors run as in `run` (newParts), with a Redis client and a PostgreSQL pool that are built
 // from the config but never connect, plus the HTTP listen address and validate's own summary.
 //
 // The seed corpus is the checked-in configs (config.toml, deploy/kubernetes/configmap.yaml's config.toml) and
@@ -48,7 +48,7 @@ func FuzzConfig(f *testing.F) {
 		if cfg, err := config.LoadEnv(writeFuzzConfig(f, f.TempDir(), seed, hotkeys), nil); err != nil {
 			f.Fatalf("seed config does not load: %v", err)
 		} else if err := assemblesOffline(cfg); err != nil {
-			f.Fatalf("seed config does not assemble: %v", err)
+			f.Fatalf("seed config does not build: %v", err)
 		}
 	}
 	f.Fuzz(func(t *testing.T, text []byte) {
@@ -87,7 +87,7 @@ func writeFuzzConfig(tb testing.TB, dir string, text, hotkeys []byte) string {
 }
 
 // assemblesOffline runs what `run` and `validate` do with cfg, up to the first I/O: the logger, the listen
-// address, the Redis options and client, the pool, assemble, and validate's summary.
+// address, the Redis options and client, the pool, newParts, and validate's summary.
 func assemblesOffline(cfg *config.Config) error {
 	log := newLogger(cfg.Daemon, io.Discard)
 	if _, err := net.ResolveTCPAddr("tcp", cfg.Daemon.Listen); err != nil {
@@ -104,7 +104,7 @@ func assemblesOffline(cfg *config.Config) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := assemble(cfg, rdb, pool, runs.New(pool, ""), prometheus.NewRegistry(), log); err != nil {
+	if _, err := newParts(cfg, rdb, pool, runs.New(pool, ""), prometheus.NewRegistry(), log); err != nil {
 		return err
 	}
 	summarize(io.Discard, cfg.Path, cfg, false)

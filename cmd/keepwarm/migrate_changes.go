@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
-	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 )
 
@@ -22,7 +22,7 @@ func migrateChanges(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	if !cfg.Streamed() {
 		return nil
 	}
-	warnings, err := postgres.CheckFeeds(ctx, pool, wire.FeedColumns(cfg))
+	warnings, err := postgres.CheckFeeds(ctx, pool, assemble.FeedColumns(cfg))
 	if err != nil {
 		return fmt.Errorf("changes: %w", err)
 	}

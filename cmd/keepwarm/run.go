@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/backoff"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/reload"
@@ -30,7 +31,6 @@ import (
 	"github.com/keepwarm/keepwarm/internal/server"
 	"github.com/keepwarm/keepwarm/internal/statuspage"
 	"github.com/keepwarm/keepwarm/internal/systemd"
-	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -234,7 +234,7 @@ func (d *daemon) readyz(ctx context.Context) error {
 	case <-d.ready:
 	default:
 		if p := d.connectErr.Load(); p != nil {
-			if perm := wire.Permission(*p); perm != "" {
+			if perm := assemble.Permission(*p); perm != "" {
 				return fmt.Errorf("starting: waiting for redis and postgres: %s: %w", perm, *p)
 			}
 			return fmt.Errorf("starting: waiting for redis and postgres: %w", *p)
@@ -262,8 +262,8 @@ func (d *daemon) readyz(ctx context.Context) error {
 			switch {
 			case err == nil:
 				return nil
-			case wire.Permission(err) != "":
-				return fmt.Errorf("%s: %s: %w", name, wire.Permission(err), err)
+			case assemble.Permission(err) != "":
+				return fmt.Errorf("%s: %s: %w", name, assemble.Permission(err), err)
 			case errors.Is(err, context.DeadlineExceeded):
 				return fmt.Errorf("%s: no answer within %v: %w", name, readyTimeout, err)
 			default:
@@ -275,7 +275,7 @@ func (d *daemon) readyz(ctx context.Context) error {
 	pgErr := ping("postgres", d.pool.Ping)
 	errs := []error{redisErr(), pgErr()}
 	for _, f := range d.w.RefreshFailing() {
-		if perm := wire.Permission(f.Err); perm != "" {
+		if perm := assemble.Permission(f.Err); perm != "" {
 			errs = append(errs, fmt.Errorf("keyspace %q: every refresh fails since %s (%d batches in a row): %s: %w",
 				f.Keyspace, f.Since.UTC().Format(time.RFC3339), f.Batches, perm, f.Err))
 		}
@@ -318,12 +318,12 @@ func (d *daemon) connect(ctx context.Context) error {
 		pause := backoff.Delay(attempt-1, time.Second, 30*time.Second, rand.Float64())
 		var err error
 		if d.rdb == nil {
-			if d.rdb, err = wire.Redis(ctx, d.cfg, connectTimeout); err != nil {
+			if d.rdb, err = assemble.Redis(ctx, d.cfg, connectTimeout); err != nil {
 				d.rdb = nil
 			}
 		}
 		if err == nil && d.pool == nil {
-			if d.pool, err = wire.Postgres(ctx, d.cfg, connectTimeout); err != nil {
+			if d.pool, err = assemble.Postgres(ctx, d.cfg, connectTimeout); err != nil {
 				d.pool = nil
 			}
 		}
@@ -331,7 +331,7 @@ func (d *daemon) connect(ctx context.Context) error {
 			return nil
 		}
 		d.connectErr.Store(&err)
-		if perm := wire.Permission(err); perm != "" {
+		if perm := assemble.Permission(err); perm != "" {
 			// Not an outage: retrying will not help until someone fixes the ACL, grant or password.
 			if attempt == 1 || attempt%10 == 0 {
 				d.log.Error("permission denied by a dependency; retrying", "error", err, "permission", perm,
@@ -369,7 +369,7 @@ func (d *daemon) run(ctx context.Context) error {
 		return err
 	}
 	rec := runs.New(d.pool, "")
-	p, err := assemble(d.cfg, d.rdb, d.pool, rec, d.reg, d.log)
+	p, err := newParts(d.cfg, d.rdb, d.pool, rec, d.reg, d.log)
 	if err != nil {
 		return err
 	}
@@ -409,33 +409,33 @@ func (d *daemon) run(ctx context.Context) error {
 	return err
 }
 
-// parts are what assemble builds from a config.
+// parts are what newParts builds from a config.
 type parts struct {
 	w       *warmer.Warmer
 	cron    *warmer.Cron
 	changes *changeStream // nil when [changes] is off
 }
 
-// assemble builds the daemon's parts from cfg with every constructor `run` calls, in order, and no I/O: the
+// newParts builds the daemon's parts from cfg with every constructor `run` calls, in order, and no I/O: the
 // sources over pool, the warmer over rdb, the cron with its schedules (runs recorded by rec), and the change
-// stream. A config that config.Load accepts must assemble: FuzzConfig checks that property, with a client and a
+// stream. A config that config.Load accepts must build: FuzzConfig checks that property, with a client and a
 // pool that never connect.
 //
 // Each keyspace's query is checked by the warmer before its first refresh (postgres.Source is a warmer.Checker):
 // a keyspace whose check fails (a table renamed by a migration) is retried with back-off and named by /readyz
 // and the status page, while the others run. Failing here would crash-loop under systemd.
-func assemble(cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool, rec warmer.RunRecorder,
+func newParts(cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool, rec warmer.RunRecorder,
 	reg prometheus.Registerer, log *slog.Logger) (*parts, error) {
-	srcs, err := wire.Sources(pool, cfg, postgres.WithRegisterer(reg))
+	srcs, err := assemble.Sources(pool, cfg, postgres.WithRegisterer(reg))
 	if err != nil {
 		return nil, err
 	}
 	p := &parts{}
 	p.w, err = warmer.New(rdb, warmer.Config{
-		Keyspaces: wire.Keyspaces(cfg, srcs), Logger: log, Registerer: reg,
+		Keyspaces: assemble.Keyspaces(cfg, srcs), Logger: log, Registerer: reg,
 		Notifications:   cfg.Redis.Notifications != config.NotificationsOff,
 		AutoNotifyFlags: cfg.Redis.Notifications == config.NotificationsAuto,
-		DB:              cfg.Redis.DB, Fleet: wire.Fleet(cfg),
+		DB:              cfg.Redis.DB, Fleet: assemble.Fleet(cfg),
 	})
 	if err != nil {
 		return nil, err
@@ -443,7 +443,7 @@ func assemble(cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool,
 	if p.cron, err = warmer.NewCron(p.w, rec, reg, log); err != nil {
 		return nil, err
 	}
-	if err := p.cron.Update(wire.Schedules(cfg, srcs)); err != nil {
+	if err := p.cron.Update(assemble.Schedules(cfg, srcs)); err != nil {
 		return nil, err
 	}
 	if p.changes, err = newChangeStream(cfg, p.w, rdb, reg, log); err != nil {
@@ -508,12 +508,12 @@ func (d *daemon) reload(reason string, final bool) error {
 		cfg.Daemon.Listen != d.cfg.Daemon.Listen || cfg.Fleet != d.cfg.Fleet {
 		d.log.Warn("config reload: [redis], [postgres], [fleet] and daemon.listen changes take effect after a restart")
 	}
-	srcs, err := wire.Sources(d.pool, cfg, postgres.WithRegisterer(d.reg))
+	srcs, err := assemble.Sources(d.pool, cfg, postgres.WithRegisterer(d.reg))
 	if err == nil {
-		err = d.w.Update(wire.Keyspaces(cfg, srcs))
+		err = d.w.Update(assemble.Keyspaces(cfg, srcs))
 	}
 	if err == nil {
-		err = d.cron.Update(wire.Schedules(cfg, srcs))
+		err = d.cron.Update(assemble.Schedules(cfg, srcs))
 	}
 	if err == nil && d.changes != nil {
 		err = d.changes.changes.Update(cfg.ChangeKeyspaces()) // [changes] itself takes effect after a restart

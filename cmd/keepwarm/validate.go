@@ -9,8 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
-	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 )
 
@@ -130,9 +130,9 @@ func redactedStreamDSN(cfg *config.Config) string {
 // checkRedis connects to Redis as the daemon does and PINGs it within the connect timeout. A permission or
 // authentication error is named as such.
 func checkRedis(ctx context.Context, cfg *config.Config) error {
-	rdb, err := wire.Redis(ctx, cfg, connectTimeout)
+	rdb, err := assemble.Redis(ctx, cfg, connectTimeout)
 	if err != nil {
-		if perm := wire.Permission(err); perm != "" {
+		if perm := assemble.Permission(err); perm != "" {
 			return fmt.Errorf("%s: %w", perm, err)
 		}
 		return err
@@ -157,7 +157,7 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 		errs = append(errs, err)
 	}
 	// fed_by tables and columns must exist in the catalog (checked strictly); replica identity gaps are notes.
-	if warnings, err := postgres.CheckFeeds(ctx, pool, wire.FeedColumns(cfg)); err != nil {
+	if warnings, err := postgres.CheckFeeds(ctx, pool, assemble.FeedColumns(cfg)); err != nil {
 		errs = append(errs, err)
 	} else {
 		for _, w := range warnings {
@@ -168,7 +168,7 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 	// stream would find it.
 	if cfg.Streamed() {
 		sctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		err := postgres.CheckStream(sctx, wire.StreamConfig(cfg))
+		err := postgres.CheckStream(sctx, assemble.StreamConfig(cfg))
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("changes: %w", err))

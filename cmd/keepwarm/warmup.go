@@ -15,9 +15,9 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/runs"
-	"github.com/keepwarm/keepwarm/internal/wire"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -74,17 +74,17 @@ func cmdWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
-	rdb, err := wire.Redis(ctx, cfg, connectTimeout)
+	rdb, err := assemble.Redis(ctx, cfg, connectTimeout)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	pool, err := wire.Postgres(ctx, cfg, connectTimeout)
+	pool, err := assemble.Postgres(ctx, cfg, connectTimeout)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	srcs, err := wire.Sources(pool, cfg)
+	srcs, err := assemble.Sources(pool, cfg)
 	if err != nil {
 		return err
 	}
@@ -118,7 +118,7 @@ func cmdWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		ids = src.IDs
 	}
 
-	w, err := warmer.New(rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{wire.Keyspace(cfg, ks, src)}, Logger: log})
+	w, err := warmer.New(rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{assemble.Keyspace(cfg, ks, src)}, Logger: log})
 	if err != nil {
 		return err
 	}

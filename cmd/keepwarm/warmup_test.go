@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/testenv"
-	"github.com/keepwarm/keepwarm/internal/wire"
 )
 
 // prefixedDemoConfig copies the demo config with every key template prefixed, so the test's keys never meet
@@ -48,12 +48,12 @@ func TestWarmupWritesWhatFetchShows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := wire.Postgres(context.Background(), cfg, connectTimeout)
+	pool, err := assemble.Postgres(context.Background(), cfg, connectTimeout)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	srcs, err := wire.Sources(pool, cfg)
+	srcs, err := assemble.Sources(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

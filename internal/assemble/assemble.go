@@ -1,7 +1,7 @@
-// Package wire builds the daemon's parts from a loaded config: the Redis client, the PostgreSQL pool, one
+// Package assemble builds the daemon's parts from a loaded config: the Redis client, the PostgreSQL pool, one
 // source per keyspace, and the warmer's keyspace configs. keepwarm's commands and keepwarm-bench share it so that
 // they connect and translate the config in exactly one way.
-package wire
+package assemble
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package wire
+package assemble
 
 import (
 	"github.com/keepwarm/keepwarm/internal/config"
