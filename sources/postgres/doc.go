@@ -44,5 +44,5 @@
 // it is safe through PgBouncer in transaction mode. IDs streams the optional ids_query for warmups on a
 // connection of its own, outside the pool, with no timeout of its own.
 //
-// Source implements the contract described in package sources and passes sources/sourcetest.
+// Source implements the contract documented on warmer.Source and passes sources/sourcetest.
 package postgres

@@ -1,5 +1,5 @@
 // Package sourcetest is the conformance suite that every keepwarm source backend runs: it checks the contract
-// described in package sources (values byte for byte, missing ids, duplicates, odd ids, big batches,
+// documented on warmer.Source (values byte for byte, missing ids, duplicates, odd ids, big batches,
 // concurrency, cancellation, and the optional IDs listing).
 //
 // A backend's test calls Run with a function that builds a fresh Fixture:
