@@ -160,22 +160,10 @@ ids = ["1"]
 `, testenv.RedisURL(), testenv.PostgresURL(), port, prefix, prefix)
 }
 
-// waitFor polls cond every 100 ms until it returns true or the deadline passes; then it fails with what.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() (bool, string)) {
-	t.Helper()
-	var last string
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		last = detail
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within the deadline; last: %s", what, last)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+// untilDeadline is the time left before ctx's deadline: how long the container may take.
+func untilDeadline(ctx context.Context) time.Duration {
+	d, _ := ctx.Deadline()
+	return time.Until(d)
 }
 
 func httpGet(ctx context.Context, url string) (int, string, error) {
@@ -247,7 +235,7 @@ func TestContainerImage(t *testing.T) {
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 
-	waitFor(t, ctx, "/readyz answers 200", func() (bool, string) {
+	testenv.EventuallyDiag(t, untilDeadline(ctx), "/readyz answers 200", func() (bool, string) {
 		code, body, err := httpGet(ctx, base+"/readyz")
 		if err == nil && code == http.StatusOK {
 			return true, ""
@@ -266,7 +254,7 @@ func TestContainerImage(t *testing.T) {
 	})
 
 	t.Run("the pinned key is written", func(t *testing.T) {
-		waitFor(t, ctx, "pinned key "+prefix+"v:1", func() (bool, string) {
+		testenv.EventuallyDiag(t, untilDeadline(ctx), "pinned key "+prefix+"v:1", func() (bool, string) {
 			v, err := rdb.Get(ctx, prefix+"v:1").Result()
 			return err == nil && v == `{"id" : "1"}`, fmt.Sprintf("%q, %v", v, err)
 		})

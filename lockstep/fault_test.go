@@ -62,12 +62,6 @@ func proxied(t *testing.T, addr string, ctxTimeout bool, poolSize int) *redis.Cl
 	return c
 }
 
-// waitFor is testenv.Eventually with a 20 s bound.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	testenv.Eventually(t, 20*time.Second, what, cond)
-}
-
 // TestGetBoundedWhileRedisStalls: while the link to Redis is a black hole, every Get of many goroutines in two
 // clients returns within a few Redis timeouts with ErrRedisTimeout, on the hit and the miss path, whether or not
 // go-redis honours context deadlines; the loader is never called. Before the bound, a Get whose context had no
@@ -122,7 +116,7 @@ func TestGetBoundedWhileRedisStalls(t *testing.T) {
 				t.Errorf("loader called %d times while Redis stalled, want 0", n)
 			}
 			fp.Heal()
-			waitFor(t, "a hit after Heal", func() bool {
+			testenv.Eventually(t, 20*time.Second, "a hit after Heal", func() bool {
 				v, err := clients[0].Get(ctx, "hit")
 				return err == nil && string(v) == "v"
 			})
@@ -260,8 +254,8 @@ func TestNoOrphanedLocksAfterFreeze(t *testing.T) {
 		t.Fatalf("locks taken during the freeze, before it ended: %v", ks)
 	}
 	fp.Heal()
-	waitFor(t, "the queued SET NX to run", func() bool { return setCalls(t, direct) >= gets })
-	waitFor(t, "no lock keys", func() bool { return len(lockKeys(t, direct)) == 0 })
+	testenv.Eventually(t, 20*time.Second, "the queued SET NX to run", func() bool { return setCalls(t, direct) >= gets })
+	testenv.Eventually(t, 20*time.Second, "no lock keys", func() bool { return len(lockKeys(t, direct)) == 0 })
 	if n := loads.Load(); n != 0 {
 		t.Errorf("loader called %d times, want 0 (every acquire timed out)", n)
 	}

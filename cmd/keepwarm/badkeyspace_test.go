@@ -89,20 +89,20 @@ ids = ["2"]
 	}
 	logs, stop := startRun(t, path)
 	addr := listenAddr(t, logs)
-	waitFor(t, 10*time.Second, "the healthy keyspace's pinned key written", func() bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "the healthy keyspace's pinned key written", withLog(logs, func() bool {
 		return rdb.Exists(ctx, prefix+"item:1").Val() == 1
-	}, logs)
+	}))
 	if n := rdb.Exists(ctx, prefix+"thing:2").Val(); n != 0 {
 		t.Fatalf("the broken keyspace's key exists before its table does")
 	}
 	// The check of each keyspace runs on its own: wait for the event (the broken one reported), not a time.
 	var code int
 	var body string
-	waitFor(t, 10*time.Second, "GET /readyz: 503 naming keyspace \"things\" and its error", func() bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "GET /readyz: 503 naming keyspace \"things\" and its error", withLog(logs, func() bool {
 		code, body = get(t, addr, "/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, `keyspace "things"`) &&
 			strings.Contains(body, "does not exist")
-	}, logs)
+	}))
 	if strings.Contains(body, `keyspace "items"`) {
 		t.Errorf("GET /readyz names the healthy keyspace: %q", body)
 	}
@@ -114,13 +114,13 @@ ids = ["2"]
 	if _, err := pool.Exec(ctx, "alter table "+pgx.Identifier{schema, "things_renamed"}.Sanitize()+" rename to things"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the recovered keyspace's pinned key written", func() bool {
+	testenv.EventuallyDiag(t, 30*time.Second, "the recovered keyspace's pinned key written", withLog(logs, func() bool {
 		return rdb.Get(ctx, prefix+"thing:2").Val() == "thing 2"
-	}, logs)
-	waitFor(t, 5*time.Second, "/readyz ready", func() bool {
+	}))
+	testenv.EventuallyDiag(t, 5*time.Second, "/readyz ready", withLog(logs, func() bool {
 		code, _ := get(t, addr, "/readyz")
 		return code == http.StatusOK
-	}, logs)
+	}))
 	if code := stop(); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0\n%s", code, logs)
 	}

@@ -117,9 +117,9 @@ lease_ttl = "2s"
 max_transaction_changes = 100000`, table, name, name))
 	cmd, logs, stop := startDaemonProcess(t, buildDaemon(t), f.path, "GOMEMLIMIT=200MiB")
 	key := func(id string) string { return f.prefix + "item:" + id }
-	waitFor(t, 20*time.Second, "pinned ids written and the stream started", func() bool {
+	testenv.EventuallyDiag(t, 20*time.Second, "pinned ids written and the stream started", withLog(logs, func() bool {
 		return rdb.Exists(ctx, key("1"), key("2"), key("3")).Val() == 3 && strings.Contains(logs.String(), "change stream started")
-	}, logs)
+	}))
 	before := peakRSS(t, cmd.Process.Pid)
 	tag, err := pool.Exec(ctx, "update "+f.table+` set body = body || '{"v": "big"}'`)
 	if err != nil {
@@ -129,9 +129,9 @@ max_transaction_changes = 100000`, table, name, name))
 		t.Fatalf("the update changed %d rows, want %d", tag.RowsAffected(), rows)
 	}
 	// The pinned keys' TTL (2 s) would rewrite them too; the resync's log line says the stream did it.
-	waitFor(t, 90*time.Second, "the transaction turned into a resync, and the hot key rebuilt from its new row", func() bool {
+	testenv.EventuallyDiag(t, 90*time.Second, "the transaction turned into a resync, and the hot key rebuilt from its new row", withLog(logs, func() bool {
 		return strings.Contains(logs.String(), "large_transaction") && strings.Contains(rdb.Get(ctx, key("2")).Val(), `"big"`)
-	}, logs)
+	}))
 	peak := peakRSS(t, cmd.Process.Pid)
 	t.Logf("daemon peak RSS: %.1f MiB before the transaction, %.1f MiB after it (limit %d MiB)", float64(before)/(1<<20), float64(peak)/(1<<20), limit>>20)
 	if peak >= limit {

@@ -51,18 +51,18 @@ publication = %q
 lease_ttl = "2s"`, table, name, name))
 	logs, stop := startRun(t, f.path)
 	key := func(id string) string { return f.prefix + "item:" + id }
-	waitFor(t, 10*time.Second, "pinned id 1 written and the stream started", func() bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "pinned id 1 written and the stream started", withLog(logs, func() bool {
 		return rdb.Exists(ctx, key("1")).Val() == 1 && strings.Contains(logs.String(), "change stream started")
-	}, logs)
+	}))
 	if err := rdb.Set(ctx, key("2"), "old", time.Hour).Err(); err != nil { // as an app's miss path would
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, "update "+f.table+` set body = '{"v": "changed"}' where id in ('2', '5')`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the change in Redis", func() bool {
+	testenv.EventuallyDiag(t, 5*time.Second, "the change in Redis", withLog(logs, func() bool {
 		return strings.Contains(rdb.Get(ctx, key("2")).Val(), `"changed"`)
-	}, logs)
+	}))
 	if n := rdb.Exists(ctx, key("5")).Val(); n != 0 {
 		t.Errorf("uncached id 5: exists %d, want 0 (changes leave uncached ids alone)", n)
 	}

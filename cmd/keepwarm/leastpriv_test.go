@@ -142,20 +142,20 @@ func TestRunUnderLeastPrivilegeRedisACL(t *testing.T) {
 	if !strings.Contains(logs.String(), `postgres.dsn="`+dsn+`"`) {
 		t.Fatalf("the daemon does not run as the read-only role %s:\n%s", dsn, logs)
 	}
-	waitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := readyzBody(t, addr); return code == 200 }, logs)
+	testenv.EventuallyDiag(t, 10*time.Second, "/readyz 200", withLog(logs, func() bool { code, _ := readyzBody(t, addr); return code == 200 }))
 	// An app reads id 2 often (lockstep's access recording): the daemon's tracker makes it hot and warms it.
 	if err := priv.ZIncrBy(ctx, "keepwarm:access:items", 10, "2").Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "pinned id 1 and hot id 2 written", func() bool {
+	testenv.EventuallyDiag(t, 15*time.Second, "pinned id 1 and hot id 2 written", withLog(logs, func() bool {
 		return priv.Exists(ctx, f.prefix+"item:1", f.prefix+"item:2").Val() == 2
-	}, logs)
+	}))
 	// A refresh of id 1 under the ACL (ttl 2 s, refresh 600 ms ahead): its write time in the metadata moves.
 	first := priv.HGet(ctx, "meta:"+f.prefix+"item:1", lockstep.MetaWrittenField).Val()
-	waitFor(t, 15*time.Second, "a refresh of id 1", func() bool {
+	testenv.EventuallyDiag(t, 15*time.Second, "a refresh of id 1", withLog(logs, func() bool {
 		v, err := priv.HGet(ctx, "meta:"+f.prefix+"item:1", lockstep.MetaWrittenField).Result()
 		return err == nil && v != first
-	}, logs)
+	}))
 	if code := stop(); code != 0 {
 		t.Errorf("exit code = %d\n%s", code, logs)
 	}
@@ -187,9 +187,9 @@ func TestRunNamesRedisNOPERM(t *testing.T) {
 	}
 	t.Setenv("KEEPWARM_REDIS_URL", "redis://keepwarm:s3cret-acl@"+priv.Options().Addr+"/0")
 	logs, stop := startRun(t, leastPrivConfig(t, f))
-	waitFor(t, 10*time.Second, "permission logged", func() bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "permission logged", withLog(logs, func() bool {
 		return strings.Contains(logs.String(), "permission denied by a dependency") && strings.Contains(logs.String(), "redis NOPERM")
-	}, logs)
+	}))
 	i := strings.Index(logs.String(), "listen=")
 	addr := strings.Fields(logs.String()[i+len("listen="):])[0]
 	code, body := readyzBody(t, addr)
@@ -221,11 +221,11 @@ func TestReadyzNamesRefreshNOPERM(t *testing.T) {
 	logs, stop := startRun(t, leastPrivConfig(t, f))
 	addr := listenAddr(t, logs)
 	var body string
-	waitFor(t, 30*time.Second, "/readyz 503 naming the keyspace and NOPERM", func() bool {
+	testenv.EventuallyDiag(t, 30*time.Second, "/readyz 503 naming the keyspace and NOPERM", withLog(logs, func() bool {
 		var code int
 		code, body = readyzBody(t, addr)
 		return code == 503 && strings.Contains(body, `keyspace "items": every refresh fails`) && strings.Contains(body, "redis NOPERM")
-	}, logs)
+	}))
 	t.Logf("/readyz: %s", body)
 	if code := stop(); code != 0 {
 		t.Errorf("exit code = %d\n%s", code, logs)

@@ -36,7 +36,7 @@ func TestLivezIsNotReadyz(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	waitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := get("/readyz"); return code == 200 }, logs)
+	testenv.EventuallyDiag(t, 10*time.Second, "/readyz 200", withLog(logs, func() bool { code, _ := get("/readyz"); return code == 200 }))
 	if code, body := get("/livez"); code != 200 || body != "ok\n" {
 		t.Fatalf("/livez before the freeze = %d %q, want 200 ok", code, body)
 	}
@@ -45,7 +45,7 @@ func TestLivezIsNotReadyz(t *testing.T) {
 	// The stop is asynchronous to kill(2): a PING may still be answered just after it.
 	var code int
 	var body string
-	waitFor(t, 10*time.Second, "/readyz 503 after the freeze", func() bool { code, body = get("/readyz"); return code == 503 }, logs)
+	testenv.EventuallyDiag(t, 10*time.Second, "/readyz 503 after the freeze", withLog(logs, func() bool { code, body = get("/readyz"); return code == 503 }))
 	if want := "not ready: redis: no answer within 500ms: context deadline exceeded\n"; code != 503 || body != want {
 		t.Errorf("/readyz with Redis frozen = %d %q, want 503 %q", code, body, want)
 	}
@@ -64,7 +64,7 @@ func TestLivezIsNotReadyz(t *testing.T) {
 	}
 
 	redisSrv.Thaw(t)
-	waitFor(t, 20*time.Second, "/readyz 200 after the thaw", func() bool { code, _ := get("/readyz"); return code == 200 }, logs)
+	testenv.EventuallyDiag(t, 20*time.Second, "/readyz 200 after the thaw", withLog(logs, func() bool { code, _ := get("/readyz"); return code == 200 }))
 	if code := stop(); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0\n%s", code, logs)
 	}

@@ -46,8 +46,8 @@ func TestRunNotificationsSetting(t *testing.T) {
 			t.Setenv("KEEPWARM_REDIS_NOTIFICATIONS", tt.setting)
 			logs, stop := startRun(t, f.path)
 			addr := listenAddr(t, logs)
-			waitFor(t, 10*time.Second, "pinned key written", func() bool { return priv.Exists(ctx, f.prefix+"item:1").Val() == 1 }, logs)
-			waitFor(t, 10*time.Second, "metrics "+strings.Join(tt.wantMetrics, ", "), func() bool {
+			testenv.EventuallyDiag(t, 10*time.Second, "pinned key written", withLog(logs, func() bool { return priv.Exists(ctx, f.prefix+"item:1").Val() == 1 }))
+			testenv.EventuallyDiag(t, 10*time.Second, "metrics "+strings.Join(tt.wantMetrics, ", "), withLog(logs, func() bool {
 				body := metricsBody(t, addr)
 				for _, m := range tt.wantMetrics {
 					if !strings.Contains(body, m+"\n") {
@@ -55,7 +55,7 @@ func TestRunNotificationsSetting(t *testing.T) {
 					}
 				}
 				return true
-			}, logs)
+			}))
 			flags := priv.ConfigGet(ctx, "notify-keyspace-events").Val()["notify-keyspace-events"]
 			if got := warmer.MissingNotifyFlags(flags) == ""; got != tt.wantFlags {
 				t.Errorf("notify-keyspace-events %q: flags set %v, want %v", flags, got, tt.wantFlags)

@@ -22,17 +22,33 @@ func debugLevel(cfg string) string {
 	return strings.Replace(cfg, `log_format = "text"`, `log_format = "text"`+"\n"+`log_level = "debug"`, 1)
 }
 
-// waitForLog is waitFor on the daemon's log, printing only its last 8 kB when cond never held (a self-feeding
-// log runs to megabytes).
-func waitForLog(t *testing.T, within time.Duration, what string, cond func(log string) bool, logs *syncBuffer) {
-	t.Helper()
-	if !testenv.Poll(within, func() bool { return cond(logs.String()) }) {
-		s := logs.String()
-		if len(s) > 8000 {
-			s = fmt.Sprintf("(%d bytes before)\n…%s", len(s)-8000, s[len(s)-8000:])
+// withLog adapts cond for testenv.EventuallyDiag: while it does not hold, the diagnostic is the daemon's log
+// (its last 8 kB: a self-feeding log runs to megabytes).
+func withLog(logs *syncBuffer, cond func() bool) func() (bool, string) {
+	return func() (bool, string) {
+		if cond() {
+			return true, ""
 		}
-		t.Fatalf("%s: not within %v; daemon log:\n%s", what, within, s)
+		return false, logTail(logs.String())
 	}
+}
+
+// onLog is withLog for a condition on the daemon's log itself.
+func onLog(logs *syncBuffer, cond func(log string) bool) func() (bool, string) {
+	return func() (bool, string) {
+		s := logs.String()
+		if cond(s) {
+			return true, ""
+		}
+		return false, logTail(s)
+	}
+}
+
+func logTail(s string) string {
+	if len(s) > 8000 {
+		s = fmt.Sprintf("(%d bytes before)\n…%s", len(s)-8000, s[len(s)-8000:])
+	}
+	return "daemon log:\n" + s
 }
 
 // logLines returns the daemon's log lines that contain every one of subs.
@@ -82,21 +98,21 @@ func TestRunReloadsBesideBusySiblingAndOwnDebugLog(t *testing.T) {
 	}
 	t.Cleanup(func() { logFile.Close() })
 	logs, stop := startRunLoggingTo(t, f.path, logFile)
-	waitForLog(t, 10*time.Second, "pinned id 1 written", func(string) bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "pinned id 1 written", onLog(logs, func(string) bool {
 		return rdb.Exists(ctx, key("1")).Val() == 1
-	}, logs)
+	}))
 	testenv.WriteEvery(t, filepath.Join(f.dir, "sibling.dat"), 200*time.Millisecond, time.Hour, false)
 
 	wrote := time.Now()
 	f.writeText(t, debugLevel(f.text(`"1", "7"`, "")))
-	waitForLog(t, time.Until(wrote.Add(2*time.Second)), "config reloaded within 2 s of the write", func(log string) bool {
+	testenv.EventuallyDiag(t, time.Until(wrote.Add(2*time.Second)), "config reloaded within 2 s of the write", onLog(logs, func(log string) bool {
 		return len(logLines(log, `msg="config reloaded" reason=file`)) > 0
-	}, logs)
+	}))
 	applied := logTime(t, logLines(logs.String(), `msg="config reloaded" reason=file`)[0])
 	t.Logf("reload applied %v after the write", applied.Sub(wrote).Round(time.Millisecond))
-	waitForLog(t, 10*time.Second, "id 7 written after the reload", func(string) bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "id 7 written after the reload", onLog(logs, func(string) bool {
 		return rdb.Exists(ctx, key("7")).Val() == 1
-	}, logs)
+	}))
 
 	// Touch the config without changing it: the watcher logs that decision at debug level (which shows the daemon
 	// does log at debug level), and nothing per event.
@@ -104,9 +120,9 @@ func TestRunReloadsBesideBusySiblingAndOwnDebugLog(t *testing.T) {
 	if err := os.Chtimes(f.path, now, now); err != nil {
 		t.Fatal(err)
 	}
-	waitForLog(t, 10*time.Second, "unchanged content logged at debug level", func(log string) bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "unchanged content logged at debug level", onLog(logs, func(log string) bool {
 		return len(logLines(log, "level=DEBUG", "content is unchanged")) > 0
-	}, logs)
+	}))
 	if code := stop(); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
 	}
@@ -141,9 +157,9 @@ query = 'select id, body from %s where id = any($1)'
 `, f.prefix, f.table)
 	f.writeText(t, f.text(`"1"`, "")+second)
 	logs, stop := startRunLoggingTo(t, f.path, nil)
-	waitForLog(t, 10*time.Second, "pinned id 1 written", func(string) bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "pinned id 1 written", onLog(logs, func(string) bool {
 		return rdb.Exists(ctx, f.prefix+"item:1").Val() == 1
-	}, logs)
+	}))
 	reloaded := func(log string) []string { return logLines(log, `msg="config reloaded"`) }
 
 	// A writer in place: the file up to the second [[keyspace]] (a new pinned id, and no items2), a pause, the rest.
@@ -162,9 +178,9 @@ query = 'select id, body from %s where id = any($1)'
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitForLog(t, 15*time.Second, "completed file applied", func(log string) bool {
+	testenv.EventuallyDiag(t, 15*time.Second, "completed file applied", onLog(logs, func(log string) bool {
 		return len(reloaded(log)) == 1
-	}, logs)
+	}))
 	log := logs.String()
 	if got := reloaded(log)[0]; !strings.Contains(got, "keyspaces=2") {
 		t.Fatalf("applied %q, want the completed file (2 keyspaces); the cut file was applied", got)
@@ -179,16 +195,16 @@ query = 'select id, body from %s where id = any($1)'
 	if got := logLines(log, "config reload removed"); len(got) != 0 {
 		t.Fatalf("a keyspace was removed: %q", got)
 	}
-	waitForLog(t, 10*time.Second, "id 7 written", func(string) bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "id 7 written", onLog(logs, func(string) bool {
 		return rdb.Exists(ctx, f.prefix+"item:7").Val() == 1
-	}, logs)
+	}))
 
 	// A real removal: applied once the file stayed the same for the settle period, naming the keyspace.
 	wrote := time.Now()
 	f.writeText(t, cut)
-	waitForLog(t, 20*time.Second, "removal applied", func(log string) bool {
+	testenv.EventuallyDiag(t, 20*time.Second, "removal applied", onLog(logs, func(log string) bool {
 		return len(logLines(log, "config reload removed")) == 1
-	}, logs)
+	}))
 	removed := logLines(logs.String(), "config reload removed")[0]
 	if !strings.Contains(removed, "reason=file") || !strings.Contains(removed, "keyspaces=[items2]") {
 		t.Errorf("removal logged as %q, want reason=file and keyspaces=[items2]", removed)
@@ -200,10 +216,10 @@ query = 'select id, body from %s where id = any($1)'
 	// Put items2 back (no removal: applied after the quiet period), then remove it again and send SIGHUP: the
 	// operator asked, so it is applied at once, and logged.
 	f.writeText(t, f.text(`"1", "7"`, "")+second)
-	waitForLog(t, 15*time.Second, "items2 back", func(log string) bool {
+	testenv.EventuallyDiag(t, 15*time.Second, "items2 back", onLog(logs, func(log string) bool {
 		r := reloaded(log)
 		return len(r) == 3 && strings.Contains(r[2], "keyspaces=2")
-	}, logs)
+	}))
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP) // so that a SIGHUP can never kill the test binary, whatever the daemon does
 	defer signal.Stop(hup)
@@ -212,9 +228,9 @@ query = 'select id, body from %s where id = any($1)'
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitForLog(t, 15*time.Second, "removal on SIGHUP", func(log string) bool {
+	testenv.EventuallyDiag(t, 15*time.Second, "removal on SIGHUP", onLog(logs, func(log string) bool {
 		return len(logLines(log, "config reload removed", "reason=sighup", "keyspaces=[items2]")) == 1
-	}, logs)
+	}))
 	line := logLines(logs.String(), "config reload removed", "reason=sighup")[0]
 	if d := logTime(t, line).Sub(sent); d >= reload.DefaultSettle {
 		t.Errorf("SIGHUP applied the removal %v after the signal, want at once (less than the settle period)", d)
@@ -257,19 +273,19 @@ func TestRunAppliesAConfigOnceTheListItNamesExists(t *testing.T) {
 	ctx := context.Background()
 	f.write(t, `"1"`, "")
 	logs, stop := startRunLoggingTo(t, f.path, nil)
-	waitForLog(t, 10*time.Second, "pinned id 1 written", func(string) bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "pinned id 1 written", onLog(logs, func(string) bool {
 		return rdb.Exists(ctx, f.prefix+"item:1").Val() == 1
-	}, logs)
+	}))
 	f.writeText(t, f.text(`"1"`, "")+"\n[[hotkeys]]\nname = \"more\"\nkeyspace = \"items\"\nfile = \"more.txt\"\n")
-	waitForLog(t, 15*time.Second, "the edit rejected", func(log string) bool {
+	testenv.EventuallyDiag(t, 15*time.Second, "the edit rejected", onLog(logs, func(log string) bool {
 		return len(logLines(log, "config reload rejected", "more.txt")) > 0
-	}, logs)
+	}))
 	if err := os.WriteFile(filepath.Join(f.dir, "more.txt"), []byte("5\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitForLog(t, 10*time.Second, "the config applied once more.txt exists (id 5 written)", func(string) bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "the config applied once more.txt exists (id 5 written)", onLog(logs, func(string) bool {
 		return rdb.Exists(ctx, f.prefix+"item:5").Val() == 1
-	}, logs)
+	}))
 	if n := len(logLines(logs.String(), `msg="config reloaded"`, "reason=file")); n != 1 {
 		t.Errorf("%d file reloads, want 1", n)
 	}

@@ -133,22 +133,22 @@ func TestRunReloadAddsPinnedIDAndSurvivesBadEdit(t *testing.T) {
 	key := func(id string) string { return f.prefix + "item:" + id }
 	f.write(t, `"1"`, "")
 	logs, stop := startRun(t, f.path)
-	waitFor(t, 5*time.Second, "pinned id 1 written", func() bool {
+	testenv.EventuallyDiag(t, 5*time.Second, "pinned id 1 written", withLog(logs, func() bool {
 		return rdb.Exists(ctx, key("1")).Val() == 1
-	}, logs)
+	}))
 
 	// Add a pinned id by write-to-temp-then-rename: it must get warm (after the watcher's 1 s quiet period).
 	f.write(t, `"1", "7"`, "")
-	waitFor(t, 10*time.Second, "id 7 written after the reload", func() bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "id 7 written after the reload", withLog(logs, func() bool {
 		return rdb.Exists(ctx, key("7")).Val() == 1
-	}, logs)
+	}))
 
 	// An invalid edit: the daemon keeps its config, logs the problem, and goes on refreshing.
 	// It is reported once it stayed invalid for a second quiet period.
 	f.write(t, `"1", "7"`, `ttl_typo = "5s"`)
-	waitFor(t, 10*time.Second, "invalid reload logged", func() bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "invalid reload logged", withLog(logs, func() bool {
 		return strings.Contains(logs.String(), "config reload rejected") && strings.Contains(logs.String(), "ttl_typo")
-	}, logs)
+	}))
 	for i := 0; i < 3; i++ { // three TTLs: the keys stay warm on the last good config
 		time.Sleep(2 * time.Second)
 		if n := rdb.Exists(ctx, key("1"), key("7")).Val(); n != 2 {
@@ -179,20 +179,20 @@ func TestRunServesHealthAndHotkeys(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	waitFor(t, 5*time.Second, "status shows the pinned key", func() bool {
+	testenv.EventuallyDiag(t, 5*time.Second, "status shows the pinned key", withLog(logs, func() bool {
 		out.Reset()
 		if err := run(context.Background(), []string{"status", "--addr", addr}, &out, &out); err != nil {
 			return false
 		}
 		return strings.Contains(out.String(), f.prefix+"item:3") && strings.Contains(out.String(), "pinned")
-	}, logs)
+	}))
 }
 
 // listenAddr reads the daemon's bound address from its "keepwarm running" log line.
 func listenAddr(t *testing.T, logs *syncBuffer) string {
 	t.Helper()
 	var addr string
-	waitFor(t, 10*time.Second, "daemon listening", func() bool {
+	testenv.EventuallyDiag(t, 10*time.Second, "daemon listening", withLog(logs, func() bool {
 		i := strings.Index(logs.String(), "keepwarm running")
 		if i < 0 {
 			return false
@@ -204,16 +204,8 @@ func listenAddr(t *testing.T, logs *syncBuffer) string {
 		}
 		addr = strings.Fields(line[j+len("listen="):])[0]
 		return true
-	}, logs)
+	}))
 	return addr
-}
-
-// waitFor is testenv.Eventually that also prints the daemon's log when cond never held.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool, logs *syncBuffer) {
-	t.Helper()
-	if !testenv.Poll(within, cond) {
-		t.Fatalf("%s: not within %v; daemon log:\n%s", what, within, logs)
-	}
 }
 
 // TestRunReloadsConfigMapSwap runs the daemon on a Kubernetes ConfigMap volume (keepwarm.toml ->
@@ -257,12 +249,12 @@ func TestRunReloadsConfigMapSwap(t *testing.T) {
 	}
 	logs, stop := startRun(t, filepath.Join(cm, "keepwarm.toml"))
 	key := func(id string) string { return f.prefix + "item:" + id }
-	waitFor(t, 10*time.Second, "pinned id 1 written", func() bool { return rdb.Exists(ctx, key("1")).Val() == 1 }, logs)
+	testenv.EventuallyDiag(t, 10*time.Second, "pinned id 1 written", withLog(logs, func() bool { return rdb.Exists(ctx, key("1")).Val() == 1 }))
 
 	publish("2026_11_30_v2", `"1", "7"`)
-	waitFor(t, 15*time.Second, "id 7 written after the ConfigMap swap", func() bool {
+	testenv.EventuallyDiag(t, 15*time.Second, "id 7 written after the ConfigMap swap", withLog(logs, func() bool {
 		return rdb.Exists(ctx, key("7")).Val() == 1
-	}, logs)
+	}))
 	if !strings.Contains(logs.String(), `msg="config reloaded" reason=file`) {
 		t.Errorf("no file reload logged:\n%s", logs)
 	}

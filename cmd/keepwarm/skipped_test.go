@@ -64,11 +64,11 @@ func TestRunSkipsBadListLines(t *testing.T) {
 	f.write(t, `"1"`, listWithBadLines(t, f))
 	logs, stop := startRun(t, f.path)
 	addr := listenAddr(t, logs)
-	waitFor(t, 5*time.Second, "the list's valid ids written", func() bool {
+	testenv.EventuallyDiag(t, 5*time.Second, "the list's valid ids written", withLog(logs, func() bool {
 		return rdb.Exists(ctx, f.prefix+"item:3", f.prefix+"item:20").Val() == 2
-	}, logs)
+	}))
 	var metrics string
-	waitFor(t, 5*time.Second, "skipped lines counted", func() bool {
+	testenv.EventuallyDiag(t, 5*time.Second, "skipped lines counted", withLog(logs, func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
 			return false
@@ -77,7 +77,7 @@ func TestRunSkipsBadListLines(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		metrics = string(b)
 		return strings.Contains(metrics, `keepwarm_config_skipped_ids_total{keyspace="items"} 2`)
-	}, logs)
+	}))
 	if code := stop(); code != 0 {
 		t.Errorf("exit code %d, want 0", code)
 	}

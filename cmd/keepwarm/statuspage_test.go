@@ -112,7 +112,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 
 	// Wait until every keyspace has written its pinned keys, so that the page has something to show.
 	want := map[string]int{"album": 12, "artist": 6, "chart-genre": 9, "track": 9}
-	waitFor(t, 20*time.Second, "pinned keys written in every keyspace", func() bool {
+	testenv.EventuallyDiag(t, 20*time.Second, "pinned keys written in every keyspace", withLog(logs, func() bool {
 		resp, err := http.Get("http://" + addr + "/debug/hotkeys?limit=0")
 		if err != nil {
 			return false
@@ -134,7 +134,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 			}
 		}
 		return true
-	}, logs)
+	}))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -43,7 +43,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", "5000000")
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	logs, stop := startRun(t, f.path)
-	waitFor(t, 10*time.Second, "READY=1", func() bool { return sd.index("READY=1") >= 0 }, logs)
+	testenv.EventuallyDiag(t, 10*time.Second, "READY=1", withLog(logs, func() bool { return sd.index("READY=1") >= 0 }))
 	if m := sd.String(); !strings.Contains(m, "STATUS=running: 1 keyspaces, listening on 127.0.0.1:") {
 		t.Errorf("READY carries no STATUS line: %s", m)
 	}
@@ -56,7 +56,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("after READY=1, /readyz answered %s", resp.Status)
 	}
-	waitFor(t, 5*time.Second, "WATCHDOG=1", func() bool { return sd.index("WATCHDOG=1") >= 0 }, logs)
+	testenv.EventuallyDiag(t, 5*time.Second, "WATCHDOG=1", withLog(logs, func() bool { return sd.index("WATCHDOG=1") >= 0 }))
 	if sd.index("STOPPING=1") >= 0 {
 		t.Fatalf("STOPPING=1 before shutdown: %s", sd)
 	}
@@ -64,7 +64,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 		t.Errorf("exit code %d after SIGTERM\n%s", code, logs)
 	}
 	// The daemon sent STOPPING=1 before it exited; the test's socket reader may not have read it yet.
-	waitFor(t, 5*time.Second, "STOPPING=1 received", func() bool { return sd.index("STOPPING=1") >= 0 }, logs)
+	testenv.EventuallyDiag(t, 5*time.Second, "STOPPING=1 received", withLog(logs, func() bool { return sd.index("STOPPING=1") >= 0 }))
 	if i, r := sd.index("STOPPING=1"), sd.index("READY=1"); i < r {
 		t.Errorf("want STOPPING=1 after READY=1 on shutdown; got %s", sd)
 	}
@@ -81,9 +81,9 @@ func TestRunKeepsRunningWithABadWatchdogSetting(t *testing.T) {
 			t.Setenv("WATCHDOG_USEC", usec)
 			t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 			logs, stop := startRun(t, f.path)
-			waitFor(t, 10*time.Second, "READY=1", func() bool { return sd.index("READY=1") >= 0 }, logs)
-			waitFor(t, 5*time.Second, "the warning that the watchdog is disabled",
-				func() bool { return strings.Contains(logs.String(), "systemd watchdog disabled") }, logs)
+			testenv.EventuallyDiag(t, 10*time.Second, "READY=1", withLog(logs, func() bool { return sd.index("READY=1") >= 0 }))
+			testenv.EventuallyDiag(t, 5*time.Second, "the warning that the watchdog is disabled", withLog(logs,
+				func() bool { return strings.Contains(logs.String(), "systemd watchdog disabled") }))
 			addr := listenAddr(t, logs)
 			resp, err := http.Get("http://" + addr + "/readyz")
 			if err != nil {

@@ -32,3 +32,18 @@ func Eventually(tb testing.TB, within time.Duration, what string, cond func() bo
 		tb.Fatalf("%s: not true within %v", what, within)
 	}
 }
+
+// EventuallyDiag is Eventually for a condition that can say why it does not hold yet: cond returns whether it
+// holds and, when not, a diagnostic (the last value read, the daemon's log). It polls cond every PollEvery and
+// fails the test with "<what>: not true within <within>; last: <diagnostic>", the diagnostic of the last call.
+func EventuallyDiag(tb testing.TB, within time.Duration, what string, cond func() (ok bool, diag string)) {
+	tb.Helper()
+	var last string
+	if !Poll(within, func() bool {
+		ok, diag := cond()
+		last = diag
+		return ok
+	}) {
+		tb.Fatalf("%s: not true within %v; last: %s", what, within, last)
+	}
+}

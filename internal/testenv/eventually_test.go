@@ -1,6 +1,8 @@
 package testenv_test
 
 import (
+	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,4 +46,43 @@ func TestEventuallyHolds(t *testing.T) {
 	if n := calls.Load(); n != 3 {
 		t.Errorf("cond called %d times, want 3", n)
 	}
+}
+
+// TestEventuallyDiag: the failure names what was awaited and carries the diagnostic of the last call.
+func TestEventuallyDiag(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	testenv.EventuallyDiag(t, time.Hour, "third call", func() (bool, string) {
+		n := calls.Add(1)
+		return n >= 3, fmt.Sprintf("call %d", n)
+	})
+	if n := calls.Load(); n != 3 {
+		t.Errorf("cond called %d times, want 3", n)
+	}
+	rec := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() { // Fatalf ends the goroutine, as it ends a test
+		defer close(done)
+		calls.Store(0)
+		testenv.EventuallyDiag(rec, 3*testenv.PollEvery, "never", func() (bool, string) {
+			return false, fmt.Sprintf("call %d", calls.Add(1))
+		})
+	}()
+	<-done
+	want := fmt.Sprintf("never: not true within %v; last: call %d", 3*testenv.PollEvery, calls.Load())
+	if rec.msg != want {
+		t.Errorf("failure: got %q, want %q", rec.msg, want)
+	}
+}
+
+// fatalRecorder records Fatalf's message and ends the calling goroutine, as testing.T's does.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (r *fatalRecorder) Helper() {}
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }

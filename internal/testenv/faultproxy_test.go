@@ -24,11 +24,14 @@ func proxiedRedis(t *testing.T, fp *testenv.FaultProxy) *redis.Client {
 	return c
 }
 
-// eventually polls f (see testenv.Poll) until it returns nil or 10s have passed; it returns the last error.
-func eventually(f func() error) error {
-	var err error
-	testenv.Poll(10*time.Second, func() bool { err = f(); return err == nil })
-	return err
+// nilErr adapts f for testenv.EventuallyDiag: it holds when f returns nil; the diagnostic is f's last error.
+func nilErr(f func() error) func() (bool, string) {
+	return func() (bool, string) {
+		if err := f(); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	}
 }
 
 func isTimeout(err error) bool {
@@ -77,9 +80,7 @@ func TestFaultProxy(t *testing.T) {
 				t.Fatalf("GET through a %s link: got error %v (%T), want the fault's error", tt.name, err, err)
 			}
 			fp.Heal()
-			if err := eventually(func() error { return get(c) }); err != nil {
-				t.Fatalf("GET after Heal: %v", err)
-			}
+			testenv.EventuallyDiag(t, 10*time.Second, "GET after Heal", nilErr(func() error { return get(c) }))
 		})
 	}
 }
@@ -104,15 +105,9 @@ func TestFaultProxyFreezeDeliversLate(t *testing.T) {
 		t.Fatalf("key written during the freeze: EXISTS = %d, want 0", n)
 	}
 	fp.Heal()
-	err := eventually(func() error {
-		if direct.Exists(ctx, p+"late").Val() != 1 {
-			return errors.New("the frozen SET has not run")
-		}
-		return nil
+	testenv.Eventually(t, 10*time.Second, "the frozen SET runs after Heal", func() bool {
+		return direct.Exists(ctx, p+"late").Val() == 1
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func TestFaultProxyCutRestoreKeepsAddr(t *testing.T) {
@@ -128,7 +123,5 @@ func TestFaultProxyCutRestoreKeepsAddr(t *testing.T) {
 		t.Fatalf("Addr after Restore = %s, want %s", fp.Addr(), addr)
 	}
 	c := proxiedRedis(t, fp)
-	if err := eventually(func() error { return c.Ping(context.Background()).Err() }); err != nil {
-		t.Fatalf("PING after Restore: %v", err)
-	}
+	testenv.EventuallyDiag(t, 10*time.Second, "PING after Restore", nilErr(func() error { return c.Ping(context.Background()).Err() }))
 }
