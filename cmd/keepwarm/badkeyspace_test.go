@@ -35,6 +35,7 @@ func get(t *testing.T, addr, path string) (int, string) {
 // `keepwarm run`: the healthy keyspace refreshes, /readyz and the status page name the broken one and its error,
 // and once the table is back the broken keyspace recovers without a restart.
 func TestRunStartsWithABrokenKeyspace(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	rdb := testenv.Redis(t)
 	pool := testenv.Postgres(t)
 	prefix := testenv.Prefix(t, rdb)

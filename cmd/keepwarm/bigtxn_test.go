@@ -94,6 +94,7 @@ func peakRSS(t *testing.T, pid int) int64 {
 // 256 MiB of peak RSS, turn the transaction into a resync (it is above max_transaction_changes) and so bring a
 // cached hot key up to its new row.
 func TestRunBigTransactionStaysUnderTheMemoryLimit(t *testing.T) {
+	t.Parallel()
 	const rows, limit = 300_000, 256 << 20
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)

@@ -34,6 +34,7 @@ func streamName(t *testing.T, pool *pgxpool.Pool, prefix string) string {
 // the commit that changed its row (a key an app cached for an hour, not hot: nothing else would rebuild it), and
 // leaves an uncached id alone. Its slot and publication are dropped on cleanup.
 func TestRunChangeStreamRefreshesOnCommit(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	pool := testenv.Postgres(t)
@@ -75,6 +76,7 @@ lease_ttl = "2s"`, table, name, name))
 // catalog (an error naming them when they are missing), creates the publication, and with
 // --replica-identity-full sets REPLICA IDENTITY FULL where an id column is not in the identity.
 func TestMigrateChanges(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	dsn := testenv.Database(t)
 	t.Setenv("KEEPWARM_POSTGRES_DSN", dsn)
 	_, stderr, code := keepwarm(t, "migrate", "up", "--config", demoConfig)
@@ -118,6 +120,7 @@ func TestMigrateChanges(t *testing.T) {
 // --check-db, and run exited 1): the missing publication, a publication lacking a feeding table, and a slot of
 // another plugin, each named.
 func TestValidateCheckDBChecksTheChangeStream(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	dsn := chinookDSN(t)
 	t.Setenv("KEEPWARM_POSTGRES_DSN", dsn)
 	pool, err := pgxpool.New(context.Background(), dsn)

@@ -136,6 +136,7 @@ func dashboardMetrics(t *testing.T) map[string][]string {
 // TestDashboardMetricsExist fails when the dashboard queries a metric that the daemon does not register, so that a
 // rename cannot leave a panel silently empty.
 func TestDashboardMetricsExist(t *testing.T) {
+	// Serial: starts the daemon's parts on the demo config, whose keys and replication slot every run of that config shares.
 	have := daemonMetrics(t)
 	used := dashboardMetrics(t)
 	if len(used) < 20 {

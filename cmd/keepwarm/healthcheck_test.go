@@ -10,6 +10,7 @@ import (
 )
 
 func TestHealthcheck(t *testing.T) {
+	t.Parallel()
 	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ready\n"))
 	}))
@@ -47,6 +48,7 @@ func TestHealthcheck(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"version"}, &out, &out); err != nil {
 		t.Fatal(err)
@@ -57,6 +59,7 @@ func TestVersion(t *testing.T) {
 }
 
 func TestHealthcheckURL(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	for _, tc := range []struct {
 		listen, path, want string
 	}{

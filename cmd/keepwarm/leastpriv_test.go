@@ -125,6 +125,7 @@ func readOnlyRole(t *testing.T, f *daemonFixture) string {
 // and channels, and as a read-only PostgreSQL role with only SELECT on the source table: it gets ready, writes a pinned and a hot key, and Redis logs no denial (ACL LOG); it stops with
 // exit 0 and no lock left.
 func TestRunUnderLeastPrivilegeRedisACL(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	priv := testenv.PrivateRedis(t)
 	ctx := context.Background()
 	if err := priv.ConfigSet(ctx, "notify-keyspace-events", "EA").Err(); err != nil {
@@ -177,6 +178,7 @@ func TestRunUnderLeastPrivilegeRedisACL(t *testing.T) {
 // TestRunNamesRedisNOPERM: an ACL user without client|setname cannot connect (go-redis names its connections).
 // The daemon must say it is a permission problem, in the log and in /readyz, not just "cannot reach a dependency".
 func TestRunNamesRedisNOPERM(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	priv := testenv.PrivateRedis(t)
 	ctx := context.Background()
 	f := newDaemonFixture(t)
@@ -205,6 +207,7 @@ func TestRunNamesRedisNOPERM(t *testing.T) {
 // refresh fails (SET NX answers NOPERM). /readyz must turn 503 and name the keyspace and the permission, instead
 // of staying ready while no value is ever written.
 func TestReadyzNamesRefreshNOPERM(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	priv := testenv.PrivateRedis(t)
 	ctx := context.Background()
 	f := newDaemonFixture(t)
@@ -238,6 +241,7 @@ func TestReadyzNamesRefreshNOPERM(t *testing.T) {
 // TestValidateCheckTestsRedisToo: validate --check connects to Redis with the configured credentials, so a wrong
 // password fails it (naming authentication), while --check-db alone looks at PostgreSQL only.
 func TestValidateCheckTestsRedisToo(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	priv := testenv.PrivateRedis(t)
 	ctx := context.Background()
 	f := newDaemonFixture(t)

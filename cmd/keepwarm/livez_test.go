@@ -17,6 +17,7 @@ import (
 // the fail-safe is doing its job. keepwarm healthcheck (the container HEALTHCHECK) follows /livez. After the thaw
 // /readyz is 200 again.
 func TestLivezIsNotReadyz(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	redisSrv := testenv.PrivateFreezableRedis(t)
 	f := newDaemonFixture(t)
 	f.write(t, `"1"`, "")
@@ -72,6 +73,7 @@ func TestLivezIsNotReadyz(t *testing.T) {
 
 // TestRunWarnsWhenListeningBeyondLoopback: daemon.listen on all interfaces is logged as a warning; loopback is not.
 func TestRunWarnsWhenListeningBeyondLoopback(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	for _, tc := range []struct {
 		listen string
 		warn   bool

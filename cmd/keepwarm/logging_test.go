@@ -12,6 +12,7 @@ import (
 
 // TestLoggerWritesDurationsAsStrings: JSON logs printed "ttl":10000000000; they must say "10s".
 func TestLoggerWritesDurationsAsStrings(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct{ format, want string }{
 		{"json", `"ttl":"10s","group":{"wait":"1.5ms"}`},
 		{"text", `ttl=10s group.wait=1.5ms`},

@@ -45,6 +45,7 @@ func chinookDSN(t *testing.T) string {
 }
 
 func TestValidateDemoConfig(t *testing.T) {
+	t.Parallel()
 	stdout, stderr, code := keepwarm(t, "validate", "--config", demoConfig)
 	if code != 0 {
 		t.Fatalf("validate: exit %d, stderr:\n%s", code, stderr)
@@ -63,6 +64,7 @@ func TestValidateDemoConfig(t *testing.T) {
 
 // TestValidateSaysWhichRedisSourceWon: KEEPWARM_REDIS_URL replaces the file's addresses, and validate says so.
 func TestValidateSaysWhichRedisSourceWon(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	text, err := os.ReadFile(demoConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +90,7 @@ func TestValidateSaysWhichRedisSourceWon(t *testing.T) {
 }
 
 func TestValidateCheckDB(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	t.Setenv("KEEPWARM_POSTGRES_DSN", chinookDSN(t))
 	stdout, stderr, code := keepwarm(t, "validate", "--config", demoConfig, "--check-db")
 	if code != 0 || !strings.Contains(stdout, "queries prepared on PostgreSQL") {
@@ -117,6 +120,7 @@ func TestValidateCheckDB(t *testing.T) {
 }
 
 func TestValidateReportsEveryProblem(t *testing.T) {
+	t.Parallel()
 	p := filepath.Join(t.TempDir(), "bad.toml")
 	text := `
 [redis]
@@ -149,6 +153,7 @@ query = "select $1"
 }
 
 func TestValidateHidesSecrets(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	const redisPW, pgPW = "redis-pw-never-shown", "pg-pw-never-shown"
 	t.Setenv("KEEPWARM_REDIS_PASSWORD", redisPW)
 	t.Setenv("KEEPWARM_POSTGRES_DSN", "postgres://keepwarm:"+pgPW+"@127.0.0.1:15432/chinook?sslmode=disable")
@@ -176,6 +181,7 @@ func TestValidateHidesSecrets(t *testing.T) {
 }
 
 func TestFetch(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	t.Setenv("KEEPWARM_POSTGRES_DSN", chinookDSN(t))
 	stdout, stderr, code := keepwarm(t, "fetch", "--config", demoConfig, "--keyspace", "track", "1", "2", "999999", "1")
 	if code != 0 {
@@ -199,6 +205,7 @@ track:999999: missing: missing = "delete": would delete the key
 }
 
 func TestMigrate(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	t.Setenv("KEEPWARM_POSTGRES_DSN", testenv.Database(t))
 	// An empty database has no demo tables to publish (TestMigrateChanges covers that part).
 	t.Setenv("KEEPWARM_CHANGES_ENABLED", "false")
@@ -224,6 +231,7 @@ func TestMigrate(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		args []string
@@ -251,6 +259,7 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"help"}, {"validate", "-h"}, {"migrate", "--help"}} {
 		_, _, code := keepwarm(t, args...)
 		if code != 0 {
@@ -260,6 +269,7 @@ func TestHelp(t *testing.T) {
 }
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	var sink bytes.Buffer
 	for _, tt := range []struct {
 		err  error
@@ -280,6 +290,7 @@ func TestExitCodes(t *testing.T) {
 // TestValidateCheckNamesADatabaseOutOfRange: validate --check against a Redis with fewer databases than the
 // config's db names the db (it printed `redis : ERR DB index is out of range`).
 func TestValidateCheckNamesADatabaseOutOfRange(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	testenv.Redis(t) // fails with a how-to-start message when Redis is down
 	t.Setenv("KEEPWARM_POSTGRES_DSN", chinookDSN(t))
 	u := testenv.RedisURL()

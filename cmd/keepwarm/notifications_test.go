@@ -27,6 +27,7 @@ func metricsBody(t *testing.T, addr string) string {
 // "auto" sets the flags on a Redis that has none and /metrics says notifications are on; "on" leaves them unset
 // and says off; "off" does not subscribe at all.
 func TestRunNotificationsSetting(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	for _, tt := range []struct {
 		setting     string
 		wantMetrics []string

@@ -15,6 +15,7 @@ import (
 // TestRedisLogsAreStructured: with routeRedisLogs, go-redis's own "failed to dial" line comes out as a JSON slog
 // record, not a raw "pool.go:…" line.
 func TestRedisLogsAreStructured(t *testing.T) {
+	// Serial: sets go-redis's process-wide logger.
 	var buf syncBuffer
 	routeRedisLogs(slog.New(slog.NewJSONHandler(&buf, nil)))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -87,6 +87,7 @@ func logTime(t *testing.T, line string) time.Time {
 // watcher used to restart its quiet period on every event in the directory (the reload never came) and to log
 // each event, which fed itself.
 func TestRunReloadsBesideBusySiblingAndOwnDebugLog(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
@@ -142,6 +143,7 @@ func TestRunReloadsBesideBusySiblingAndOwnDebugLog(t *testing.T) {
 // once the file stayed the same for reload.DefaultSettle, and logged with the keyspace's name; SIGHUP applies a
 // removal at once, logged too. The cut file used to be applied after the 1 s quiet period (issue 22).
 func TestRunHoldsBackAKeyspaceRemoval(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
@@ -244,6 +246,7 @@ query = 'select id, body from %s where id = any($1)'
 // its first two lines of fifty) counts as a removal, so the reload waits for the file to settle; a list that
 // gains ids, or is unchanged, does not.
 func TestRemovedByNamesUnpinnedIDs(t *testing.T) {
+	t.Parallel()
 	ids := func(n int) []string {
 		out := make([]string, n)
 		for i := range out {
@@ -268,6 +271,7 @@ func TestRemovedByNamesUnpinnedIDs(t *testing.T) {
 // rejected; creating the file applies the config without another edit or a SIGHUP (the file was not watched,
 // since only the running config's files were, so the valid config waited forever).
 func TestRunAppliesAConfigOnceTheListItNamesExists(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	ctx := context.Background()

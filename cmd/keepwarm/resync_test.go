@@ -10,6 +10,7 @@ import (
 // The stream names a TRUNCATE's resync with its own constant and the warmer acts on its own (neither package
 // imports the other); the daemon wires them together, so they must agree.
 func TestResyncTruncateNamesAgree(t *testing.T) {
+	t.Parallel()
 	if postgres.ResyncTruncate != warmer.ResyncTruncate {
 		t.Errorf("postgres.ResyncTruncate = %q, warmer.ResyncTruncate = %q: a TRUNCATE would not invalidate cold keys",
 			postgres.ResyncTruncate, warmer.ResyncTruncate)

@@ -127,6 +127,7 @@ func startRunLoggingTo(t *testing.T, path string, also io.Writer) (logs *syncBuf
 }
 
 func TestRunReloadAddsPinnedIDAndSurvivesBadEdit(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
@@ -164,6 +165,7 @@ func TestRunReloadAddsPinnedIDAndSurvivesBadEdit(t *testing.T) {
 }
 
 func TestRunServesHealthAndHotkeys(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	f.write(t, `"3"`, "")
 	logs, _ := startRun(t, f.path)
@@ -212,6 +214,7 @@ func listenAddr(t *testing.T, logs *syncBuffer) string {
 // ..data/keepwarm.toml, ..data -> ..<version>) and publishes a new version the way the kubelet does: the
 // daemon reloads and warms the newly pinned id. It used to watch only the symlink's name and never reload.
 func TestRunReloadsConfigMapSwap(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	ctx := context.Background()

@@ -38,6 +38,7 @@ func listWithBadLines(t *testing.T, f *daemonFixture) string {
 // TestValidateListsSkippedLines: validate accepts a config whose list file has bad lines (run would start) and
 // lists each bad line with its file:line.
 func TestValidateListsSkippedLines(t *testing.T) {
+	t.Parallel()
 	f := newDaemonFixture(t)
 	f.write(t, `"1"`, listWithBadLines(t, f))
 	stdout, stderr, code := keepwarm(t, "validate", "--config", f.path)
@@ -58,6 +59,7 @@ func TestValidateListsSkippedLines(t *testing.T) {
 // TestRunSkipsBadListLines: run starts on a list file with bad lines, warms the valid ids, logs one summary
 // warning and counts the skipped lines.
 func TestRunSkipsBadListLines(t *testing.T) {
+	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
@@ -92,6 +94,7 @@ func TestRunSkipsBadListLines(t *testing.T) {
 // TestWarmupListSkipsBadLines: `warmup --list` warms the valid ids of a list file with bad lines and says how
 // many lines it skipped.
 func TestWarmupListSkipsBadLines(t *testing.T) {
+	t.Parallel()
 	f := newDaemonFixture(t)
 	rdb := testenv.Redis(t)
 	f.write(t, `"1"`, listWithBadLines(t, f))

@@ -101,6 +101,7 @@ ids = ["1", "2", "3", "4", "6", "7", "9", "14", "24"]
 // every keyspace and its hot keys are listed, the expiry histograms have bars, and a key holding a <script> tag
 // is shown as text and runs nothing.
 func TestStatusPageInBrowser(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	browser := chromium(t)
 	rdb := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)

@@ -37,6 +37,7 @@ func (s notifySocket) String() string {
 // TestRunNotifiesSystemd runs the daemon as systemd would with Type=notify and WatchdogSec=5s: READY=1 once
 // /readyz passes, watchdog pings while the scheduler runs, STOPPING=1 on SIGTERM.
 func TestRunNotifiesSystemd(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	f := newDaemonFixture(t)
 	f.write(t, `"1"`, "")
 	sd := listenNotify(t)
@@ -73,6 +74,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 // TestRunKeepsRunningWithABadWatchdogSetting: an invalid WATCHDOG_USEC disables the watchdog with one warning; the
 // daemon keeps running and exits 0 on SIGTERM (issue 22: WATCHDOG_USEC=0 sent READY=1, then exited 1).
 func TestRunKeepsRunningWithABadWatchdogSetting(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	for _, usec := range []string{"0", "soon"} {
 		t.Run("WATCHDOG_USEC="+usec, func(t *testing.T) {
 			f := newDaemonFixture(t)

@@ -14,6 +14,7 @@ import (
 // TestWarmupQueryOneConnection runs `keepwarm warmup --query` over every Chinook track with max_conns = 1
 // (issue 11: the ids stream held the pool's only connection and 3,200 of 3,503 ids failed).
 func TestWarmupQueryOneConnection(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	t.Setenv("KEEPWARM_POSTGRES_DSN", chinookDSN(t))
 	t.Setenv("KEEPWARM_POSTGRES_MAX_CONNS", "1")
 	rdb := testenv.Redis(t)
@@ -58,6 +59,7 @@ func pgBouncerChinookDSN(t *testing.T) string {
 // config streams changes, which needs a replication connection that PgBouncer 1.18 does not pass: without a
 // [changes] dsn pointing at PostgreSQL itself, --check-db says so (run's stream would retry forever).
 func TestValidateBehindPgBouncer(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	t.Setenv("KEEPWARM_CHANGES_DSN", chinookDSN(t))
 	fixed := pgBouncerChinookDSN(t)
 	broken := strings.Replace(fixed, "default_query_exec_mode=exec", "default_query_exec_mode=cache_statement", 1)
@@ -81,6 +83,7 @@ func TestValidateBehindPgBouncer(t *testing.T) {
 // transaction mode, with the documented DSN (default_query_exec_mode=exec). Issue 11: with the default DSN more
 // than half of the 3,503 ids failed with SQLSTATE 42P05, and a second warmup failed before it started.
 func TestWarmupThroughPgBouncer(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	dsn := pgBouncerChinookDSN(t)
 	t.Setenv("KEEPWARM_POSTGRES_DSN", dsn)
 	rdb := testenv.Redis(t)

@@ -40,6 +40,7 @@ func prefixedDemoConfig(t *testing.T, prefix string) string {
 // TestWarmupWritesWhatFetchShows warms each Chinook demo keyspace and checks that Redis holds, byte for byte,
 // what the source returns for the same ids (what `keepwarm fetch` prints).
 func TestWarmupWritesWhatFetchShows(t *testing.T) {
+	// Serial: t.Setenv changes the process environment.
 	t.Setenv("KEEPWARM_POSTGRES_DSN", chinookDSN(t))
 	rdb := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)
@@ -96,6 +97,7 @@ func TestWarmupWritesWhatFetchShows(t *testing.T) {
 }
 
 func TestWarmupUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		args []string
@@ -117,6 +119,7 @@ func TestWarmupUsageErrors(t *testing.T) {
 }
 
 func TestWarmupDryRun(t *testing.T) {
+	t.Parallel()
 	stdout, stderr, code := keepwarm(t, "warmup", "--config", demoConfig, "--keyspace", "track", "--list", "front-page",
 		"--spread", "10m", "--dry-run")
 	if code != 0 {

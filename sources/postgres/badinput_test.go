@@ -30,6 +30,7 @@ func isBadInput(err error) bool {
 //   - A query that casts ids to int fails on "abc" with 22P02, a data exception: ErrBadInput wrapping the
 //     *pgconn.PgError.
 func TestBadInputInEveryExecMode(t *testing.T) {
+	t.Parallel()
 	setup := testenv.Postgres(t)
 	kv := table(t, setup, "text", map[string]any{"1": "one", "2": "two"})
 	for _, mode := range execModes {
@@ -77,6 +78,7 @@ func TestBadInputInEveryExecMode(t *testing.T) {
 // TestOriginErrorsAreNotBadInput: an error of the origin itself (a missing table, 42P01) is not BadInput; only
 // the batch's input is blamed for a data exception.
 func TestOriginErrorsAreNotBadInput(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	src := newSource(t, pool, postgres.Config{Keyspace: "gone", Query: "select id, id from no_such_table where id = any($1::text[])"})
 	_, _, err := src.Fetch(context.Background(), []string{"1"})

@@ -15,6 +15,7 @@ import (
 // the server as run-time parameters ("unrecognized configuration parameter"). A slot or publication that does
 // not exist yet is fine with CreatePublication; a publication missing without it is named.
 func TestCheckStreamIgnoresPgxSettings(t *testing.T) {
+	t.Parallel()
 	testenv.Postgres(t) // fails with a how-to-start message when PostgreSQL is down
 	dsn := testenv.PostgresURL()
 	sep := "?"

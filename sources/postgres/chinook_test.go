@@ -18,6 +18,7 @@ import (
 // TestChinookMatchesPsql runs each demo keyspace's query from config.toml through Fetch and through psql, and
 // checks that the bytes are the same: what keepwarm writes to Redis is exactly what PostgreSQL prints.
 func TestChinookMatchesPsql(t *testing.T) {
+	t.Parallel()
 	testenv.Postgres(t) // fails with a how-to-start message when PostgreSQL is down
 	dsn, err := chinook.DSNFor(testenv.PostgresURL())
 	if err != nil {
@@ -104,6 +105,7 @@ func psql(t *testing.T, dsn, query string, ids []string) map[string][]byte {
 
 // TestChinookIDs lists every track id of the demo with the keyspace's ids_query.
 func TestChinookIDs(t *testing.T) {
+	t.Parallel()
 	testenv.Postgres(t)
 	dsn, err := chinook.DSNFor(testenv.PostgresURL())
 	if err != nil {

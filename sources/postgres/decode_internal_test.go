@@ -10,6 +10,7 @@ import (
 // TestDecodeByteaText covers the text forms of bytea that the real-server tests cannot produce on demand: bad
 // input must be an error, never a panic or a silent copy.
 func TestDecodeByteaText(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		in      string
 		want    []byte

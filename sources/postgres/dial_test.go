@@ -15,6 +15,7 @@ import (
 // asked for a connection 400 times over at least 2 s dials only a handful of times, with growing pauses, instead
 // of once per request; when the server is back, the pool reconnects by itself.
 func TestPoolBacksOffReconnects(t *testing.T) {
+	t.Parallel()
 	testenv.Postgres(t) // fails with how to start PostgreSQL when it is not there
 	fp := testenv.Proxy(t, testenv.PostgresAddr(t))
 	u, err := url.Parse(testenv.PostgresURL())

@@ -41,6 +41,7 @@ func withParam(url, kv string) string {
 // pgx's five query exec modes: the bytes must be the same in all of them (issue 11: jsonb failed with "unknown
 // binary version" and bytea came back as its hex text in exec and simple_protocol modes).
 func TestValuesInEveryExecMode(t *testing.T) {
+	t.Parallel()
 	setup := testenv.Postgres(t)
 	odd := string([]byte{0x00, 0xff, ' ', 'a', 'b'}) // the issue's bytea value: NUL, not UTF-8
 	types := []struct {
@@ -88,6 +89,7 @@ func TestValuesInEveryExecMode(t *testing.T) {
 // TestOddIDsInEveryExecMode fetches odd ids in every exec mode: ids are bound as
 // text[] in the extended modes and spliced as a quoted literal by pgx in simple_protocol mode.
 func TestOddIDsInEveryExecMode(t *testing.T) {
+	t.Parallel()
 	setup := testenv.Postgres(t)
 	ids := []string{"1", "a'b", `back\slash`, "quote\"d", "{brace}", "comma,id", "NULL", "", " spaced ", "é", "x\ny"}
 	rows := map[string]any{}

@@ -65,6 +65,7 @@ func setDSNParam(dsn, key, value string) string {
 // goroutines, twice (issue 11: the default DSN failed on more than half of them with SQLSTATE 42P05, and a
 // second warmup failed before it started). Values are jsonb and bytea, which come back in text format here.
 func TestPgBouncerWarmup(t *testing.T) {
+	// Serial: PgBouncer's pool (transaction mode) is shared; its server connections carry other clients' prepared statements.
 	direct := testenv.Postgres(t)
 	pgb := pgBouncerPool(t, pgBouncerURL(), 8)
 	const n = 3503
@@ -139,6 +140,7 @@ func TestPgBouncerWarmup(t *testing.T) {
 // transaction mode: the slow query fails as a timeout, no connection is lost, and the SET LOCAL does not leak
 // into the next client's transaction on the same server connection.
 func TestPgBouncerStatementTimeout(t *testing.T) {
+	// Serial: PgBouncer's pool (transaction mode) is shared; its server connections carry other clients' prepared statements.
 	pgb := pgBouncerPool(t, pgBouncerURL(), 1)
 	src := newSource(t, pgb, postgres.Config{Keyspace: "slow",
 		Query:            "select id, case when id = 'slow' then pg_sleep(30)::text else id end from unnest($1::text[]) as id",
@@ -166,6 +168,7 @@ func TestPgBouncerStatementTimeout(t *testing.T) {
 // clients whose transactions share a server connection (keepwarm_pool1 has exactly one) collide on the cached
 // statement's name (SQLSTATE 42P05). The error must say what to change in the DSN; with that change, both work.
 func TestPgBouncerDefaultDSN(t *testing.T) {
+	// Serial: PgBouncer's pool (transaction mode) is shared; its server connections carry other clients' prepared statements.
 	direct := testenv.Postgres(t)
 	kv := table(t, direct, "text", map[string]any{"1": "one"})
 	cfg := postgres.Config{Keyspace: "pgb", Query: "select id, value from " + kv + " where id = any($1::text[])", StatementTimeout: 5 * time.Second}
@@ -199,6 +202,7 @@ func TestPgBouncerDefaultDSN(t *testing.T) {
 // TestCheckStatementCache checks the probe validate runs: it must flag pgx's statement cache behind a
 // transaction-pooling PgBouncer, with the hint, and pass directly on PostgreSQL and with the documented DSN.
 func TestCheckStatementCache(t *testing.T) {
+	// Serial: PgBouncer's pool (transaction mode) is shared; its server connections carry other clients' prepared statements.
 	direct := testenv.PostgresURL()
 	testenv.Postgres(t)
 	pgb := pgBouncerURL()

@@ -79,6 +79,7 @@ func encCol(kind byte, v string) []byte {
 }
 
 func TestDecoder(t *testing.T) {
+	t.Parallel()
 	item := func(op byte, old, new map[string]string) Change {
 		return Change{Table: "kwcap_a23.item", Op: op, Old: old, New: new}
 	}
@@ -240,6 +241,7 @@ func TestDecoder(t *testing.T) {
 // TestDecoderMalformed: bad input is an error wrapping ErrPgoutput, never a panic, and leaves the decoder as it
 // was: the transaction in progress and the relations known are unchanged.
 func TestDecoderMalformed(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		msg  []byte
@@ -286,6 +288,7 @@ func TestDecoderMalformed(t *testing.T) {
 // TestDecoderTruncated: every strict prefix of every captured message is an error, not a panic and not a
 // silently shorter message.
 func TestDecoderTruncated(t *testing.T) {
+	t.Parallel()
 	for _, m := range []string{capBegin1, capRelItem, capInsertItem, capCommit1, capUpdateItem, capDeleteItem,
 		capRelKeyed, capInsertKey, capUpdateKey, capUpdateKeyN, capDeleteKey, capTruncate} {
 		full := unhex(t, m)

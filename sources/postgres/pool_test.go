@@ -36,6 +36,7 @@ func smallPool(t *testing.T, maxConns int32, extra string) *pgxpool.Pool {
 // TestPoolExhausted holds the only connection of a max_conns = 1 pool: Fetch must give up after PoolWaitTimeout
 // with ErrPoolExhausted, say "pool exhausted (max_conns 1)", not claim a query timeout, and record the wait.
 func TestPoolExhausted(t *testing.T) {
+	t.Parallel()
 	pool := smallPool(t, 1, "")
 	reg := prometheus.NewPedanticRegistry()
 	src, err := postgres.New(pool, postgres.Config{Keyspace: "tight", Query: "select id, id from unnest($1::text[]) as id",
@@ -100,6 +101,7 @@ func TestPoolExhausted(t *testing.T) {
 
 // TestNewPoolWaitTimeoutBounds checks New's bounds on PoolWaitTimeout.
 func TestNewPoolWaitTimeoutBounds(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	for _, d := range []time.Duration{-time.Millisecond, time.Nanosecond, postgres.MinPoolWaitTimeout - 1, postgres.MaxPoolWaitTimeout + time.Second} {
 		_, err := postgres.New(pool, postgres.Config{Keyspace: "k", Query: "q", PoolWaitTimeout: d})
@@ -113,6 +115,7 @@ func TestNewPoolWaitTimeoutBounds(t *testing.T) {
 // as `keepwarm warmup --query` does: the stream must not hold the connection that Fetch needs (issue 11: 3,200 of
 // 3,503 ids failed).
 func TestIDsDoesNotStarveFetch(t *testing.T) {
+	t.Parallel()
 	pool := smallPool(t, 1, "")
 	src := newSource(t, pool, postgres.Config{Keyspace: "stream", Query: "select id, 'v' || id from unnest($1::text[]) as id",
 		IDsQuery: "select generate_series(1, 3503)::text", StatementTimeout: 5 * time.Second, PoolWaitTimeout: 2 * time.Second})
@@ -149,6 +152,7 @@ func TestIDsDoesNotStarveFetch(t *testing.T) {
 // TestStatementTimeoutKeepsConnections runs queries that time out and counts the connections the pool had to
 // open: with the server-side statement_timeout none (pgx's client-side cancel closed one per timeout).
 func TestStatementTimeoutKeepsConnections(t *testing.T) {
+	t.Parallel()
 	for _, mode := range execModes {
 		t.Run(mode, func(t *testing.T) {
 			pool := smallPool(t, 2, "default_query_exec_mode="+mode)
@@ -183,6 +187,7 @@ func TestStatementTimeoutKeepsConnections(t *testing.T) {
 // PgBouncer does when the next transaction lands on another server connection: the error must say what to
 // change in the DSN.
 func TestPreparedStatementHint(t *testing.T) {
+	t.Parallel()
 	pool := smallPool(t, 1, "default_query_exec_mode=cache_statement")
 	src := newSource(t, pool, postgres.Config{Keyspace: "pgb", Query: "select id, id from unnest($1::text[]) as id", StatementTimeout: 5 * time.Second})
 	ctx := context.Background()
@@ -205,6 +210,7 @@ func TestPreparedStatementHint(t *testing.T) {
 // TestCallerDeadlineKeepsConnections: when the caller's deadline comes before StatementTimeout (or there is no
 // StatementTimeout), the server-side timeout follows the deadline, so the connection survives that too.
 func TestCallerDeadlineKeepsConnections(t *testing.T) {
+	t.Parallel()
 	pool := smallPool(t, 2, "")
 	for _, timeout := range []time.Duration{time.Minute, 0} {
 		t.Run(fmt.Sprint(timeout), func(t *testing.T) {

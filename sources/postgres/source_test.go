@@ -44,6 +44,7 @@ func newSource(t *testing.T, pool *pgxpool.Pool, cfg postgres.Config) *postgres.
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	sourcetest.Run(t, func(t *testing.T) sourcetest.Fixture {
 		known := map[string][]byte{
@@ -85,6 +86,7 @@ func sortBytes(s []string) {
 // TestValueTypes checks that json, jsonb and text come back as the server's text form (what psql prints; jsonb
 // carries a version byte in binary format that must not leak) and bytea as raw bytes.
 func TestValueTypes(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	tests := []struct {
 		typ  string
@@ -117,6 +119,7 @@ func TestValueTypes(t *testing.T) {
 }
 
 func TestFetchErrors(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	kv := table(t, pool, "text", map[string]any{"a": "1", "b": "2"})
 	tests := []struct {
@@ -161,6 +164,7 @@ func TestFetchErrors(t *testing.T) {
 }
 
 func TestFetchStatementTimeout(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	src := newSource(t, pool, postgres.Config{
 		Keyspace:         "slow",
@@ -190,6 +194,7 @@ func TestFetchStatementTimeout(t *testing.T) {
 }
 
 func TestFetchServerStatementTimeout(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	// The server's own statement_timeout (set by a DBA, or in the dsn) is also a timeout.
 	cfg := pool.Config().Copy()
@@ -208,6 +213,7 @@ func TestFetchServerStatementTimeout(t *testing.T) {
 }
 
 func TestFetchCallerDeadline(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	src := newSource(t, pool, postgres.Config{Keyspace: "slow", Query: "select id, pg_sleep(30)::text from unnest($1::text[]) as id", StatementTimeout: time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -220,6 +226,7 @@ func TestFetchCallerDeadline(t *testing.T) {
 }
 
 func TestIDsStreams(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	// A billion rows: if IDs buffered them, or drained them on early exit, this would not finish.
 	src := newSource(t, pool, postgres.Config{
@@ -251,6 +258,7 @@ func TestIDsStreams(t *testing.T) {
 }
 
 func TestIDsErrors(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	tests := []struct {
 		name, idsQuery, want string
@@ -276,6 +284,7 @@ func TestIDsErrors(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	kv := table(t, pool, "jsonb", nil)
 	tests := []struct {
@@ -305,6 +314,7 @@ func TestCheck(t *testing.T) {
 }
 
 func TestNew(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	tests := []struct {
 		name string
@@ -326,6 +336,7 @@ func TestNew(t *testing.T) {
 }
 
 func TestNewPool(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pool, err := postgres.NewPool(ctx, testenv.PostgresURL(), 3, 2*time.Second)
 	if err != nil {

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -116,7 +117,9 @@ func newStream(t *testing.T, dsn, slot string, resyncs *[]string, mu *sync.Mutex
 	return s
 }
 
-func slotName() string { return fmt.Sprintf("kwtest_%d", time.Now().UnixNano()%1e12) }
+// slotName returns a replication slot (and publication) name of its own for one test: slots are cluster-wide,
+// and the tests that use them run in parallel.
+func slotName() string { return "kwtest_" + strings.ToLower(rand.Text()[:12]) }
 
 func confirmedLSN(t *testing.T, pool *pgxpool.Pool, slot string) string {
 	t.Helper()
@@ -131,6 +134,7 @@ func confirmedLSN(t *testing.T, pool *pgxpool.Pool, slot string) string {
 // with a resync, an apply that fails is retried and not acknowledged meanwhile, and a restarted stream resumes
 // from the slot without losing the changes committed while it was down.
 func TestStreamDeliversAndResumes(t *testing.T) {
+	t.Parallel()
 	slot := slotName()
 	dsn, pool := streamDB(t, slot)
 	ctx := context.Background()
@@ -234,6 +238,7 @@ func TestStreamDeliversAndResumes(t *testing.T) {
 // TestStreamRecreatesLostSlot: a slot dropped behind the stream's back (as after max_slot_wal_keep_size
 // invalidation, or an operator's mistake) is recreated, Resync is called and the resyncs metric counts it.
 func TestStreamRecreatesLostSlot(t *testing.T) {
+	t.Parallel()
 	slot := slotName()
 	dsn, pool := streamDB(t, slot)
 	ctx := context.Background()
@@ -293,6 +298,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, reason string) f
 // TestCheckFeeds: unknown tables and columns are errors naming the keyspace; an id column outside the replica
 // identity is a warning.
 func TestCheckFeeds(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	schema := testenv.Schema(t, pool)
 	ctx := context.Background()
@@ -333,6 +339,7 @@ func TestCheckFeeds(t *testing.T) {
 // (through pg_publication_rel: pg_publication_tables lists the partitions) instead of failing on ALTER
 // PUBLICATION … ADD TABLE with 42710, "already member", which stopped the daemon.
 func TestStreamPartitionedTable(t *testing.T) {
+	t.Parallel()
 	slot := slotName()
 	dsn, pool := streamDB(t, slot)
 	ctx := context.Background()
@@ -394,6 +401,7 @@ func TestStreamPartitionedTable(t *testing.T) {
 // resyncs (changes made while it was unpublished were never streamed), and later updates arrive again. Without
 // create_publication the table is reported as unpublished instead, and the stream keeps running.
 func TestStreamFollowsATableRebuild(t *testing.T) {
+	t.Parallel()
 	for _, create := range []bool{true, false} {
 		t.Run(fmt.Sprintf("create_publication=%v", create), func(t *testing.T) {
 			slot := slotName()
@@ -454,6 +462,7 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 // of being held in memory whole (a 300,000-row UPDATE took the daemon to 374-561 MiB). The rows it changed are
 // still counted as received.
 func TestStreamBoundsATransaction(t *testing.T) {
+	t.Parallel()
 	slot := slotName()
 	dsn, pool := streamDB(t, slot)
 	ctx := context.Background()
@@ -530,6 +539,7 @@ func (o *owedMap) Save(_ context.Context, r []string) error {
 // seen: it resyncs, then clears the record. Before, the resync owed lived in memory only: 60 of 60 updated hot
 // tracks kept their old values.
 func TestStreamOwedResyncSurvivesACrash(t *testing.T) {
+	t.Parallel()
 	slot := slotName()
 	dsn, _ := streamDB(t, slot)
 	owed := &owedMap{}
