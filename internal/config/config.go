@@ -18,7 +18,7 @@ const (
 	DefaultRedisWriteTimeout = 3 * time.Second
 
 	DefaultPostgresMaxConns         = 8
-	DefaultPostgresStatementTimeout = 5 * time.Second
+	DefaultPostgresStatementTimeout = warmer.DefaultStatementTimeout // also a zero KeyspaceConfig.StatementTimeout
 	DefaultPostgresConnectTimeout   = 5 * time.Second
 
 	DefaultListen    = "127.0.0.1:9471"

@@ -390,7 +390,7 @@ func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map
 	// Defaults are warmer's (one definition each); those derived from other fields (lock_ttl, stale_ttl,
 	// max_tracked) stay zero here and are filled in by warmer.KeyspaceConfig.Resolve in resolveKeyspaces.
 	ks := &Keyspace{
-		Jitter:               warmer.DefaultJitter,
+		Jitter:               lockstep.DefaultJitter,
 		RefreshAhead:         RefreshAhead{Fraction: warmer.DefaultRefreshAheadFraction},
 		MaxStale:             warmer.DefaultMaxStale,
 		Missing:              DefaultMissing,
