@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -47,7 +48,7 @@ type KeyspaceField struct {
 	// Default is the default in words: the constant that holds it, or the rule that derives it. A default whose
 	// zero means "the default" is warmer's Resolve's; Load applies only those a zero cannot mean (unset).
 	Default string
-	Bound   string // the accepted values in words; the check is warmer's Resolve's unless the decoder's (check)
+	Bound   string // the accepted values in words; checked by warmer's Resolve, or by decodeKeyspace when it involves other keys
 	Doc     string
 	Column  string // the header of validate's summary column, or "" when the summary leaves it out
 
@@ -60,7 +61,7 @@ type KeyspaceField struct {
 }
 
 // KeyspaceFields returns the keys of a [[keyspace]], in the order Redacted prints them.
-func KeyspaceFields() []KeyspaceField { return keyspaceFields }
+func KeyspaceFields() []KeyspaceField { return slices.Clone(keyspaceFields) }
 
 var keyspaceFields = []KeyspaceField{
 	{Key: "name", Type: "string", Default: "none: required", Column: "KEYSPACE",
