@@ -10,7 +10,9 @@ import (
 // Defaults of a Client's options.
 const (
 	// DefaultLockTTL is the default lease of a rebuild lock (WithLockTTL). A loader gets this long; a publish after
-	// it returns ErrLockLost.
+	// it returns ErrLockLost. keepwarm's daemon has its own default for a keyspace's lock_ttl, longer because its
+	// lock must outlive a batch query bounded by the statement timeout (warmer.DefaultMinLockTTL, 10 s); an app
+	// sharing a keyspace with it passes that keyspace's lock_ttl to WithLockTTL.
 	DefaultLockTTL = 5 * time.Second
 	// DefaultRedisTimeout bounds every Redis round trip of a Client (WithRedisTimeout), whatever the caller's
 	// context allows: a Get whose context has no deadline still fails in bounded time when Redis stops answering.

@@ -9,33 +9,41 @@ import (
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
-// Missing policies: what a refresh does when the origin no longer has the record.
+// Missing policies: what a refresh does when the origin no longer has the record. The one definition of the enum:
+// the config file's missing takes these words, and a zero Missing is MissingDelete.
 const (
 	MissingDelete    = "delete"    // delete the cache key, its meta and stale copy
 	MissingKeep      = "keep"      // leave the current value to expire on its own TTL
 	MissingTombstone = "tombstone" // write Tombstone with TombstoneTTL
 )
 
-// Defaults, units and bounds of a KeyspaceConfig: the one definition of each. internal/config refers to these
-// and leaves to Resolve every default derived from other fields.
+// Defaults, units and bounds of a KeyspaceConfig: the one definition of each. Resolve applies every default
+// whose zero value means "the default"; internal/config's table of keyspace fields refers to these and applies
+// only the few a zero cannot mean (DefaultTopN, DefaultMinScore, DefaultMaxValueBytes, and lockstep.DefaultJitter
+// for Jitter), because there zero is a setting of its own.
 const (
-	// DefaultJitter is the config loader's jitter (a KeyspaceConfig's zero Jitter means none).
-	DefaultJitter = 0.1
-	// DefaultRefreshAheadFraction: a zero RefreshAhead is this fraction of the TTL.
+	// DefaultRefreshAheadFraction: a zero RefreshAhead and RefreshAheadFraction is this fraction of the TTL.
 	DefaultRefreshAheadFraction = 0.2
-	// DefaultMinLockTTL: a zero LockTTL is the larger of this and 2 × StatementTimeout.
-	DefaultMinLockTTL = 10 * time.Second
+	// DefaultStatementTimeout is a zero StatementTimeout, and the daemon's [postgres] statement_timeout default.
+	DefaultStatementTimeout = 5 * time.Second
+	// DefaultMinLockTTL: a zero LockTTL is the larger of this and 2 × StatementTimeout (see LockTTL). It is twice
+	// DefaultStatementTimeout, and deliberately not lockstep.DefaultLockTTL (5 s): an app's lockstep client
+	// rebuilds one key with no configured bound, while the daemon's lock must outlive a whole batch query that
+	// may run for the statement timeout, plus its client-side margin of LockTTL/3. Apps sharing a keyspace with the
+	// daemon pass the keyspace's lock_ttl to lockstep.WithLockTTL.
+	DefaultMinLockTTL = 2 * DefaultStatementTimeout
 	// DefaultStaleTTLFactor: a zero StaleTTL, when Keys has a stale template, is this many TTLs.
 	DefaultStaleTTLFactor = 10
 	DefaultBatchSize      = 100
 	MaxBatchSize          = 100000
 	// DefaultMaxOriginConcurrency is the default MaxOriginConcurrency.
 	DefaultMaxOriginConcurrency = 4
-	// DefaultTopN is the config loader's top_n (a KeyspaceConfig's zero TopN means pinned ids only).
+	// DefaultTopN is the config file's top_n. Resolve does not apply it: a zero TopN means pinned ids only.
 	DefaultTopN = 1000
-	// DefaultMinScore is the config loader's min_score (a KeyspaceConfig's zero MinScore means no floor).
+	// DefaultMinScore is the config file's min_score. Resolve does not apply it: a zero MinScore means no floor.
 	DefaultMinScore = 1.0
-	// DefaultMaxValueBytes is the config loader's max_value_bytes (a zero MaxValueBytes means no limit).
+	// DefaultMaxValueBytes is the config file's max_value_bytes. Resolve does not apply it: a zero MaxValueBytes
+	// means no limit.
 	DefaultMaxValueBytes = 1 << 20
 	// MaxValueBytesLimit is the largest MaxValueBytes: Redis's own limit on a string value.
 	MaxValueBytesLimit = 512 << 20
@@ -73,23 +81,32 @@ type KeyspaceConfig struct {
 	Keys *lockstep.Keys // key layout; required
 	Src  Source         // origin of values; required by New and Update, not by Resolve
 	TTL  time.Duration  // base TTL of a written value; required, in (0, MaxDuration]
-	// Jitter spreads written TTLs over [TTL, TTL×(1+Jitter)); in [0,1]. Zero means none; the config loader's
-	// default is DefaultJitter.
+	// Jitter spreads written TTLs over [TTL, TTL×(1+Jitter)); in [0,1]. Zero means none (the config file's
+	// default is lockstep.DefaultJitter, the spread of lockstep's client, so that apps and daemon spread alike).
 	Jitter float64
 	// RefreshAhead is how long before expiry a hot key is refreshed; the lead actually used (Lead) is never less
 	// than LeadMultiple × the key's measured rebuild p95, nor than StatementTimeout + PoolWaitTimeout, and never
-	// more than TTL/2 (MaxLeadFraction). Default TTL/5; at most TTL/2.
+	// more than TTL/2 (MaxLeadFraction). At most TTL/2. Zero means RefreshAheadFraction × TTL (Resolve sets it).
 	RefreshAhead time.Duration
+	// RefreshAheadFraction is RefreshAhead as a fraction of the TTL, in (0, 1) (the config file's "20%" or 0.2);
+	// used only when RefreshAhead is zero. Zero means DefaultRefreshAheadFraction; Resolve sets it when it
+	// derives RefreshAhead, so a resolved config says which form it came from.
+	RefreshAheadFraction float64
+	// StatementTimeout bounds one origin query (the client gives up after StatementTimeout + LockTTL/3); the daemon
+	// sets it from [postgres] statement_timeout. Default DefaultStatementTimeout.
+	//
 	// LockTTL is the lease on a key's lock while an app rebuilds it (lockstep.WithLockTTL), and the upper bound
 	// of the daemon's own, shorter lease, renewed while a batch holds its locks (see lease); above
 	// StatementTimeout. Default max(DefaultMinLockTTL, 2 × StatementTimeout).
-	LockTTL time.Duration
+	//
+	// The two derive in one direction only: StatementTimeout (the origin's bound) is given or defaulted first,
+	// and LockTTL's default derives from it, since the lock must outlive the query; StatementTimeout never
+	// derives from LockTTL.
+	StatementTimeout time.Duration
+	LockTTL          time.Duration
 	// StaleTTL is the TTL of the stale copy, above TTL; written only when Keys has a stale template. Default
 	// DefaultStaleTTLFactor × TTL when it has one, else 0.
 	StaleTTL time.Duration
-	// StatementTimeout bounds one origin query (the client gives up after StatementTimeout + LockTTL/3).
-	// Default LockTTL/2.
-	StatementTimeout time.Duration
 	// PoolWaitTimeout bounds how long one origin query may wait for a free origin connection before it runs
 	// (the source's pool wait bound; 0 when the source does not wait). The lead is never less than
 	// StatementTimeout + PoolWaitTimeout, so that a refresh that waits and runs as long as the config allows
@@ -100,10 +117,11 @@ type KeyspaceConfig struct {
 	MaxOriginConcurrency int     // batches querying the origin at once (TOML max_origin_concurrency); default DefaultMaxOriginConcurrency
 	OriginRate           float64 // origin queries per second (token bucket); 0 means unlimited
 
-	TopN     int     // hot = the TopN best-scored ids, plus the pinned ones; in [0, MaxTopN]; 0 means pinned ids only
-	MinScore float64 // and only those scoring at least this; 0 means no floor (the config loader's default: DefaultMinScore)
-	// MaxTracked bounds the tracked ids (coldest leave first); at least TopN + len(Pinned). Default
-	// max(DefaultMaxTrackedFactor × TopN, DefaultMaxTracked).
+	TopN     int     // hot = the TopN best-scored ids, plus the pinned ones; in [0, MaxTopN]; 0 means pinned ids only (the config file's default: DefaultTopN)
+	MinScore float64 // and only those scoring at least this; 0 means no floor (the config file's default: DefaultMinScore)
+	// MaxTracked bounds the tracked ids (coldest leave first). Default max(DefaultMaxTrackedFactor × TopN,
+	// DefaultMaxTracked). A set value below TopN is an error; Resolve raises it to TopN + len(Pinned) when the
+	// pinned ids would not fit (they are always tracked).
 	MaxTracked    int
 	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
 	LFU           bool          // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
@@ -118,12 +136,16 @@ type KeyspaceConfig struct {
 	// it cost a 314-byte value 38% more Redis memory than a plain SET (docs/benchmarks.md §9.1). Turn it on for apps
 	// that read delta_ms for XFetch from Redis.
 	KeepMeta bool
-	// MaxValueBytes refuses larger values (counted as errors); in [0, MaxValueBytesLimit]; 0 means no limit.
+	// MaxValueBytes refuses larger values (counted as errors); in [0, MaxValueBytesLimit]; 0 means no limit (the
+	// config file's default: DefaultMaxValueBytes).
 	MaxValueBytes int
 
-	Missing      string        // MissingDelete (default), MissingKeep or MissingTombstone
-	Tombstone    []byte        // value written for a missing record under MissingTombstone
-	TombstoneTTL time.Duration // TTL of a tombstone; required with MissingTombstone
+	Missing   string // MissingDelete (default), MissingKeep or MissingTombstone
+	Tombstone []byte // value written for a missing record under MissingTombstone
+	// TombstoneTTL is the TTL of a tombstone; required with MissingTombstone, with no default here. (The config
+	// file's default is the keyspace's ttl, applied by internal/config: Go callers of New have always had to set
+	// it, and warmer's tests hold them to it.)
+	TombstoneTTL time.Duration
 
 	Pinned    []string // ids that are always hot; each must pass lockstep.ValidateID and the Source's IDValidator
 	AccessKey string   // sorted set of access scores; default lockstep.DefaultAccessKeyPrefix+Name
@@ -216,8 +238,14 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	} else if _, ok := scaleDuration(c.TTL, 1+c.Jitter); !ok {
 		bad("jitter", "ttl × (1 + %v) overflows", c.Jitter)
 	}
-	if c.RefreshAhead == 0 {
-		c.RefreshAhead, _ = scaleDuration(c.TTL, DefaultRefreshAheadFraction)
+	switch f := c.RefreshAheadFraction; {
+	case f < 0 || f >= 1 || math.IsNaN(f):
+		bad("refresh_ahead", "%g is not a fraction of the ttl in (0, 1) (for a duration write e.g. \"2s\")", f)
+	case c.RefreshAhead == 0:
+		if f == 0 {
+			c.RefreshAheadFraction = DefaultRefreshAheadFraction
+		}
+		c.RefreshAhead, _ = scaleDuration(c.TTL, c.RefreshAheadFraction)
 	}
 	// Derived defaults are bounded like set values, once derived: a config that passes Resolve stays valid when
 	// its effective values are written back and resolved again (validate shows them, run uses them).
@@ -227,6 +255,10 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 				how, d, MaxDuration, field)
 		}
 	}
+	// StatementTimeout first, then LockTTL from it (see LockTTL): never the other way round.
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = DefaultStatementTimeout
+	}
 	if c.LockTTL == 0 {
 		two, ok := mulDuration(c.StatementTimeout, 2)
 		if !ok {
@@ -234,9 +266,6 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 		}
 		c.LockTTL = max(DefaultMinLockTTL, two)
 		derived("lock_ttl", fmt.Sprintf("2 × statement_timeout (%v)", c.StatementTimeout), c.LockTTL)
-	}
-	if c.StatementTimeout == 0 {
-		c.StatementTimeout = c.LockTTL / 2
 	}
 	if c.Keys != nil && !c.Keys.Stale.IsZero() && c.StaleTTL == 0 {
 		st, ok := mulDuration(c.TTL, DefaultStaleTTLFactor)
@@ -274,7 +303,8 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	if c.MaxOriginConcurrency == 0 {
 		c.MaxOriginConcurrency = DefaultMaxOriginConcurrency
 	}
-	if c.TopN < 0 || c.TopN > MaxTopN {
+	topNOK := c.TopN >= 0 && c.TopN <= MaxTopN
+	if !topNOK {
 		bad("top_n", "%d is not in [0, %d] (0: pinned and scheduled keys only)", c.TopN, MaxTopN)
 	} else if c.MaxTracked == 0 {
 		c.MaxTracked = max(DefaultMaxTrackedFactor*c.TopN, DefaultMaxTracked)
@@ -319,11 +349,13 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	if c.MaxValueBytes < 0 || c.MaxValueBytes > MaxValueBytesLimit {
 		bad("max_value_bytes", "%d is not in [0, %d] (0: no limit)", c.MaxValueBytes, MaxValueBytesLimit)
 	}
-	if c.MaxTracked < 0 {
+	switch {
+	case c.MaxTracked < 0:
 		bad("max_tracked", "%d is negative", c.MaxTracked)
-	}
-	if c.MaxTracked < c.TopN+len(c.Pinned) {
-		c.MaxTracked = c.TopN + len(c.Pinned)
+	case topNOK && c.MaxTracked < c.TopN:
+		bad("max_tracked", "%d must be at least top_n (%d) and 1", c.MaxTracked, c.TopN)
+	case c.MaxTracked < c.TopN+len(c.Pinned):
+		c.MaxTracked = c.TopN + len(c.Pinned) // the pinned ids are always tracked
 	}
 	if c.OriginRate < 0 || math.IsNaN(c.OriginRate) {
 		bad("origin_rate", "must be 0 (unlimited) or more, got %g", c.OriginRate)
@@ -338,7 +370,7 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 			bad("tombstone_ttl", "%v is not > 0 (required with missing = \"tombstone\")", c.TombstoneTTL)
 		}
 	default:
-		bad("missing", "%q is not delete, keep or tombstone", c.Missing)
+		bad("missing", "%q is not a policy: want %q, %q or %q", c.Missing, MissingDelete, MissingKeep, MissingTombstone)
 	}
 	for _, id := range c.Pinned {
 		if err := lockstep.ValidateID(id); err != nil {

@@ -51,7 +51,38 @@ func TestResolveDefaults(t *testing.T) {
 			}},
 		{"refresh ahead 20%", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: 10 * time.Second},
 			func(c warmer.KeyspaceConfig) string {
-				return check(c.RefreshAhead == 2*time.Second, "refresh_ahead %v, want 2s", c.RefreshAhead)
+				return check(c.RefreshAhead == 2*time.Second && c.RefreshAheadFraction == warmer.DefaultRefreshAheadFraction,
+					"refresh_ahead %v (fraction %g), want 2s (0.2)", c.RefreshAhead, c.RefreshAheadFraction)
+			}},
+		{"refresh ahead as a fraction", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: 10 * time.Second, RefreshAheadFraction: 0.25},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.RefreshAhead == 2500*time.Millisecond, "refresh_ahead %v, want 2.5s", c.RefreshAhead)
+			}},
+		{"refresh ahead duration wins over a fraction", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: 10 * time.Second,
+			RefreshAhead: time.Second, RefreshAheadFraction: 0.25},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.RefreshAhead == time.Second, "refresh_ahead %v, want 1s", c.RefreshAhead)
+			}},
+		// statement_timeout -> lock_ttl, one direction: a set lock_ttl leaves statement_timeout at its own default.
+		{"statement timeout and lock ttl unset", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.StatementTimeout == warmer.DefaultStatementTimeout && c.LockTTL == warmer.DefaultMinLockTTL,
+					"statement_timeout %v, lock_ttl %v; want %v, %v", c.StatementTimeout, c.LockTTL,
+					warmer.DefaultStatementTimeout, warmer.DefaultMinLockTTL)
+			}},
+		{"statement timeout does not derive from lock ttl", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute, LockTTL: 30 * time.Second},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.StatementTimeout == warmer.DefaultStatementTimeout, "statement_timeout %v, want %v",
+					c.StatementTimeout, warmer.DefaultStatementTimeout)
+			}},
+		{"missing defaults to delete", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.Missing == warmer.MissingDelete, "missing %q, want %q", c.Missing, warmer.MissingDelete)
+			}},
+		{"max tracked raised for the pinned ids", warmer.KeyspaceConfig{Name: "a", Keys: plain, TTL: time.Minute, TopN: 10,
+			MaxTracked: 12, Pinned: []string{"1", "2", "3"}},
+			func(c warmer.KeyspaceConfig) string {
+				return check(c.MaxTracked == 13, "max_tracked %d, want 13 (top_n 10 + 3 pinned)", c.MaxTracked)
 			}},
 	}
 	for _, tt := range tests {
@@ -97,6 +128,10 @@ func TestResolveBounds(t *testing.T) {
 		{"stale ttl below ttl", func(c *warmer.KeyspaceConfig) { c.StaleTTL = time.Second }, `keyspace "a": stale_ttl: 1s must be longer than ttl`},
 		{"jitter", func(c *warmer.KeyspaceConfig) { c.Jitter = 2 }, `keyspace "a": jitter: 2 is outside [0,1]`},
 		{"top_n", func(c *warmer.KeyspaceConfig) { c.TopN = warmer.MaxTopN + 1 }, `keyspace "a": top_n: 1000001 is not in [0, 1000000]`},
+		// One owner of max_tracked ≥ top_n: an error here (it was silently raised), as in the config file.
+		{"max_tracked below top_n", func(c *warmer.KeyspaceConfig) { c.TopN, c.MaxTracked = 100, 50 }, `keyspace "a": max_tracked: 50 must be at least top_n (100)`},
+		{"refresh_ahead fraction", func(c *warmer.KeyspaceConfig) { c.RefreshAheadFraction = 1 }, `keyspace "a": refresh_ahead: 1 is not a fraction of the ttl in (0, 1)`},
+		{"missing", func(c *warmer.KeyspaceConfig) { c.Missing = "drop" }, `keyspace "a": missing: "drop" is not a policy: want "delete", "keep" or "tombstone"`},
 		// Issue 22: the derived 10 × ttl was bounded only when set, so validate showed 8790h and run refused it.
 		{"derived stale ttl", func(c *warmer.KeyspaceConfig) { c.TTL = 879 * time.Hour }, `keyspace "a": stale_ttl: the default 10 × ttl (879h0m0s) = 8790h0m0s is above the limit`},
 		{"derived lock ttl", func(c *warmer.KeyspaceConfig) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // cmdFetch is `keepwarm fetch`: run a keyspace's query for some ids and print, for each, the key and the bytes
@@ -93,11 +94,11 @@ func cmdFetch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 func missingAction(ks *config.Keyspace) string {
 	switch ks.Missing {
-	case config.MissingKeep:
+	case warmer.MissingKeep:
 		return `missing = "keep": would leave the key as it is`
-	case config.MissingTombstone:
+	case warmer.MissingTombstone:
 		return fmt.Sprintf(`missing = "tombstone": would write %s (%d bytes), ttl %s`,
-			printable([]byte(ks.TombstoneValue)), len(ks.TombstoneValue), ks.TombstoneTTL)
+			printable(ks.Tombstone), len(ks.Tombstone), ks.TombstoneTTL)
 	default:
 		return `missing = "delete": would delete the key`
 	}

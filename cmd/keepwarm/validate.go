@@ -72,17 +72,21 @@ func summarize(w io.Writer, path string, cfg *config.Config, checkedDB bool) {
 		fmt.Fprintln(w, "note: "+n)
 	}
 	// The values shown are the effective ones that run uses: Load filled in the derived defaults with warmer's
-	// Resolve, the function warmer.New runs.
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEYSPACE\tKEY\tTTL\tJITTER\tREFRESH AHEAD\tLOCK TTL\tSTALE TTL\tTOP N\tMAX TRACKED\tPINNED\tSCHEDULES")
-	for _, ks := range cfg.Keyspaces {
-		ra := ks.RefreshAhead.String()
-		if ks.RefreshAhead.Fraction > 0 {
-			ra += " (" + ks.RefreshAhead.For(ks.TTL).String() + ")"
+	// Resolve, the function warmer.New runs. The keyspace columns are config.KeyspaceFields' with a Column.
+	var cols []config.KeyspaceField
+	for _, f := range config.KeyspaceFields() {
+		if f.Column != "" {
+			cols = append(cols, f)
 		}
-		stale := "-"
-		if ks.StaleTTL > 0 {
-			stale = ks.StaleTTL.String()
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, f := range cols {
+		fmt.Fprint(tw, f.Column+"\t")
+	}
+	fmt.Fprintln(tw, "PINNED\tSCHEDULES")
+	for _, ks := range cfg.Keyspaces {
+		for _, f := range cols {
+			fmt.Fprint(tw, f.Cell(ks)+"\t")
 		}
 		var scheds []string
 		for _, s := range cfg.SchedulesFor(ks.Name) {
@@ -91,9 +95,7 @@ func summarize(w io.Writer, path string, cfg *config.Config, checkedDB bool) {
 		if len(scheds) == 0 {
 			scheds = []string{"-"}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%g\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n",
-			ks.Name, ks.Key, ks.TTL, ks.Jitter, ra, ks.LockTTL, stale, ks.TopN, ks.MaxTracked, len(cfg.Pinned(ks.Name)),
-			strings.Join(scheds, ","))
+		fmt.Fprintf(tw, "%d\t%s\n", len(cfg.Pinned(ks.Name)), strings.Join(scheds, ","))
 	}
 	_ = tw.Flush()
 	summarizeChanges(w, cfg, checkedDB)

@@ -169,56 +169,6 @@ func decodeChanges(t *table, c *Changes) {
 	}
 }
 
-// decodeKeyspaceChanges reads a keyspace's on_change and fed_by:
-//
-//	on_change = "refresh"
-//	fed_by = [{ table = "album", id = "album_id" }, { table = "track", id = "album_id" }]
-func decodeKeyspaceChanges(t *table, ks *Keyspace) {
-	hasOn := t.str("on_change", &ks.OnChange)
-	arr := t.array("fed_by")
-	if t.d.known != nil {
-		return
-	}
-	seen := map[Feed]bool{}
-	for i, m := range arr {
-		ft := newTable(t.d, fmt.Sprintf("%s: fed_by[%d]", t.label, i), "", m)
-		var f Feed
-		hasTable := ft.str("table", &f.Table)
-		hasID := ft.str("id", &f.ID)
-		ft.done()
-		switch {
-		case !hasTable || f.Table == "":
-			ft.problem("table", "missing (required): the table whose changed rows feed this keyspace")
-			continue
-		case !hasID || f.ID == "":
-			ft.problem("id", "missing (required): the column of %s that holds this keyspace's id", f.Table)
-			continue
-		}
-		if _, _, err := pgsource.SplitTable(f.Table); err != nil {
-			ft.problem("table", "%v", err)
-			continue
-		}
-		if !pgsource.ValidIdent(f.ID) {
-			ft.problem("id", "%q is not a plain lower-case column name", f.ID)
-			continue
-		}
-		f.Table = pgsource.QualifiedTable(f.Table)
-		if seen[f] {
-			ft.problem("", "%s.%s is listed twice", f.Table, f.ID)
-		}
-		seen[f] = true
-		ks.FedBy = append(ks.FedBy, f)
-	}
-	switch {
-	case !hasOn && len(ks.FedBy) > 0:
-		ks.OnChange = warmer.OnChangeRefresh
-	case hasOn && ks.OnChange != warmer.OnChangeRefresh && ks.OnChange != warmer.OnChangeInvalidate:
-		t.problem("on_change", "%q is not %q or %q", ks.OnChange, warmer.OnChangeRefresh, warmer.OnChangeInvalidate)
-	case hasOn && len(ks.FedBy) == 0:
-		t.problem("on_change", "is set but fed_by (the tables that feed this keyspace) is not")
-	}
-}
-
 // checkChanges checks [changes] against the keyspaces once both are decoded.
 func checkChanges(t *table, c *Config) {
 	if c.Changes.Enabled && len(c.FeedingTables()) == 0 {

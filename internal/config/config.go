@@ -1,12 +1,10 @@
 package config
 
 import (
-	"fmt"
 	"log/slog"
 	"slices"
 	"time"
 
-	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -18,14 +16,12 @@ const (
 	DefaultRedisWriteTimeout = 3 * time.Second
 
 	DefaultPostgresMaxConns         = 8
-	DefaultPostgresStatementTimeout = 5 * time.Second
+	DefaultPostgresStatementTimeout = warmer.DefaultStatementTimeout // also a zero KeyspaceConfig.StatementTimeout
 	DefaultPostgresConnectTimeout   = 5 * time.Second
 
 	DefaultListen    = "127.0.0.1:9471"
 	DefaultLogLevel  = "info"
 	DefaultLogFormat = "json"
-
-	DefaultMissing = MissingDelete
 
 	// Floors of the timeouts (issue 22: a config that validate accepted with "1ns" timeouts never became ready).
 	MinRedisTimeout   = time.Millisecond       // [redis] read_timeout, write_timeout
@@ -35,8 +31,8 @@ const (
 	// 2147483647 of them exhausted memory before the daemon started.
 	MaxRedisPoolSize = 100000
 
-	// Keyspace defaults and bounds are warmer's (warmer.DefaultJitter, warmer.DefaultTopN, warmer.MaxDuration,
-	// ...): one definition each, on warmer.KeyspaceConfig.
+	// Keyspace defaults and bounds are warmer's, on warmer.KeyspaceConfig: KeyspaceFields says which applies
+	// to each [[keyspace]] key.
 )
 
 // Keyspace notifications settings ([redis] notifications).
@@ -124,88 +120,6 @@ type Daemon struct {
 	Listen    string     // HTTP address for /metrics, /healthz and /readyz; default DefaultListen
 	LogLevel  slog.Level // from log_level: debug, info (default), warn or error
 	LogFormat string     // "json" (default) or "text"
-}
-
-// Missing is what the daemon does with a hot key whose id the origin no longer has.
-type Missing string
-
-// Missing policies.
-const (
-	MissingDelete    Missing = "delete"    // delete the cache key (the default)
-	MissingKeep      Missing = "keep"      // leave whatever is cached until its TTL ends
-	MissingTombstone Missing = "tombstone" // write TombstoneValue with TombstoneTTL, so apps see "known missing"
-)
-
-// Keyspace is one [[keyspace]]: one kind of key, its templates, TTLs and how to rebuild it.
-type Keyspace struct {
-	Name  string // unique; used in logs and as a metric label
-	Key   string // cache key template, e.g. "track:${id}"
-	Lock  string // lock key template; default lockstep.DefaultLockTemplate
-	Stale string // stale copy template; "" means no stale copy
-	Meta  string // metadata hash template; default lockstep.DefaultMetaTemplate
-	// KeepMeta writes the metadata hash beside each value; see warmer.KeyspaceConfig.KeepMeta (default false).
-	// Without it the meta key holds only the fail-safe's start of staleness, while a value is kept stale.
-	KeepMeta bool
-
-	// The fields below mean what warmer.KeyspaceConfig's fields of the same name mean, with its defaults and
-	// bounds; after Load they hold the effective values (derived defaults filled in by warmer's Resolve).
-	TTL          time.Duration // TTL written with each value, before jitter. Required.
-	Jitter       float64       // written TTLs are TTL×(1+U[0,Jitter)); default warmer.DefaultJitter
-	RefreshAhead RefreshAhead  // how long before expiry a hot key is rebuilt; default warmer.DefaultRefreshAheadFraction of the TTL
-	LockTTL      time.Duration // rebuild lock lease; see warmer.KeyspaceConfig.LockTTL
-	StaleTTL     time.Duration // TTL of the stale copy; see warmer.KeyspaceConfig.StaleTTL
-	MaxStale     time.Duration // see warmer.KeyspaceConfig.MaxStale
-
-	Query    string // SQL taking $1 (text[] of ids), returning rows (id, value). Required.
-	IDsQuery string // SQL listing ids for warmups; optional
-
-	Missing        Missing       // default DefaultMissing
-	TombstoneValue string        // with MissingTombstone: the bytes written
-	TombstoneTTL   time.Duration // with MissingTombstone: their TTL; default TTL
-
-	BatchSize            int           // warmer.KeyspaceConfig.BatchSize
-	MaxOriginConcurrency int           // warmer.KeyspaceConfig.MaxOriginConcurrency
-	OriginRate           float64       // warmer.KeyspaceConfig.OriginRate
-	TopN                 int           // warmer.KeyspaceConfig.TopN; default warmer.DefaultTopN
-	MinScore             float64       // warmer.KeyspaceConfig.MinScore; default warmer.DefaultMinScore
-	MaxValueBytes        int           // warmer.KeyspaceConfig.MaxValueBytes; default warmer.DefaultMaxValueBytes
-	MaxTracked           int           // warmer.KeyspaceConfig.MaxTracked
-	DecayHalfLife        time.Duration // warmer.KeyspaceConfig.DecayHalfLife
-	LFU                  bool          // also use Redis's OBJECT FREQ (needs an LFU maxmemory-policy); default false
-	ReconcileBudget      int           // warmer.KeyspaceConfig.ReconcileBudget; default warmer.DefaultReconcileBudget
-
-	// OnChange is what a change to a feeding row does: warmer.OnChangeRefresh (default) or
-	// warmer.OnChangeInvalidate. FedBy lists the feeding tables and id columns (see [changes]).
-	OnChange string
-	FedBy    []Feed
-
-	keys *lockstep.Keys
-}
-
-// Keys returns the keyspace's parsed key templates.
-func (ks *Keyspace) Keys() *lockstep.Keys { return ks.keys }
-
-// RefreshAhead is how long before expiry a hot key is rebuilt: a fraction of its TTL, or a fixed duration.
-// Exactly one field is non-zero.
-type RefreshAhead struct {
-	Fraction float64       // in (0, 1), e.g. 0.2 for "the last 20% of the TTL"
-	Duration time.Duration // e.g. 2s; less than the TTL
-}
-
-// For returns the refresh-ahead window of a key written with the given TTL.
-func (r RefreshAhead) For(ttl time.Duration) time.Duration {
-	if r.Duration > 0 {
-		return r.Duration
-	}
-	return time.Duration(float64(ttl) * r.Fraction)
-}
-
-// String returns "20%" or "2s".
-func (r RefreshAhead) String() string {
-	if r.Duration > 0 {
-		return r.Duration.String()
-	}
-	return fmt.Sprintf("%g%%", r.Fraction*100)
 }
 
 // Hotkeys is one [[hotkeys]] list: ids pinned in a keyspace, always kept warm.

@@ -100,10 +100,10 @@ func TestDemoConfig(t *testing.T) {
 	if got := c.Pinned("album"); got != nil {
 		t.Errorf("Pinned(album): got %q, want nil", got)
 	}
-	if got := track.RefreshAhead.For(track.TTL); got != 2*time.Second { // 20% of 10s
+	if got := track.RefreshAhead; got != 2*time.Second || track.RefreshAheadFraction != 0.2 { // 20% of 10s
 		t.Errorf("track refresh-ahead: got %s, want 2s", got)
 	}
-	if got := c.Keyspace("album").RefreshAhead.For(30 * time.Second); got != 2*time.Second { // a duration: any TTL
+	if got := c.Keyspace("album").RefreshAhead; got != 2*time.Second { // a duration
 		t.Errorf("album refresh-ahead: got %s, want 2s", got)
 	}
 	ks, err := track.Keys().For("42")
@@ -144,9 +144,9 @@ func TestDefaults(t *testing.T) {
 		{"meta", ks.Meta, "meta:${key}"},
 		{"stale", ks.Stale, ""},
 		{"jitter", ks.Jitter, 0.1},
-		{"refresh_ahead", ks.RefreshAhead.For(ks.TTL), 6 * time.Second},
+		{"refresh_ahead", ks.RefreshAhead, 6 * time.Second},
 		{"lock_ttl", ks.LockTTL, 10 * time.Second},
-		{"missing", ks.Missing, config.MissingDelete},
+		{"missing", ks.Missing, warmer.MissingDelete},
 		{"batch_size", ks.BatchSize, warmer.DefaultBatchSize},
 		{"top_n", ks.TopN, warmer.DefaultTopN},
 		{"max_tracked", ks.MaxTracked, warmer.DefaultMaxTrackedFactor * warmer.DefaultTopN},
@@ -206,8 +206,8 @@ func TestRefreshAheadForms(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := c.Keyspaces[0].RefreshAhead.For(30 * time.Second); got != tt.want {
-				t.Errorf("For(30s): got %s, want %s", got, tt.want)
+			if got := c.Keyspaces[0].RefreshAhead; got != tt.want {
+				t.Errorf("refresh_ahead with a 30s ttl: got %s, want %s", got, tt.want)
 			}
 		})
 	}

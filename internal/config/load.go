@@ -257,8 +257,8 @@ func duplicateLine(doc []byte, err error) int {
 
 // resolveKeyspaces runs warmer's own check on each keyspace (warmer.KeyspaceConfig.Resolve, which New and
 // Update run too), so that Load rejects whatever `run` and `warmup` would, with the same message, and stores
-// the effective derived values (lock_ttl, stale_ttl, max_tracked) that `validate` shows and `run` uses. A field
-// that decoding already reported is not reported again.
+// the effective config, warmer's defaults in, that `validate` shows and `run` uses. A field that decoding
+// already reported is not reported again.
 func resolveKeyspaces(d *decoder, c *Config) {
 	for _, ks := range c.Keyspaces {
 		if ks.Name == "" {
@@ -281,43 +281,11 @@ func resolveKeyspaces(d *decoder, c *Config) {
 			}
 		}
 		if err == nil {
-			ks.LockTTL, ks.StaleTTL, ks.MaxTracked = r.LockTTL, r.StaleTTL, r.MaxTracked
+			r.Src, r.Pinned = nil, nil // WarmerKeyspace's to set
+			ks.KeyspaceConfig = r
 			if n := r.LeadNote(); n != "" {
 				d.notes = append(d.notes, n)
 			}
 		}
-	}
-}
-
-// WarmerKeyspace translates ks into the warmer's keyspace config, field for field, with its pinned ids and src
-// (nil when only validating). Zero fields keep warmer's defaults.
-func (c *Config) WarmerKeyspace(ks *Keyspace, src warmer.Source) warmer.KeyspaceConfig {
-	return warmer.KeyspaceConfig{
-		Name:                 ks.Name,
-		Keys:                 ks.Keys(),
-		Src:                  src,
-		TTL:                  ks.TTL,
-		Jitter:               ks.Jitter,
-		RefreshAhead:         ks.RefreshAhead.For(ks.TTL),
-		LockTTL:              ks.LockTTL,
-		StaleTTL:             ks.StaleTTL,
-		StatementTimeout:     c.Postgres.StatementTimeout,
-		PoolWaitTimeout:      c.Postgres.PoolWaitTimeout,
-		BatchSize:            ks.BatchSize,
-		MaxOriginConcurrency: ks.MaxOriginConcurrency,
-		OriginRate:           ks.OriginRate,
-		TopN:                 ks.TopN,
-		MinScore:             ks.MinScore,
-		MaxTracked:           ks.MaxTracked,
-		DecayHalfLife:        ks.DecayHalfLife,
-		LFU:                  ks.LFU,
-		MaxStale:             ks.MaxStale,
-		KeepMeta:             ks.KeepMeta,
-		ReconcileBudget:      ks.ReconcileBudget,
-		MaxValueBytes:        ks.MaxValueBytes,
-		Missing:              string(ks.Missing),
-		Tombstone:            []byte(ks.TombstoneValue),
-		TombstoneTTL:         ks.TombstoneTTL,
-		Pinned:               c.Pinned(ks.Name),
 	}
 }

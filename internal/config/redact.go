@@ -162,47 +162,11 @@ func (c *Config) Redacted() string {
 
 	for _, ks := range c.Keyspaces {
 		b.WriteString("\n[[keyspace]]\n")
-		w("name", ks.Name)
-		w("key", ks.Key)
-		w("lock", ks.Lock)
-		if ks.Stale != "" {
-			w("stale", ks.Stale)
-			w("stale_ttl", ks.StaleTTL)
-		}
-		w("meta", ks.Meta)
-		w("keep_meta", ks.KeepMeta)
-		w("ttl", ks.TTL)
-		w("jitter", ks.Jitter)
-		w("refresh_ahead", ks.RefreshAhead.String())
-		w("lock_ttl", ks.LockTTL)
-		w("max_stale", ks.MaxStale)
-		w("query", ks.Query)
-		if ks.IDsQuery != "" {
-			w("ids_query", ks.IDsQuery)
-		}
-		w("missing", string(ks.Missing))
-		if ks.Missing == MissingTombstone {
-			w("tombstone_value", ks.TombstoneValue)
-			w("tombstone_ttl", ks.TombstoneTTL)
-		}
-		w("batch_size", ks.BatchSize)
-		w("max_origin_concurrency", ks.MaxOriginConcurrency)
-		w("origin_rate", ks.OriginRate)
-		w("top_n", ks.TopN)
-		w("min_score", ks.MinScore)
-		w("max_value_bytes", ks.MaxValueBytes)
-		w("max_tracked", ks.MaxTracked)
-		w("decay_half_life", ks.DecayHalfLife)
-		w("lfu", ks.LFU)
-		if len(ks.FedBy) > 0 {
-			w("on_change", ks.OnChange)
-			var feeds []string
-			for _, f := range ks.FedBy {
-				feeds = append(feeds, fmt.Sprintf("{ table = %s, id = %s }", tomlValue(f.Table), tomlValue(f.ID)))
+		for i := range keyspaceFields {
+			if f := &keyspaceFields[i]; f.omit == nil || !f.omit(ks) {
+				w(f.Key, f.Value(ks))
 			}
-			b.WriteString("fed_by = [" + strings.Join(feeds, ", ") + "]\n")
 		}
-		w("reconcile_budget", ks.ReconcileBudget)
 	}
 	for _, h := range c.Hotkeys {
 		b.WriteString("\n[[hotkeys]]\n")
@@ -241,6 +205,8 @@ func (c *Config) Redacted() string {
 
 func tomlValue(v any) string {
 	switch v := v.(type) {
+	case rawTOML:
+		return string(v)
 	case string:
 		if strings.Contains(v, "\n") && !strings.Contains(v, `"""`) && !strings.HasSuffix(v, `"`) {
 			return `"""` + "\n" + v + `"""`

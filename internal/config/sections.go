@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/url"
 	"os"
@@ -369,12 +368,12 @@ func localIP(s string) error {
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
 
 // name reads the name of an array-of-tables entry, relabels t after it and checks it is valid and unique.
-func name(t *table, what string, dst *string, seen map[string]bool) {
+func name(t *table, what string, dst *string, seen map[string]bool) bool {
 	if !t.str("name", dst) || *dst == "" {
 		if !t.has("name") || *dst == "" {
 			t.problem("name", "missing (required)")
 		}
-		return
+		return false
 	}
 	t.label = fmt.Sprintf("%s %q", what, *dst)
 	if !nameRE.MatchString(*dst) {
@@ -384,189 +383,7 @@ func name(t *table, what string, dst *string, seen map[string]bool) {
 		t.problem("name", "%q is used by another [[%s]]", *dst, what)
 	}
 	seen[*dst] = true
-}
-
-func decodeKeyspace(t *table, c *Config, names map[string]bool, keyTemplates map[string]string) *Keyspace {
-	// Defaults are warmer's (one definition each); those derived from other fields (lock_ttl, stale_ttl,
-	// max_tracked) stay zero here and are filled in by warmer.KeyspaceConfig.Resolve in resolveKeyspaces.
-	ks := &Keyspace{
-		Jitter:               warmer.DefaultJitter,
-		RefreshAhead:         RefreshAhead{Fraction: warmer.DefaultRefreshAheadFraction},
-		MaxStale:             warmer.DefaultMaxStale,
-		Missing:              DefaultMissing,
-		BatchSize:            warmer.DefaultBatchSize,
-		MaxOriginConcurrency: warmer.DefaultMaxOriginConcurrency,
-		TopN:                 warmer.DefaultTopN,
-		MinScore:             warmer.DefaultMinScore,
-		MaxValueBytes:        warmer.DefaultMaxValueBytes,
-		DecayHalfLife:        warmer.DefaultDecayHalfLife,
-		ReconcileBudget:      warmer.DefaultReconcileBudget,
-	}
-	name(t, "keyspace", &ks.Name, names)
-	hasKey := t.str("key", &ks.Key)
-	t.str("lock", &ks.Lock)
-	hasStale := t.str("stale", &ks.Stale)
-	t.str("meta", &ks.Meta)
-	t.boolean("keep_meta", &ks.KeepMeta)
-	t.duration("ttl", &ks.TTL)
-	hasStaleTTL := t.duration("stale_ttl", &ks.StaleTTL)
-	t.float("jitter", &ks.Jitter)
-	refreshAhead(t, "refresh_ahead", &ks.RefreshAhead)
-	t.duration("lock_ttl", &ks.LockTTL)
-	t.duration("max_stale", &ks.MaxStale)
-	hasQuery := t.str("query", &ks.Query)
-	t.str("ids_query", &ks.IDsQuery)
-	missing := string(DefaultMissing)
-	t.str("missing", &missing)
-	ks.Missing = Missing(missing)
-	hasTombValue := t.str("tombstone_value", &ks.TombstoneValue)
-	hasTombTTL := t.duration("tombstone_ttl", &ks.TombstoneTTL)
-	t.integer("batch_size", &ks.BatchSize)
-	t.integer("max_origin_concurrency", &ks.MaxOriginConcurrency)
-	t.float("origin_rate", &ks.OriginRate)
-	t.integer("top_n", &ks.TopN)
-	t.float("min_score", &ks.MinScore)
-	t.integer("max_value_bytes", &ks.MaxValueBytes)
-	hasMaxTracked := t.integer("max_tracked", &ks.MaxTracked)
-	t.duration("decay_half_life", &ks.DecayHalfLife)
-	t.boolean("lfu", &ks.LFU)
-	decodeKeyspaceChanges(t, ks)
-	t.integer("reconcile_budget", &ks.ReconcileBudget)
-	t.done()
-
-	// Templates.
-	if !hasKey || ks.Key == "" {
-		if !t.has("key") || ks.Key == "" {
-			t.problem("key", "missing (required): the cache key template, e.g. \"track:${id}\"")
-		}
-	} else {
-		keys, err := lockstep.NewKeys(ks.Key, ks.Lock, ks.Stale, ks.Meta)
-		if err != nil {
-			for _, e := range unjoin(err) {
-				msg := e.Error()
-				for _, f := range []string{"key", "lock", "stale", "meta"} {
-					if rest, ok := strings.CutPrefix(msg, f+" template: "); ok {
-						t.problem(f, "%s", rest)
-						msg = ""
-						break
-					}
-				}
-				if msg != "" {
-					t.problem("", "%s", msg)
-				}
-			}
-		} else {
-			ks.keys = keys
-			ks.Lock, ks.Meta = keys.Lock.String(), keys.Meta.String()
-			if c.Redis.Mode == ModeCluster {
-				if err := keys.CheckCluster(); err != nil {
-					mode := "[redis] mode = \"cluster\""
-					if env, ok := t.d.fromEnv["redis.mode"]; ok {
-						mode = env + "=cluster"
-					}
-					t.problem("", "%s: %v", mode, err)
-				}
-			}
-		}
-		if other, dup := keyTemplates[ks.Key]; dup {
-			t.problem("key", "%q is also the key template of keyspace %q", ks.Key, other)
-		} else {
-			keyTemplates[ks.Key] = ks.Name
-		}
-	}
-
-	// TTLs.
-	if !t.has("ttl") {
-		t.problem("ttl", "missing (required): how long a written value lives, e.g. \"30s\"")
-	}
-	if hasStaleTTL && !hasStale {
-		t.problem("stale_ttl", "is set but stale (the stale copy's key template) is not")
-	}
-	// jitter, refresh_ahead, lock_ttl and stale_ttl are checked, and their defaults derived, by warmer's
-	// Resolve (resolveKeyspaces): the same check and message as at start-up.
-
-	// Queries.
-	switch {
-	case !hasQuery && t.has("query"):
-	case !hasQuery || strings.TrimSpace(ks.Query) == "":
-		t.problem("query", "missing (required): SQL taking $1 (a text[] of ids) and returning rows (id, value)")
-	case !strings.Contains(ks.Query, "$1"):
-		t.problem("query", "does not use $1, the text[] of ids to fetch")
-	}
-	if strings.Contains(ks.IDsQuery, "$1") {
-		t.problem("ids_query", "takes no parameters but uses $1")
-	}
-
-	// Missing ids.
-	switch ks.Missing {
-	case MissingTombstone:
-		if !hasTombValue {
-			t.problem("tombstone_value", "required with missing = %q", MissingTombstone)
-		}
-		if !hasTombTTL {
-			ks.TombstoneTTL = ks.TTL
-		}
-	case MissingDelete, MissingKeep:
-		if hasTombValue || hasTombTTL {
-			t.problem("missing", "is %q but tombstone_value or tombstone_ttl is set: set missing = %q", ks.Missing, MissingTombstone)
-		}
-	default:
-		t.problem("missing", "%q is not a policy: want %q, %q or %q", missing, MissingDelete, MissingKeep, MissingTombstone)
-	}
-
-	// Limits: checked by warmer's Resolve, except this one about the file's own settings.
-	if hasMaxTracked && ks.MaxTracked < max(1, ks.TopN) {
-		t.problem("max_tracked", "%d must be at least top_n (%d) and 1", ks.MaxTracked, ks.TopN)
-	}
-	return ks
-}
-
-// refreshAhead reads a fraction of the TTL (0.2, "0.2", "20%") or a duration ("2s").
-func refreshAhead(t *table, key string, dst *RefreshAhead) {
-	v, ok := t.get(key, kindScalar)
-	if !ok {
-		return
-	}
-	bad := func() {
-		t.problem(key, "%s is neither a fraction of the ttl in (0, 1) such as 0.2 or \"20%%\" nor a duration such as \"2s\"", describe(v))
-	}
-	var f float64
-	switch v := v.(type) {
-	case float64:
-		f = v
-	case int64:
-		f = float64(v)
-	case string:
-		s := strings.TrimSpace(v)
-		if p, isPct := strings.CutSuffix(s, "%"); isPct {
-			pf, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
-			if err != nil {
-				bad()
-				return
-			}
-			f = pf / 100
-		} else if pf, err := strconv.ParseFloat(s, 64); err == nil {
-			f = pf
-		} else if d, err := time.ParseDuration(s); err == nil {
-			if d <= 0 {
-				t.problem(key, "must be more than 0, got %q", v)
-				return
-			}
-			*dst = RefreshAhead{Duration: d}
-			return
-		} else {
-			bad()
-			return
-		}
-	default:
-		bad()
-		return
-	}
-	if !(f > 0 && f < 1) || math.IsNaN(f) {
-		t.problem(key, "%g is not a fraction of the ttl in (0, 1) (for a duration write e.g. \"2s\")", f)
-		return
-	}
-	*dst = RefreshAhead{Fraction: f}
+	return true
 }
 
 func decodeHotkeys(t *table, c *Config, dir string, names map[string]bool) *Hotkeys {
@@ -815,8 +632,8 @@ func known(names []string) string {
 // source is PostgreSQL. The error wraps lockstep.ErrInvalidID or postgres.ErrInvalidID.
 func checkID(ks *Keyspace, id string) error {
 	var err error
-	if ks != nil && ks.keys != nil {
-		_, err = ks.keys.For(id)
+	if ks != nil && ks.Keys() != nil {
+		_, err = ks.Keys().For(id)
 	} else {
 		err = lockstep.ValidateID(id)
 	}
