@@ -252,11 +252,15 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		k.mu.Lock()
-		for id := range k.hotSet {
-			ids[s.Keyspace] = append(ids[s.Keyspace], id)
+		var hot []string
+		if err := k.mail.call(ctx, func() {
+			for id := range k.hotSet {
+				hot = append(hot, id)
+			}
+		}); err != nil {
+			return err
 		}
-		k.mu.Unlock()
+		ids[s.Keyspace] = hot
 		total += len(ids[s.Keyspace])
 	}
 	if reason == ResyncTruncate {
@@ -310,13 +314,16 @@ func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
 				return fmt.Errorf("scan %s: %w", k.match.pattern(), err)
 			}
 			var ids []string
-			k.mu.Lock()
 			for _, key := range keys {
-				if id, ok := k.match.id(key); ok && k.hotSet[id] == nil {
+				if id, ok := k.match.id(key); ok {
 					ids = append(ids, id)
 				}
 			}
-			k.mu.Unlock()
+			if err := k.mail.call(ctx, func() {
+				ids = slices.DeleteFunc(ids, func(id string) bool { return k.hotSet[id] != nil })
+			}); err != nil {
+				return err
+			}
 			for len(ids) > 0 { // SCAN's COUNT is a hint: a page can hold more than the limiter's burst
 				chunk := ids[:min(len(ids), truncateScanCount)]
 				if err := lim.WaitN(ctx, len(chunk)); err != nil {
@@ -481,18 +488,18 @@ func (c *Changes) revoke(ctx context.Context, k *keyspace, items []*item) ([]*it
 	if err != nil {
 		return nil, fmt.Errorf("revoke locks: %w", err)
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	var out []*item
-	for i, it := range items {
-		_, hot := k.hotSet[it.id]
-		if hot || exists[i].Val() > 0 || dels[i].Val() > 0 {
-			out = append(out, it)
-			continue
+	err = k.mail.call(ctx, func() {
+		for i, it := range items {
+			_, hot := k.hotSet[it.id]
+			if hot || exists[i].Val() > 0 || dels[i].Val() > 0 {
+				out = append(out, it)
+				continue
+			}
+			c.m.applied.WithLabelValues(k.name, ChangeNotCached).Inc()
 		}
-		c.m.applied.WithLabelValues(k.name, ChangeNotCached).Inc()
-	}
-	return out, nil
+	})
+	return out, err
 }
 
 // refreshBatch runs one batch through the pipeline and returns the items to run again (lock revoked under it).
@@ -575,8 +582,11 @@ func (it *item) reset() *item {
 // noteRefreshed tells the scheduler the new expiry of hot keys that a change refreshed, so that refresh-ahead
 // does not rebuild them again before their new TTL runs down.
 func (c *Changes) noteRefreshed(k *keyspace, p *pipeline, batch []*item) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
+	k.mail.send(func() { noteRefreshedOn(k, p, batch) })
+}
+
+// noteRefreshedOn is noteRefreshed's message, on k's loop.
+func noteRefreshedOn(k *keyspace, p *pipeline, batch []*item) {
 	for _, it := range batch {
 		if it.result != ResultOK {
 			continue

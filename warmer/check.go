@@ -202,9 +202,7 @@ func (w *Warmer) RefreshFailing() []RefreshFailure {
 	w.mu.Unlock()
 	var out []RefreshFailure
 	for _, k := range spaces {
-		k.mu.Lock()
-		s := k.streak
-		k.mu.Unlock()
+		s := *k.failing.Load()
 		if s.batches >= refreshFailingBatches {
 			out = append(out, RefreshFailure{Keyspace: k.name, Since: s.since, Batches: s.batches, Err: s.err})
 		}

@@ -60,10 +60,8 @@ func (k *keyspace) bulkThresholdLocked() int {
 // now rests on the scores the daemon remembers. That is counted in keepwarm_warmer_access_set_lost_total and
 // logged once per loss.
 func (k *keyspace) checkAccessSet(ctx context.Context, cfg KeyspaceConfig, members int) {
-	k.mu.Lock()
 	had := k.accessSeen
 	k.accessSeen = members > 0
-	k.mu.Unlock()
 	if members > 0 || !had {
 		return
 	}

@@ -55,7 +55,6 @@ func (k *keyspace) pttls(ctx context.Context, keys *lockstep.Keys, ids []string)
 // learnExpiries reads the PTTL of newly hot keys (and of keys an app wrote, learnt from notifications) and
 // schedules them: a missing key is due now, a key without TTL is reported and left alone.
 func (k *keyspace) learnExpiries(ctx context.Context) {
-	k.mu.Lock()
 	var hs []*hotState
 	for _, h := range k.adopt {
 		if h.e.hot == h && h.needPTTL && !h.inflight && k.ownsLocked(h.id) {
@@ -74,14 +73,11 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 		}
 		return false
 	})
-	k.mu.Unlock()
 	// Every reading is judged: a key whose expiry the daemon knew and that is found gone is a miss (a newly hot
 	// key's expiry is not known yet, so its first reading never counts).
 	for _, batch := range [][]*hotState{hs, deleted} {
 		if !k.readPTTLs(ctx, batch, "read PTTL of new hot keys") {
-			k.mu.Lock()
 			k.adopt = append(k.adopt, batch...) // try again on the next pass
-			k.mu.Unlock()
 		}
 	}
 }
@@ -97,13 +93,11 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 	for i, h := range hs {
 		ids[i] = h.id
 	}
-	k.mu.Lock()
 	keys := k.cfg.Keys
 	writes := make([]uint32, len(hs)) // a reading taken before a write that settled meanwhile is stale: dropped
 	for i, h := range hs {
 		writes[i] = h.writes
 	}
-	k.mu.Unlock()
 	now := k.w.now()
 	epoch := k.w.trust.epoch.Load() // a reading confirms an own write only if no notification was missed since
 	ttls, err := k.pttls(ctx, keys, ids)
@@ -112,8 +106,6 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 		return false
 	}
 	k.redisOK()
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	for i, h := range hs {
 		if h.e.hot != h || h.inflight || h.writes != writes[i] {
 			if h.e.hot == h && h.cidx < 0 {

@@ -514,8 +514,12 @@ func (k *keyspace) ownsLocked(id string) bool { return k.view.owns(id) }
 // before they expired, so they are judged against that expiry (a miss this replica still owned; the heirs' claims
 // keep it from counting twice).
 func (k *keyspace) setView(v *fleetView, lapsedAt time.Time) {
+	k.mail.send(func() { k.applyView(v, lapsedAt) })
+}
+
+// applyView is setView's message, on the loop.
+func (k *keyspace) applyView(v *fleetView, lapsedAt time.Time) {
 	lapsed := !lapsedAt.IsZero()
-	k.mu.Lock()
 	k.view = v
 	for _, h := range k.hotSet {
 		own := v.owns(h.id)
@@ -545,8 +549,6 @@ func (k *keyspace) setView(v *fleetView, lapsedAt time.Time) {
 		}
 	}
 	k.gaugesLocked()
-	k.mu.Unlock()
-	k.poke()
 }
 
 // gatherWindowLocked is how far ahead a batch gathers due keys: GatherWindow times the number of owners, so

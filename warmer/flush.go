@@ -207,7 +207,11 @@ func (w *Warmer) rereadAll(why string, emptied time.Time) {
 // ownership change in the next heartbeats would hand the key to a replica that cannot tell it was flushed.
 func (k *keyspace) rereadAll(why string, emptied time.Time) {
 	now := k.w.now()
-	k.mu.Lock()
+	k.mail.send(func() { k.rereadOwned(why, emptied, now) })
+}
+
+// rereadOwned is rereadAll's message, on the loop.
+func (k *keyspace) rereadOwned(why string, emptied, now time.Time) {
 	for id, h := range k.hotSet {
 		if h.persistent || !k.ownsLocked(id) {
 			continue
@@ -227,6 +231,4 @@ func (k *keyspace) rereadAll(why string, emptied time.Time) {
 		h.needPTTL, h.goneEvent, h.flushedSince = true, why, emptied
 		k.adopt = append(k.adopt, h)
 	}
-	k.mu.Unlock()
-	k.poke()
 }

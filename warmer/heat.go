@@ -39,20 +39,15 @@ func (k *keyspace) poll(ctx context.Context) {
 	k.maybeCheckLFU(ctx, cfg, now)
 	lfu := k.scanLFU(ctx, cfg)
 	unix := now.Unix()
-	k.mu.Lock()
 	syncDue := now.Sub(k.lastSync) >= FullSyncEvery
-	k.mu.Unlock()
 	if syncDue && err == nil && window > 0 && int64(cfg.MaxTracked) > window {
 		k.fullSync(ctx, cfg, lfu, unix)
-		k.mu.Lock()
 		k.lastSync = now
-		k.mu.Unlock()
 	}
 	if err == nil {
 		k.redisOK()
 	}
 
-	k.mu.Lock()
 	k.logInvalidLocked()
 	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
 	for _, z := range zs {
@@ -76,7 +71,6 @@ func (k *keyspace) poll(ctx context.Context) {
 	}
 	k.tr.trim()
 	k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
-	k.mu.Unlock()
 	if err == nil {
 		k.polledOnce.Do(func() { close(k.polled) })
 	}
@@ -97,7 +91,6 @@ func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[str
 			return
 		}
 		var bad []string
-		k.mu.Lock()
 		for _, z := range page {
 			if id, ok := z.Member.(string); ok {
 				if cfg.validID(id) != nil {
@@ -107,7 +100,6 @@ func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[str
 				k.tr.observe(id, z.Score, unix)
 			}
 		}
-		k.mu.Unlock()
 		removed := k.skipInvalid(ctx, cfg, sourceAccessSet, bad)
 		if int64(len(page)) < stop-start+1 {
 			return

@@ -62,20 +62,21 @@ func (k *keyspace) skipInvalid(ctx context.Context, cfg KeyspaceConfig, source s
 		}
 	}
 	k.w.m.invalidIDs.WithLabelValues(cfg.Name, source).Add(float64(len(ids)))
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.invalid.pending == nil {
-		k.invalid.pending = make(map[string]int)
+	ex := ids[0]
+	if len(ex) > 64 {
+		ex = ex[:64] // a prefix of a long id is enough to find it; the quoting shows every byte
 	}
-	k.invalid.pending[source] += len(ids)
-	if k.invalid.example == "" {
-		ex := ids[0]
-		if len(ex) > 64 {
-			ex = ex[:64] // a prefix of a long id is enough to find it; the quoting shows every byte
+	n := len(ids)
+	k.mail.send(func() { // the summary is the loop's (called from batches and the change stream too)
+		if k.invalid.pending == nil {
+			k.invalid.pending = make(map[string]int)
 		}
-		k.invalid.example = strconv.Quote(ex)
-	}
-	k.logInvalidLocked()
+		k.invalid.pending[source] += n
+		if k.invalid.example == "" {
+			k.invalid.example = strconv.Quote(ex)
+		}
+		k.logInvalidLocked()
+	})
 	return removed
 }
 

@@ -24,7 +24,9 @@ import (
 //   - reconcile.go: PTTL re-checks within a budget, trusted or not; eviction.go: hot values vanishing in bulk, a
 //     lost access set.
 //
-// Fields above mu are immutable or safe for concurrent use on their own; mu guards the fields below it.
+// Fields above "The loop's fields" are immutable or safe for concurrent use on their own. The fields below it belong to the
+// scheduler loop (loop): only the loop reads or writes them, and every other goroutine reaches them with a message
+// (mail.send, mail.call; see mailbox), which the loop runs between its own steps. No lock guards them.
 type keyspace struct {
 	name    string        // immutable: a keyspace renamed by a reload is a new keyspace
 	match   *matcher      // immutable: cache key → id (nil when the template has not exactly one ${id})
@@ -34,6 +36,14 @@ type keyspace struct {
 	slots   *originSlots  // the origin concurrency, shared by refreshes and warmups (its own lock)
 	rnd     *lockedRand   // jitter and XFetch draws (its own lock)
 	wake    chan struct{} // pokes the scheduler loop (buffered, 1)
+	mail    *mailbox      // messages to the loop, the only way other goroutines reach the owned fields
+	// cfgNow is the newest configuration, for goroutines other than the loop (config); the loop's own copy, cfg,
+	// follows it when the update's message runs.
+	cfgNow atomic.Pointer[KeyspaceConfig]
+	// published is the state the loop last gave Status (status.go), never written again once stored.
+	published atomic.Pointer[KeyspaceStatus]
+	// failing is the refresh streak as the loop last settled it, for RefreshFailing (check.go).
+	failing atomic.Pointer[refreshStreak]
 	// polled is closed after the first poll that read the hot-key signals (or found none to read): the hot set
 	// is what the access set says, not empty for want of a look (Changes.Resync waits for it).
 	polled     chan struct{}
@@ -48,8 +58,8 @@ type keyspace struct {
 	results    map[string]*atomic.Int64 // refreshes by result, for Status; the map itself is immutable
 	hotExpired atomic.Int64             // the SLO counter, for Status
 
-	mu       sync.Mutex
-	cfg      KeyspaceConfig       // the configuration in force (replaced by update)
+	// The loop's fields.
+	cfg      KeyspaceConfig       // the configuration in force (replaced by update's message)
 	tr       *tracker             // every tracked id and its heat
 	hotSet   map[string]*hotState // the hot ids, each with its expiry knowledge and place in q
 	q        dueQueue             // hot keys by due time
@@ -100,6 +110,7 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		slots:   newOriginSlots(c.MaxOriginConcurrency),
 		rnd:     &lockedRand{r: w.newRand()},
 		wake:    make(chan struct{}, 1),
+		mail:    newMailbox(),
 		polled:  make(chan struct{}),
 		cfg:     c,
 		tr:      newTracker(c.MaxTracked, c.DecayHalfLife),
@@ -112,6 +123,8 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultLockGone, ResultTooLarge, ResultError} {
 		k.results[r] = new(atomic.Int64)
 	}
+	k.cfgNow.Store(&c)
+	k.failing.Store(&refreshStreak{})
 	k.tr.setPinned(c.Pinned, w.now().Unix())
 	return k
 }
@@ -138,26 +151,25 @@ func burst(r float64) int {
 	return max(1, int(math.Ceil(r)))
 }
 
-func (k *keyspace) config() KeyspaceConfig {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return k.cfg
-}
+// config is the newest configuration, for any goroutine (the loop itself reads k.cfg).
+func (k *keyspace) config() KeyspaceConfig { return *k.cfgNow.Load() }
 
-// update applies a changed configuration with the same key layout, keeping the tracked state.
+// update applies a changed configuration with the same key layout, keeping the tracked state. config returns it
+// at once; the loop applies it to its state with its next message.
 func (k *keyspace) update(c KeyspaceConfig) {
-	k.mu.Lock()
-	k.cfg = c
-	k.tr.max = c.MaxTracked
-	k.tr.halfLife = c.DecayHalfLife
-	k.tr.setPinned(c.Pinned, k.w.now().Unix())
-	// Apply pin changes now rather than at the next poll: an id pinned before a promotion is warmed at once.
-	cands := make([]string, 0, len(k.hotSet))
-	for id := range k.hotSet {
-		cands = append(cands, id)
-	}
-	k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore, k.w.now().Unix()))
-	k.mu.Unlock()
+	k.cfgNow.Store(&c)
+	k.mail.send(func() {
+		k.cfg = c
+		k.tr.max = c.MaxTracked
+		k.tr.halfLife = c.DecayHalfLife
+		k.tr.setPinned(c.Pinned, k.w.now().Unix())
+		// Apply pin changes now rather than at the next poll: an id pinned before a promotion is warmed at once.
+		cands := make([]string, 0, len(k.hotSet))
+		for id := range k.hotSet {
+			cands = append(cands, id)
+		}
+		k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore, k.w.now().Unix()))
+	})
 	k.slots.setLimit(c.MaxOriginConcurrency)
 	k.limiter.SetLimit(limit(c.OriginRate))
 	k.limiter.SetBurst(burst(c.OriginRate))
@@ -194,7 +206,10 @@ func (k *keyspace) stop() {
 // loop is the keyspace's scheduler: it reads the hot-key signals, learns expiries, and dispatches due keys to
 // refresh batches within the origin budget, until ctx ends.
 func (k *keyspace) loop(ctx, workCtx context.Context) {
-	cfg := k.config()
+	k.mail.activate()
+	defer k.mail.deactivate()
+	k.mail.drain() // sent before it owned the state: ran already (see mailbox); nothing is queued
+	cfg := k.cfg
 	k.log.Info("keyspace scheduler started", "key", cfg.Keys.Cache.String(), "ttl", cfg.TTL,
 		"refresh_ahead", cfg.RefreshAhead, "top_n", cfg.TopN, "pinned", len(cfg.Pinned))
 	k.checkLFU(ctx)
@@ -206,6 +221,7 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
+		k.mail.drain()
 		k.learnExpiries(ctx)
 		wait := k.dispatch(ctx, workCtx)
 		k.w.tick()
@@ -215,12 +231,14 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 			return
 		case <-timer.C:
 		case <-k.wake:
+		case <-k.mail.wake:
 		case <-poll.C:
 			k.poll(ctx)
 		case <-reconcile.C:
 			k.reconcile(ctx)
 		}
-		if c := k.config(); c.PollInterval != cfg.PollInterval || reconcileTick(c) != reconcileTick(cfg) {
+		k.mail.drain()
+		if c := k.cfg; c.PollInterval != cfg.PollInterval || reconcileTick(c) != reconcileTick(cfg) {
 			cfg = c
 			poll.Reset(cfg.PollInterval)
 			reconcile.Reset(reconcileTick(cfg))

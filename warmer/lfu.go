@@ -34,9 +34,7 @@ type lfuState struct {
 // LFU setting on or off: an operator can switch the policy at runtime (CONFIG SET), and OBJECT FREQ answers
 // only under an LFU policy.
 func (k *keyspace) maybeCheckLFU(ctx context.Context, cfg KeyspaceConfig, now time.Time) {
-	k.mu.Lock()
 	st := k.lfu
-	k.mu.Unlock()
 	if cfg.LFU != st.want || (cfg.LFU && (st.checked.IsZero() || now.Sub(st.checked) >= cfg.LFUCheckEvery)) {
 		k.checkLFU(ctx)
 	}
@@ -55,13 +53,11 @@ func (k *keyspace) checkLFU(ctx context.Context) {
 		policy = res["maxmemory-policy"]
 	}
 	enabled := cfg.LFU && err == nil && strings.Contains(policy, "lfu")
-	k.mu.Lock()
 	prev := k.lfu
 	k.lfu.enabled, k.lfu.want, k.lfu.checked, k.lfu.policy, k.lfu.failed = enabled, cfg.LFU, now, policy, err != nil
 	if enabled && !prev.enabled {
 		k.lfu.cursor = 0
 	}
-	k.mu.Unlock()
 	if !prev.checked.IsZero() && prev.want == cfg.LFU && prev.enabled == enabled && prev.policy == policy &&
 		prev.failed == (err != nil) {
 		return
@@ -85,9 +81,7 @@ func (k *keyspace) checkLFU(ctx context.Context) {
 // OBJECT FREQ counter (Redis's logarithmic access counter, 0..255) minus lfuInitVal. Ids at or below
 // lfuInitVal are left out: they carry no signal. Keys whose id part is not a valid id are skipped and counted.
 func (k *keyspace) scanLFU(ctx context.Context, cfg KeyspaceConfig) map[string]uint8 {
-	k.mu.Lock()
 	st := k.lfu
-	k.mu.Unlock()
 	if !st.enabled {
 		return nil
 	}
@@ -100,9 +94,7 @@ func (k *keyspace) scanLFU(ctx context.Context, cfg KeyspaceConfig) map[string]u
 		k.redisError(ctx, "scan for lfu", err)
 		return nil
 	}
-	k.mu.Lock()
 	k.lfu.cursor = cursor
-	k.mu.Unlock()
 	if len(keys) == 0 {
 		return nil
 	}

@@ -401,10 +401,9 @@ func (w *Warmer) onEvent(event, key string) {
 	}
 }
 
-// onEvent reports whether key belongs to this keyspace.
+// onEvent reports whether key belongs to this keyspace (its template matches it: immutable, so known at once);
+// the event itself is a message to the loop.
 func (k *keyspace) onEvent(event, key string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	m := k.match
 	if m == nil {
 		return false
@@ -413,9 +412,15 @@ func (k *keyspace) onEvent(event, key string) bool {
 	if !ok {
 		return false
 	}
+	k.mail.send(func() { k.event(event, id) })
+	return true
+}
+
+// event is onEvent's message, on the loop: one keyevent notification for the hot id.
+func (k *keyspace) event(event, id string) {
 	h := k.hotSet[id]
 	if h == nil || h.persistent || !k.ownsLocked(id) {
-		return true
+		return
 	}
 	if h.inflight {
 		// The refresh in flight settles the key, but not an event that came during it: a del there is an
@@ -429,7 +434,7 @@ func (k *keyspace) onEvent(event, key string) bool {
 				h.pendingGone = event
 			}
 		}
-		return true
+		return
 	}
 	now := k.w.now()
 	switch event {
@@ -452,7 +457,7 @@ func (k *keyspace) onEvent(event, key string) bool {
 		}
 		h.ownWrite = false
 		if h.missing {
-			return true
+			return
 		}
 		// The event says the key is gone from the node that published it, which need not be where the key lives
 		// now: in a Cluster a MIGRATE (resharding) deletes the key on the source node with a del event while it
@@ -462,8 +467,6 @@ func (k *keyspace) onEvent(event, key string) bool {
 		h.needPTTL, h.goneEvent = true, event
 		k.adopt = append(k.adopt, h)
 	}
-	k.poke()
-	return true
 }
 
 func minTime(a, b time.Time) time.Time {

@@ -99,7 +99,6 @@ func (k *keyspace) reconcileWantedLocked(h *hotState) bool {
 // ReconcileEvery.
 func (k *keyspace) reconcile(ctx context.Context) {
 	now := k.w.now()
-	k.mu.Lock()
 	if ep := k.w.trust.epoch.Load(); ep != k.checkEpoch {
 		k.checkEpoch = ep
 		iv := k.cfg.ReconcileEvery
@@ -133,7 +132,6 @@ func (k *keyspace) reconcile(ctx context.Context) {
 	behind := len(hs) >= limit && lag > k.cfg.ReconcileEvery // the budget, not the tick, held checks back
 	first := behind && !k.reconcileBehind
 	k.reconcileBehind = behind
-	k.mu.Unlock()
 	if first {
 		k.log.Warn("reconciliation is behind: the hot set needs more PTTL checks per second than reconcile_budget allows; "+
 			"checks are spread further apart", "lag", lag, "reconcile_budget", k.cfg.ReconcileBudget)
@@ -143,13 +141,11 @@ func (k *keyspace) reconcile(ctx context.Context) {
 	}
 	k.w.m.rec.checks.WithLabelValues(k.name).Add(float64(len(hs)))
 	if !k.readPTTLs(ctx, hs, "reconcile PTTLs") {
-		k.mu.Lock()
 		for _, h := range hs { // try again one interval later rather than hammer a failing Redis
 			if k.reconcileWantedLocked(h) && h.cidx < 0 {
 				k.scheduleCheckLocked(h, now)
 			}
 		}
-		k.mu.Unlock()
 	}
 }
 

@@ -28,8 +28,6 @@ const resultSettled = "settled"
 // dispatch starts refresh batches for the due keys while the origin budget has room, and returns how long to
 // sleep until the next key falls due.
 func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	now := k.w.now()
 	cfg := k.cfg
 	gather := k.gatherWindowLocked()
@@ -65,10 +63,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 			go func() {
 				defer k.batches.Done()
 				k.refreshWith(workCtx, batch, errOriginFailing)
-				k.mu.Lock()
-				k.failSafeBusy = false
-				k.mu.Unlock()
-				k.poke()
+				k.mail.send(func() { k.failSafeBusy = false })
 			}()
 			continue
 		}
@@ -77,10 +72,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 			defer k.batches.Done()
 			k.refresh(workCtx, batch)
 			k.slots.release()
-			k.mu.Lock()
-			k.probes--
-			k.mu.Unlock()
-			k.poke()
+			k.mail.send(func() { k.probes-- })
 		}()
 	}
 	due := 0
@@ -114,19 +106,18 @@ var errOriginFailing = errors.New("warmer: not queried: the origin is failing an
 
 // refreshWith is refresh; a non-nil skipOrigin runs the batch without an origin query, straight to the fail-safe
 // (pipeline.skipOrigin).
+//
+// It runs in its own goroutine: every read or write of the keyspace's state (hot states included) is a message
+// to the loop (recheck, failSafe, settle).
 func (k *keyspace) refreshWith(ctx context.Context, batch []*hotState, skipOrigin error) {
-	k.mu.Lock()
-	cfg := k.cfg
-	k.mu.Unlock()
+	cfg := k.config()
 	start := k.w.now()
 	items := make([]*item, 0, len(batch))
 	for _, h := range batch {
 		ks, err := cfg.Keys.For(h.id)
 		if err != nil { // cannot happen for ids that passed ValidateID; drop the key rather than loop on it
 			k.log.Warn("dropping hot id with no valid key", "id", h.id, "error", err)
-			k.mu.Lock()
-			h.inflight, h.lastErr = false, err.Error()
-			k.mu.Unlock()
+			k.mail.send(func() { h.inflight, h.lastErr = false, err.Error() })
 			continue
 		}
 		items = append(items, &item{id: h.id, ks: ks, h: h})
@@ -144,12 +135,17 @@ func (k *keyspace) refreshWith(ctx context.Context, batch []*hotState, skipOrigi
 	k.w.m.refreshSeconds.WithLabelValues(cfg.Name).Observe(k.w.now().Sub(start).Seconds())
 }
 
-// settle records each item's result in its hot state and reschedules it.
+// settle hands the batch's items back to the loop, which records each result in its hot state and reschedules it.
 func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 	now := k.w.now()
-	k.mu.Lock()
-	defer k.mu.Unlock()
+	k.mail.send(func() { k.settleAll(p, items, runErr, now) })
+}
+
+// settleAll is settle's message, on the loop.
+func (k *keyspace) settleAll(p *pipeline, items []*item, runErr error, now time.Time) {
 	k.streak.noteBatchLocked(items, runErr, now)
+	s := k.streak
+	k.failing.Store(&s) // for RefreshFailing
 	for _, it := range items {
 		k.settleOneLocked(p, it, runErr, now)
 		if h := it.h; h.pendingGone != "" {
@@ -271,24 +267,31 @@ func (k *keyspace) countLocked(it *item) {
 // a key no longer hot is dropped. It reads the PTTLs in one pipelined round trip. A trusted key (reconcile.go:
 // the daemon's own write, with notifications healthy since) needs no PTTL: nobody rewrote it, or the
 // notification of that write would have made it untrusted.
+//
+// It runs in the batch's goroutine; its reads and writes of the hot states are two messages to the loop
+// (mail.call), one before the PTTLs are read and one after.
 func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) {
-	k.mu.Lock()
-	cfg := k.cfg
+	cfg := k.config()
 	var ids []string
 	var asked []*item
 	var out []*item
-	for _, it := range items {
-		switch {
-		case it.h.e.hot != it.h:
-			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
-		case k.trustedLocked(it.h):
-			out = append(out, it)
-		default:
-			ids = append(ids, it.id)
-			asked = append(asked, it)
+	// The messages write the items (result), which settle reads: they are waited for even past ctx's end.
+	sctx := context.WithoutCancel(ctx)
+	if err := k.mail.call(sctx, func() {
+		for _, it := range items {
+			switch {
+			case it.h.e.hot != it.h:
+				it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
+			case k.trustedLocked(it.h):
+				out = append(out, it)
+			default:
+				ids = append(ids, it.id)
+				asked = append(asked, it)
+			}
 		}
+	}); err != nil {
+		return nil, err
 	}
-	k.mu.Unlock()
 	if len(asked) == 0 {
 		return out, nil
 	}
@@ -297,8 +300,15 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 		return nil, err
 	}
 	now := k.w.now()
-	k.mu.Lock()
-	defer k.mu.Unlock()
+	if err := k.mail.call(sctx, func() { out = k.recheckAfter(asked, ttls, now, out) }); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// recheckAfter is recheck's second message, on the loop: it judges each PTTL read and returns out with the items
+// that need the origin appended.
+func (k *keyspace) recheckAfter(asked []*item, ttls []time.Duration, now time.Time, out []*item) []*item {
 	for i, it := range asked {
 		it.pttl = ttls[i]
 		h := it.h
@@ -330,7 +340,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			out = append(out, it)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // failSafe keeps hot values alive that cannot be refreshed now (the origin failed, or the new value is too
@@ -349,21 +359,24 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	now := k.w.now()
 	u := k.rnd.Float64()
 	delays := make(map[*item]time.Duration, len(items))
-	k.mu.Lock()
 	byTTL := map[time.Duration][]*item{}
-	for _, it := range items {
-		h := it.h
-		h.errors++
-		delays[it] = k.retryDelayDrawLocked(h, retryBase, u)
-		if it.lost {
-			continue
+	// The hot states are the loop's: the draws, the extensions' results and the reschedules are messages to it.
+	// Sent with call on a context that survives ctx's end (the keys are settled even when the batch is cut short).
+	sctx := context.WithoutCancel(ctx)
+	k.mail.call(sctx, func() {
+		for _, it := range items {
+			h := it.h
+			h.errors++
+			delays[it] = k.retryDelayDrawLocked(h, retryBase, u)
+			if it.lost {
+				continue
+			}
+			// The retry at delay may itself hang for a whole origin query (queryBound) before its own fail-safe:
+			// the extension covers that too, so that a retry against a sick origin still lands inside it.
+			want := delays[it] + k.leadLocked(h) + cfg.queryBound()
+			byTTL[want] = append(byTTL[want], it)
 		}
-		// The retry at delay may itself hang for a whole origin query (queryBound) before its own fail-safe:
-		// the extension covers that too, so that a retry against a sick origin still lands inside it.
-		want := delays[it] + k.leadLocked(h) + cfg.queryBound()
-		byTTL[want] = append(byTTL[want], it)
-	}
-	k.mu.Unlock()
+	})
 
 	for ttl, group := range byTTL { // one group per consecutive-error count
 		sets := make([]lockstep.KeySet, len(group))
@@ -375,35 +388,38 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 			k.redisError(ctx, "fail-safe extend", err)
 			continue // the items stay owned: the batch releases their locks
 		}
-		k.mu.Lock()
-		for i, it := range group {
-			r := res[i]
-			switch {
-			case r.Err == nil:
-				it.h.expiry = now.Add(r.TTL)
-				k.w.m.failSafe.WithLabelValues(cfg.Name).Inc()
-				it.owned = false
-			case errors.Is(r.Err, lockstep.ErrStaleLimit):
-				it.owned = false // past max_stale: left to expire on its TTL
-				if r.TTL > 0 {
-					it.h.expiry = now.Add(r.TTL)
-				}
-			case errors.Is(r.Err, lockstep.ErrNotFound):
-				it.owned = false // the script released the lock: the value was already gone
-				k.noteGoneLocked(it.h, now)
-				it.h.expiry = time.Time{}
-			case errors.Is(r.Err, lockstep.ErrLockLost):
-				it.owned = false // not ours any more
-			default: // an error reply: nothing touched, the lock is still ours and is released by the batch
-				k.log.Warn("fail-safe extension refused by Redis", "key", it.ks.Cache, "error", r.Err)
-			}
-		}
-		k.mu.Unlock()
+		k.mail.call(sctx, func() { k.failSafeApplied(cfg, group, res, now) })
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, it := range items {
-		it.rescheduled = true
-		k.retryAtLocked(it.h, delays[it])
+	k.mail.call(sctx, func() {
+		for _, it := range items {
+			it.rescheduled = true
+			k.retryAtLocked(it.h, delays[it])
+		}
+	})
+}
+
+// failSafeApplied folds one group's extension results into the items and their hot states, on the loop.
+func (k *keyspace) failSafeApplied(cfg KeyspaceConfig, group []*item, res []lockstep.Extended, now time.Time) {
+	for i, it := range group {
+		r := res[i]
+		switch {
+		case r.Err == nil:
+			it.h.expiry = now.Add(r.TTL)
+			k.w.m.failSafe.WithLabelValues(cfg.Name).Inc()
+			it.owned = false
+		case errors.Is(r.Err, lockstep.ErrStaleLimit):
+			it.owned = false // past max_stale: left to expire on its TTL
+			if r.TTL > 0 {
+				it.h.expiry = now.Add(r.TTL)
+			}
+		case errors.Is(r.Err, lockstep.ErrNotFound):
+			it.owned = false // the script released the lock: the value was already gone
+			k.noteGoneLocked(it.h, now)
+			it.h.expiry = time.Time{}
+		case errors.Is(r.Err, lockstep.ErrLockLost):
+			it.owned = false // not ours any more
+		default: // an error reply: nothing touched, the lock is still ours and is released by the batch
+			k.log.Warn("fail-safe extension refused by Redis", "key", it.ks.Cache, "error", r.Err)
+		}
 	}
 }

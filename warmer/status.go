@@ -1,6 +1,7 @@
 package warmer
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strconv"
@@ -76,8 +77,11 @@ type KeyspaceStatus struct {
 	// checked, is an LFU policy.
 	LFU bool `json:"lfu"`
 	// CheckError is set while the keyspace's source check fails (see Checker): nothing is refreshed until it passes.
-	CheckError string      `json:"check_error,omitempty"`
-	Keys       []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
+	CheckError string `json:"check_error,omitempty"`
+	// AsOf is when the keyspace's loop took this state. It is the call's time unless the loop was busy past
+	// statusWait (a Redis call hanging, say): then it is the last state the loop published, and says how old.
+	AsOf time.Time   `json:"as_of"`
+	Keys []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
@@ -102,10 +106,33 @@ func (w *Warmer) Status(limit int) []KeyspaceStatus {
 	return out
 }
 
+// statusWait bounds how long Status waits for a keyspace's loop before it answers with the loop's last published
+// state: a status page must answer while Redis hangs.
+const statusWait = time.Second
+
+// status asks k's loop for its state (a message) and returns it with up to limit hot keys; when the loop does not
+// answer within statusWait, the state it last published (see KeyspaceStatus.AsOf). Sorting and cutting to limit
+// happen here, off the loop.
 func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	st := KeyspaceStatus{Name: k.cfg.Name, KeyTemplate: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
+	ctx, cancel := context.WithTimeout(context.Background(), statusWait)
+	defer cancel()
+	_ = k.mail.call(ctx, func() { k.published.Store(k.snapshot(now)) }) // on a timeout, the last one published
+	p := k.published.Load()
+	if p == nil {
+		return KeyspaceStatus{Name: k.name, KeyTemplate: k.config().Keys.Cache.String(), HotExpired: k.hotExpired.Load()}
+	}
+	st := *p // the published state is never written again: copy what is sorted or cut
+	st.Keys = slices.Clone(p.Keys)
+	sortKeyStatus(st.Keys)
+	if limit > 0 && len(st.Keys) > limit {
+		st.Keys = st.Keys[:limit]
+	}
+	return st
+}
+
+// snapshot is the keyspace's state at now, hot keys unsorted; run on the loop.
+func (k *keyspace) snapshot(now time.Time) *KeyspaceStatus {
+	st := KeyspaceStatus{AsOf: now, Name: k.cfg.Name, KeyTemplate: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
 		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load(),
 		LFU: k.lfu.enabled, Owned: k.ownedLocked(), RefreshesJudged: k.waste.totalJudged,
 		RefreshesWasted: k.waste.totalWasted, WastedRatio: k.waste.ratio}
@@ -129,6 +156,12 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 		}
 		keys = append(keys, ks)
 	}
+	st.Keys = keys
+	return &st
+}
+
+// sortKeyStatus sorts keys nearest expiry first, unknown expiries last, then by id.
+func sortKeyStatus(keys []KeyStatus) {
 	slices.SortFunc(keys, func(a, b KeyStatus) int {
 		ua, ub := a.TTL == 0, b.TTL == 0
 		switch {
@@ -149,9 +182,4 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 		}
 		return 0
 	})
-	if limit > 0 && len(keys) > limit {
-		keys = keys[:limit]
-	}
-	st.Keys = keys
-	return st
 }
