@@ -599,6 +599,6 @@ func noteRefreshedOn(k *keyspace, p *pipeline, batch []*item) {
 		h.lastRefresh = p.start
 		h.needPTTL = false
 		h.missing = false
-		k.scheduleLocked(h)
+		k.schedule(h)
 	}
 }

@@ -29,18 +29,18 @@ type vanishWindow struct {
 	bulk  bool // an episode began and has not ended (a whole window below the threshold ends it)
 }
 
-// noteVanishedLocked counts one hot value that vanished before its expiry, and reports the start of an episode
+// noteVanished counts one hot value that vanished before its expiry, and reports the start of an episode
 // of them vanishing in bulk once.
-func (k *keyspace) noteVanishedLocked(now time.Time) {
+func (k *keyspace) noteVanished(now time.Time) {
 	v := &k.vanish
 	if now.Sub(v.start) >= bulkVanishWindow {
-		if v.n < k.bulkThresholdLocked() {
+		if v.n < k.bulkThreshold() {
 			v.bulk = false
 		}
 		v.start, v.n = now, 0
 	}
 	v.n++
-	if v.bulk || v.n < k.bulkThresholdLocked() {
+	if v.bulk || v.n < k.bulkThreshold() {
 		return
 	}
 	v.bulk = true
@@ -50,7 +50,7 @@ func (k *keyspace) noteVanishedLocked(now time.Time) {
 		"vanished", v.n, "within", now.Sub(v.start), "hot_keys", len(k.hotSet))
 }
 
-func (k *keyspace) bulkThresholdLocked() int {
+func (k *keyspace) bulkThreshold() int {
 	return max(bulkVanishMin, int(bulkVanishFraction*float64(len(k.hotSet))))
 }
 

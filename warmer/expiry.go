@@ -57,7 +57,7 @@ func (k *keyspace) pttls(ctx context.Context, keys *lockstep.Keys, ids []string)
 func (k *keyspace) learnExpiries(ctx context.Context) {
 	var hs []*hotState
 	for _, h := range k.adopt {
-		if h.e.hot == h && h.needPTTL && !h.inflight && k.ownsLocked(h.id) {
+		if h.e.hot == h && h.needPTTL && !h.inflight && k.owns(h.id) {
 			hs = append(hs, h)
 		}
 	}
@@ -109,7 +109,7 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 	for i, h := range hs {
 		if h.e.hot != h || h.inflight || h.writes != writes[i] {
 			if h.e.hot == h && h.cidx < 0 {
-				k.scheduleCheckLocked(h, now) // its refresh settles it; keep it in the check queue meanwhile
+				k.scheduleCheck(h, now) // its refresh settles it; keep it in the check queue meanwhile
 			}
 			continue
 		}
@@ -128,28 +128,28 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 			// told it of the flush. A 10-minute soak left 116 such gaps after three Redis restarts uncounted.
 			// Unless the key's miss since then was counted already: a reading between the flush and the
 			// rebuild found it gone (TestFlushCountsAKeyAnAppRebuiltBeforeTheReread counted 4 for 3 once).
-			k.countMissLocked(h, now, "rebuilt by another writer after a flush")
+			k.countMiss(h, now, "rebuilt by another writer after a flush")
 		}
 		h.flushedSince = time.Time{}
 		h.needPTTL, h.goneEvent = false, ""
-		k.noteHandoverLocked(h, ttls[i], now)
+		k.noteHandover(h, ttls[i], now)
 		prev := h.expiry
-		k.applyPTTLLocked(h, ttls[i], now)
+		k.applyPTTL(h, ttls[i], now)
 		if h.ownWrite && ttls[i] > 0 && absDur(h.expiry.Sub(prev)) <= expiryTolerance {
 			h.notifyEpoch = epoch // the daemon's own value, confirmed: trusted again while notifications stay healthy
 		} else {
 			h.ownWrite = false
 		}
-		k.scheduleCheckLocked(h, now)
+		k.scheduleCheck(h, now)
 	}
 	return true
 }
 
-// applyPTTLLocked folds a PTTL reading taken at now into h's state and schedule. Every reading is judged against
+// applyPTTL folds a PTTL reading taken at now into h's state and schedule. Every reading is judged against
 // the expiry the daemon knew: a key found gone is a miss unless it was invalidated or its expiry was never known
-// (noteGoneLocked); a value found present after that expiry had passed was rebuilt by someone else after it
-// expired, which is a miss even though the key is there now (judgeReadingLocked).
-func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Time) {
+// (noteGone); a value found present after that expiry had passed was rebuilt by someone else after it
+// expired, which is a miss even though the key is there now (judgeReading).
+func (k *keyspace) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 	switch {
 	case pttl == pttlPersistent:
 		if !h.persistent {
@@ -157,40 +157,40 @@ func (k *keyspace) applyPTTLLocked(h *hotState, pttl time.Duration, now time.Tim
 		}
 		h.persistent = true
 		k.q.remove(h)
-		k.gaugesLocked()
+		k.gauges()
 	case pttl < 0: // gone
 		h.persistent = false
-		k.noteGoneLocked(h, now)
+		k.noteGone(h, now)
 		h.expiry = time.Time{}
 		if h.idx < 0 || h.due.After(now.Add(time.Second)) {
 			// Due at once; unless it is queued within a second already: a key found locked by another holder
 			// is looked at again soon (settle), and must not be retried in a tight loop while that rebuild runs.
-			k.scheduleLocked(h)
+			k.schedule(h)
 		}
 	default:
 		h.persistent = false
 		exp := now.Add(pttl)
 		if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance || h.idx < 0 {
 			// New information (a newly hot key, or one an app rewrote): a new value, so a new expiry to count.
-			k.judgeReadingLocked(h, now, pttl, "rebuilt by another writer after it expired")
-			h.shortNotice = pttl < k.leadLocked(h)
+			k.judgeReading(h, now, pttl, "rebuilt by another writer after it expired")
+			h.shortNotice = pttl < k.lead(h)
 			h.counted, h.invalidated = false, false
 			if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance {
 				h.learnedAt = now // another value: first seen now
 			}
 			h.expiry = exp
-			k.scheduleLocked(h)
+			k.schedule(h)
 		}
 	}
 }
 
-// judgeReadingLocked judges a reading, taken at now, that found h present with pttl left (a PTTL reading, the
+// judgeReading judges a reading, taken at now, that found h present with pttl left (a PTTL reading, the
 // re-check under the lock, or the TTL a publish reported for the value it replaced) against the expiry the
 // daemon knew. When that expiry had passed (by more than expiryTolerance), the value it knew has expired and the
 // one found is someone else's rebuild: an SLO miss, counted once, however short the gap was. A value that can be
 // shown to have been written before the known expiry (its TTL left, taken as written with at least the keyspace's
 // ttl, places its write before that expiry) is an early rewrite the daemon had not learnt of, not a miss.
-func (k *keyspace) judgeReadingLocked(h *hotState, now time.Time, pttl time.Duration, why string) {
+func (k *keyspace) judgeReading(h *hotState, now time.Time, pttl time.Duration, why string) {
 	if h.expiry.IsZero() || h.counted || h.missing || h.invalidated || pttl <= 0 {
 		return
 	}
@@ -205,13 +205,13 @@ func (k *keyspace) judgeReadingLocked(h *hotState, now time.Time, pttl time.Dura
 	if latestWrite := now.Add(pttl - k.cfg.TTL); latestWrite.Before(h.expiry.Add(-expiryTolerance)) {
 		return // written before the known expiry: an early rewrite, not a rebuild after a miss
 	}
-	k.countMissLocked(h, now, why)
+	k.countMiss(h, now, why)
 }
 
-// noteGoneLocked judges a hot key found missing: an SLO miss (countMissLocked) unless the daemon never knew it
+// noteGone judges a hot key found missing: an SLO miss (countMiss) unless the daemon never knew it
 // present (zero expiry), the origin has no row for it, or it was invalidated (a del event: an app's or the
 // change stream's invalidation, the only exclusions of the SLO). Each expiry counts once.
-func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
+func (k *keyspace) noteGone(h *hotState, now time.Time) {
 	if h.counted || h.missing || h.invalidated || h.expiry.IsZero() {
 		return
 	}
@@ -219,18 +219,18 @@ func (k *keyspace) noteGoneLocked(h *hotState, now time.Time) {
 	if now.Before(h.expiry.Add(-expiryTolerance)) {
 		why = "gone before its expiry (evicted, flushed or lost)"
 		k.w.m.vanished.WithLabelValues(k.cfg.Name).Inc()
-		k.noteVanishedLocked(now)
+		k.noteVanished(now)
 	}
-	k.countMissLocked(h, now, why)
+	k.countMiss(h, now, why)
 }
 
-// countMissLocked counts one SLO miss of h (keepwarm_warmer_hot_expired_total): a hot key that was absent while
+// countMiss counts one SLO miss of h (keepwarm_warmer_hot_expired_total): a hot key that was absent while
 // hot, for whatever reason and whoever rebuilt it afterwards (see docs/operations.md, "The SLO"). It marks the
 // current expiry counted, so each expiry counts once; a new value (a new expiry learnt) re-arms it. When the daemon
 // learnt of the expiry less than one lead before it (shortNotice), the miss is also counted under
 // keepwarm_warmer_hot_late_notice_total, a breakdown, not an exemption. In a fleet the count waits for the miss's
 // fleet-wide claim, so that one miss counts in one replica (missclaim.go).
-func (k *keyspace) countMissLocked(h *hotState, now time.Time, why string) {
+func (k *keyspace) countMiss(h *hotState, now time.Time, why string) {
 	h.counted, h.missedAt = true, now
 	// seen is when the miss is counted, not the reading's now: a reading is dated when it was sent, and one sent
 	// before a Redis stall is answered after it. A claim dated before the stall would not match the same miss

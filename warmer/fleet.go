@@ -502,9 +502,9 @@ func (w *Warmer) Fleet() FleetStatus {
 	return w.fleet.status()
 }
 
-// ownsLocked is the ownership predicate: whether this replica refreshes id. The scheduler asks it where it
+// owns is the ownership predicate: whether this replica refreshes id. The scheduler asks it where it
 // adopts keys (learns their expiry), reconciles them, queues them and dispatches them.
-func (k *keyspace) ownsLocked(id string) bool { return k.view.owns(id) }
+func (k *keyspace) owns(id string) bool { return k.view.owns(id) }
 
 // setView installs a new member list: keys this replica no longer owns leave its due queue (a batch in flight
 // finishes); keys it gained are adopted (their expiry is read with PTTL, then they are queued). A gained key
@@ -534,7 +534,7 @@ func (k *keyspace) applyView(v *fleetView, lapsedAt time.Time) {
 			}
 		case own && (h.idx < 0 || lapsed) && !h.inflight && !h.persistent:
 			// What this replica knew of the key dates from before another replica owned it: the first reading
-			// judges it afresh (noteHandoverLocked), never against that stale expiry (judgeReadingLocked would
+			// judges it afresh (noteHandover), never against that stale expiry (judgeReading would
 			// count the other owner's refreshes as rebuilds after an expiry).
 			h.needPTTL, h.handover = true, true
 			h.expiry, h.counted = time.Time{}, false
@@ -548,13 +548,13 @@ func (k *keyspace) applyView(v *fleetView, lapsedAt time.Time) {
 			h.expiry, h.counted = time.Time{}, false
 		}
 	}
-	k.gaugesLocked()
+	k.gauges()
 }
 
-// gatherWindowLocked is how far ahead a batch gathers due keys: GatherWindow times the number of owners, so
+// gatherWindow is how far ahead a batch gathers due keys: GatherWindow times the number of owners, so
 // that each of n replicas, refreshing 1/n of the keys, still sends batches as large as one replica would, and
 // the fleet's origin queries stay those of one daemon.
-func (k *keyspace) gatherWindowLocked() time.Duration {
+func (k *keyspace) gatherWindow() time.Duration {
 	n := 1
 	if k.view != nil {
 		n = max(1, len(k.view.owners))
@@ -562,8 +562,8 @@ func (k *keyspace) gatherWindowLocked() time.Duration {
 	return k.cfg.GatherWindow * time.Duration(n)
 }
 
-// ownedLocked counts the hot keys this replica owns.
-func (k *keyspace) ownedLocked() int {
+// owned counts the hot keys this replica owns.
+func (k *keyspace) owned() int {
 	if k.view == nil || len(k.view.owners) <= 1 {
 		return len(k.hotSet)
 	}
@@ -576,12 +576,12 @@ func (k *keyspace) ownedLocked() int {
 	return n
 }
 
-// noteHandoverLocked checks the first PTTL reading of a key adopted from another replica: missing means its
+// noteHandover checks the first PTTL reading of a key adopted from another replica: missing means its
 // previous owner (dead, or late) let it expire, which is counted as an SLO miss (this replica never knew the key's
-// expiry, so noteGoneLocked alone would not count it). A key hot for less than one TTL is not counted: its
+// expiry, so noteGone alone would not count it). A key hot for less than one TTL is not counted: its
 // previous owner may not have written it yet. Otherwise this is conservative: a key that an app deleted, or that
 // the origin lacks, at that moment is counted too.
-func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.Time) {
+func (k *keyspace) noteHandover(h *hotState, pttl time.Duration, now time.Time) {
 	if !h.handover {
 		return
 	}
@@ -592,5 +592,5 @@ func (k *keyspace) noteHandoverLocked(h *hotState, pttl time.Duration, now time.
 	if at := k.w.lastFlush.Load(); at != 0 && now.Sub(time.Unix(0, at)) < 2*k.w.fleet.cfg.HeartbeatTTL {
 		return // gone in a flush just now: its owner at the flush counted it (rereadAll); the views are settling
 	}
-	k.countMissLocked(h, now, "taken over from another replica, which had let it expire")
+	k.countMiss(h, now, "taken over from another replica, which had let it expire")
 }

@@ -213,7 +213,7 @@ func (k *keyspace) rereadAll(why string, emptied time.Time) {
 // rereadOwned is rereadAll's message, on the loop.
 func (k *keyspace) rereadOwned(why string, emptied, now time.Time) {
 	for id, h := range k.hotSet {
-		if h.persistent || !k.ownsLocked(id) {
+		if h.persistent || !k.owns(id) {
 			continue
 		}
 		h.invalidated = false // an earlier invalidation does not excuse what the flush removed
@@ -223,7 +223,7 @@ func (k *keyspace) rereadOwned(why string, emptied, now time.Time) {
 			continue
 		}
 		if !emptied.IsZero() && !h.expiry.IsZero() && h.learnedAt.Before(emptied) {
-			k.noteGoneLocked(h, now)
+			k.noteGone(h, now)
 			h.expiry = time.Time{}
 			k.q.schedule(h, now)
 			continue

@@ -48,7 +48,7 @@ func (k *keyspace) poll(ctx context.Context) {
 		k.redisOK()
 	}
 
-	k.logInvalidLocked()
+	k.logInvalid()
 	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
 	for _, z := range zs {
 		if id, ok := z.Member.(string); ok {
@@ -67,7 +67,7 @@ func (k *keyspace) poll(ctx context.Context) {
 	// The hot set is frozen while the origin fails: the fail-safe keeps every hot value alive, and a key that
 	// dropped out at the top_n cut-off now would expire into the outage (issue 13 §5). Pins still apply (update).
 	if !k.origin.ongoing() {
-		k.setHotLocked(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore, unix))
+		k.setHot(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore, unix))
 	}
 	k.tr.trim()
 	k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
@@ -176,9 +176,9 @@ func (k *keyspace) decay(ctx context.Context, cfg KeyspaceConfig) {
 
 func formatScore(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
-// setHotLocked applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
+// setHot applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
 // leave the queue but stay tracked.
-func (k *keyspace) setHotLocked(hot map[string]bool) {
+func (k *keyspace) setHot(hot map[string]bool) {
 	for id, h := range k.hotSet {
 		if !hot[id] {
 			k.q.remove(h)
@@ -202,11 +202,11 @@ func (k *keyspace) setHotLocked(hot map[string]bool) {
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)
 	}
-	k.gaugesLocked()
+	k.gauges()
 }
 
-// gaugesLocked updates the keyspace's gauges.
-func (k *keyspace) gaugesLocked() {
+// gauges updates the keyspace's gauges.
+func (k *keyspace) gauges() {
 	persistent := 0
 	for _, h := range k.hotSet {
 		if h.persistent {
@@ -216,5 +216,5 @@ func (k *keyspace) gaugesLocked() {
 	k.w.m.hot.WithLabelValues(k.cfg.Name).Set(float64(len(k.hotSet)))
 	k.w.m.tracked.WithLabelValues(k.cfg.Name).Set(float64(len(k.tr.entries)))
 	k.w.m.persistent.WithLabelValues(k.cfg.Name).Set(float64(persistent))
-	k.w.m.owned.WithLabelValues(k.cfg.Name).Set(float64(k.ownedLocked()))
+	k.w.m.owned.WithLabelValues(k.cfg.Name).Set(float64(k.owned()))
 }

@@ -75,15 +75,15 @@ func (k *keyspace) skipInvalid(ctx context.Context, cfg KeyspaceConfig, source s
 		if k.invalid.example == "" {
 			k.invalid.example = strconv.Quote(ex)
 		}
-		k.logInvalidLocked()
+		k.logInvalid()
 	})
 	return removed
 }
 
-// logInvalidLocked logs the pending summary of invalid ids if there is one and the last was at least
+// logInvalid logs the pending summary of invalid ids if there is one and the last was at least
 // invalidLogEvery ago. poll calls it every time, so a summary left pending is logged one interval later even
 // when no new invalid id arrives.
-func (k *keyspace) logInvalidLocked() {
+func (k *keyspace) logInvalid() {
 	if len(k.invalid.pending) == 0 {
 		return
 	}

@@ -12,21 +12,24 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// keyspace is the state and scheduler loop of one keyspace. Its concepts live in their own files:
+// keyspace is the state of one keyspace, owned by its scheduler loop. Its concepts live in their own files:
 //
-//   - keyspace.go: identity, configuration and the scheduler loop (this file);
-//   - heat.go, tracker.go, selection.go, lfu.go, invalid.go: the hot set (access-set and LFU signals, the tracker,
+//   - keyspace.go: identity, configuration, the owned state (this file); mailbox.go: how other goroutines reach it;
+//   - scheduler.go: the loop, dispatch, and when each hot key falls due (lead, XFetch offset, back-off);
+//     keyheap.go: the due and check queues;
+//   - heat.go, selection.go (with the tracker), lfu.go, invalid.go: the hot set (access-set and LFU signals,
 //     admission, refresh feedback and the cut at top_n, skipped ids);
-//   - duequeue.go: the due queue, and when each hot key falls due (lead, XFetch offset, back-off);
-//   - expiry.go: expiry knowledge (PTTL reads, reconciliation, SLO accounting); notify.go: keyspace notifications;
-//   - refresh.go, pipeline.go, slots.go: dispatching due keys and the refresh pipeline under the token lock;
-//   - outage.go: the origin's and Redis's outages, logged once each; flush.go: the flush canary (Redis emptied).
-//   - reconcile.go: PTTL re-checks within a budget, trusted or not; eviction.go: hot values vanishing in bulk, a
-//     lost access set.
+//   - expiry.go: expiry knowledge (PTTL reads, SLO accounting); notifications.go: keyspace notifications;
+//     reconcile.go: PTTL re-checks within a budget, trusted or not; eviction.go: hot values vanishing in bulk, a
+//     lost access set; flush.go: the flush canary (Redis emptied);
+//   - refresh.go, pipeline.go, slots.go: a refresh batch under the token lock, and how it settles;
+//     reasons.go: what an error means (its reason label); outage.go: the origin's and Redis's outages, logged
+//     once each; sourcecheck.go: the source's check at start, and the refresh streak.
 //
-// Fields above "The loop's fields" are immutable or safe for concurrent use on their own. The fields below it belong to the
-// scheduler loop (loop): only the loop reads or writes them, and every other goroutine reaches them with a message
-// (mail.send, mail.call; see mailbox), which the loop runs between its own steps. No lock guards them.
+// Fields above "The loop's fields" are immutable or safe for concurrent use on their own. The fields below it
+// belong to the scheduler loop (loop): only the loop reads or writes them, and every other goroutine reaches them
+// with a message (mail.send, mail.call; see mailbox), which the loop runs between its own steps. No lock guards
+// them; the methods over them (no Locked suffix any more) are called on the loop or inside a message.
 type keyspace struct {
 	name    string        // immutable: a keyspace renamed by a reload is a new keyspace
 	match   *matcher      // immutable: cache key → id (nil when the template has not exactly one ${id})
@@ -42,7 +45,7 @@ type keyspace struct {
 	cfgNow atomic.Pointer[KeyspaceConfig]
 	// published is the state the loop last gave Status (status.go), never written again once stored.
 	published atomic.Pointer[KeyspaceStatus]
-	// failing is the refresh streak as the loop last settled it, for RefreshFailing (check.go).
+	// failing is the refresh streak as the loop last settled it, for RefreshFailing (sourcecheck.go).
 	failing atomic.Pointer[refreshStreak]
 	// polled is closed after the first poll that read the hot-key signals (or found none to read): the hot set
 	// is what the access set says, not empty for want of a look (Changes.Resync waits for it).
@@ -70,7 +73,7 @@ type keyspace struct {
 	p95      rebuildWindow        // recent rebuild durations, for keys not rebuilt yet
 	view     *fleetView           // the fleet's members as last read; nil when sharing is off (fleet.go)
 	waste    wasteRatio           // the refresh feedback's wasted share (selection.go)
-	streak   refreshStreak        // failed refresh batches in a row, for RefreshFailing (check.go)
+	streak   refreshStreak        // failed refresh batches in a row, for RefreshFailing (sourcecheck.go)
 	// failSafeBusy: a fail-safe-only batch is in flight (at most one; see dispatch); probes: refresh batches in
 	// flight (while the origin fails, at most one is started).
 	failSafeBusy bool
@@ -168,7 +171,7 @@ func (k *keyspace) update(c KeyspaceConfig) {
 		for id := range k.hotSet {
 			cands = append(cands, id)
 		}
-		k.setHotLocked(k.tr.selectHot(cands, c.TopN, c.MinScore, k.w.now().Unix()))
+		k.setHot(k.tr.selectHot(cands, c.TopN, c.MinScore, k.w.now().Unix()))
 	})
 	k.slots.setLimit(c.MaxOriginConcurrency)
 	k.limiter.SetLimit(limit(c.OriginRate))
@@ -200,48 +203,5 @@ func (k *keyspace) stop() {
 	defer k.cancelMu.Unlock()
 	if k.cancel != nil {
 		k.cancel()
-	}
-}
-
-// loop is the keyspace's scheduler: it reads the hot-key signals, learns expiries, and dispatches due keys to
-// refresh batches within the origin budget, until ctx ends.
-func (k *keyspace) loop(ctx, workCtx context.Context) {
-	k.mail.activate()
-	defer k.mail.deactivate()
-	k.mail.drain() // sent before it owned the state: ran already (see mailbox); nothing is queued
-	cfg := k.cfg
-	k.log.Info("keyspace scheduler started", "key", cfg.Keys.Cache.String(), "ttl", cfg.TTL,
-		"refresh_ahead", cfg.RefreshAhead, "top_n", cfg.TopN, "pinned", len(cfg.Pinned))
-	k.checkLFU(ctx)
-	k.poll(ctx)
-	poll := time.NewTicker(cfg.PollInterval)
-	defer poll.Stop()
-	reconcile := time.NewTicker(reconcileTick(cfg))
-	defer reconcile.Stop()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		k.mail.drain()
-		k.learnExpiries(ctx)
-		wait := k.dispatch(ctx, workCtx)
-		k.w.tick()
-		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		case <-k.wake:
-		case <-k.mail.wake:
-		case <-poll.C:
-			k.poll(ctx)
-		case <-reconcile.C:
-			k.reconcile(ctx)
-		}
-		k.mail.drain()
-		if c := k.cfg; c.PollInterval != cfg.PollInterval || reconcileTick(c) != reconcileTick(cfg) {
-			cfg = c
-			poll.Reset(cfg.PollInterval)
-			reconcile.Reset(reconcileTick(cfg))
-		}
 	}
 }

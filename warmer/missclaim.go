@@ -39,7 +39,7 @@ const missClaimGiveUp = 30 * time.Second
 // missClaimRetry is the pause between attempts while Redis does not answer.
 const missClaimRetry = 250 * time.Millisecond
 
-// miss is one SLO miss as countMissLocked saw it: what record logs and counts.
+// miss is one SLO miss as countMiss saw it: what record logs and counts.
 type miss struct {
 	k           *keyspace
 	id, why     string

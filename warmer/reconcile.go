@@ -55,42 +55,42 @@ func (t *trustState) set(on bool) {
 // bump records that events may have been missed (a re-subscribe after a lost connection).
 func (t *trustState) bump() { t.epoch.Add(1) }
 
-// trustedLocked reports whether h's expiry is known without asking Redis: the daemon wrote the value itself and
+// trusted reports whether h's expiry is known without asking Redis: the daemon wrote the value itself and
 // notifications have been healthy since.
-func (k *keyspace) trustedLocked(h *hotState) bool {
+func (k *keyspace) trusted(h *hotState) bool {
 	n := &k.w.trust
 	return h.ownWrite && n.healthy.Load() && h.notifyEpoch == n.epoch.Load()
 }
 
-// markOwnWriteLocked records that the daemon just wrote h's value (so it knows its expiry), and defers its next
+// markOwnWrite records that the daemon just wrote h's value (so it knows its expiry), and defers its next
 // reconciliation check accordingly.
-func (k *keyspace) markOwnWriteLocked(h *hotState, now time.Time) {
+func (k *keyspace) markOwnWrite(h *hotState, now time.Time) {
 	h.writes++
 	h.ownWrite = true
 	h.ownSetUntil = now.Add(ownSetWindow)
 	h.notifyEpoch = k.w.trust.epoch.Load()
-	k.scheduleCheckLocked(h, now)
+	k.scheduleCheck(h, now)
 }
 
-// checkIntervalLocked is how long h may go without a PTTL check.
-func (k *keyspace) checkIntervalLocked(h *hotState) time.Duration {
-	if k.trustedLocked(h) {
+// checkInterval is how long h may go without a PTTL check.
+func (k *keyspace) checkInterval(h *hotState) time.Duration {
+	if k.trusted(h) {
 		return k.cfg.ReconcileTrustedEvery
 	}
 	return k.cfg.ReconcileEvery
 }
 
-// scheduleCheckLocked sets h's next check at a random point of the second half of its interval from now, so that
+// scheduleCheck sets h's next check at a random point of the second half of its interval from now, so that
 // keys learnt together are re-checked spread out rather than in one burst.
-func (k *keyspace) scheduleCheckLocked(h *hotState, now time.Time) {
-	iv := k.checkIntervalLocked(h)
+func (k *keyspace) scheduleCheck(h *hotState, now time.Time) {
+	iv := k.checkInterval(h)
 	k.cq.schedule(h, now.Add(iv/2+time.Duration(k.rnd.Float64()*float64(iv/2))))
 }
 
-// reconcileWantedLocked reports whether h is re-checked at all: the one place where a per-key filter goes: only
+// reconcileWanted reports whether h is re-checked at all: the one place where a per-key filter goes: only
 // the keys this replica owns (fleet sharing).
-func (k *keyspace) reconcileWantedLocked(h *hotState) bool {
-	return h.e.hot == h && k.ownsLocked(h.id)
+func (k *keyspace) reconcileWanted(h *hotState) bool {
+	return h.e.hot == h && k.owns(h.id)
 }
 
 // reconcile re-checks the hot keys whose check is due, at most ReconcileBudget × reconcileTick of them (the
@@ -113,14 +113,14 @@ func (k *keyspace) reconcile(ctx context.Context) {
 	var lag time.Duration
 	for len(hs) < limit && k.cq.dueBy(now) {
 		h := k.cq.popDue(now, 1)[0]
-		if !k.reconcileWantedLocked(h) {
+		if !k.reconcileWanted(h) {
 			continue
 		}
 		lag = max(lag, now.Sub(h.checkAt))
 		if h.inflight || (h.idx >= 0 && h.due.Before(now.Add(k.cfg.ReconcileEvery))) {
 			// Being refreshed, or due within one interval: the refresh re-learns the expiry (its publish reports
 			// the TTL the old value had left), so the check would be spent for nothing. Look again later.
-			k.scheduleCheckLocked(h, now)
+			k.scheduleCheck(h, now)
 			continue
 		}
 		hs = append(hs, h)
@@ -142,8 +142,8 @@ func (k *keyspace) reconcile(ctx context.Context) {
 	k.w.m.rec.checks.WithLabelValues(k.name).Add(float64(len(hs)))
 	if !k.readPTTLs(ctx, hs, "reconcile PTTLs") {
 		for _, h := range hs { // try again one interval later rather than hammer a failing Redis
-			if k.reconcileWantedLocked(h) && h.cidx < 0 {
-				k.scheduleCheckLocked(h, now)
+			if k.reconcileWanted(h) && h.cidx < 0 {
+				k.scheduleCheck(h, now)
 			}
 		}
 	}

@@ -3,7 +3,6 @@ package warmer
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/backoff"
@@ -24,74 +23,6 @@ const tryAgainDelay = 100 * time.Millisecond
 // resultSettled marks an item the re-check under the lock already dealt with (no longer hot, or no TTL): it is
 // not a refresh and is not counted.
 const resultSettled = "settled"
-
-// dispatch starts refresh batches for the due keys while the origin budget has room, and returns how long to
-// sleep until the next key falls due.
-func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
-	now := k.w.now()
-	cfg := k.cfg
-	gather := k.gatherWindowLocked()
-	failing := k.origin.failing()
-	for ctx.Err() == nil && k.q.dueBy(now.Add(gather)) {
-		// While the origin fails, one batch at a time probes it (like a circuit breaker's half-open state); the
-		// other due keys are kept by the fail-safe without a query (failSafeOnly, below).
-		slot := (!failing || k.probes == 0) && k.slots.tryAcquire()
-		if !slot && (k.failSafeBusy || !k.q.dueBy(now) || !failing) {
-			break
-		}
-		var batch []*hotState
-		if slot {
-			batch = k.q.popDue(now.Add(gather), cfg.BatchSize)
-		} else {
-			// The origin's last query failed and a probe is in flight (or every origin slot is taken): queries may
-			// hang until their timeout, and keys waiting behind them would expire before a fail-safe could extend
-			// them. Keys due now are extended at once, in one Redis-only batch at a time (skipOrigin).
-			batch = k.q.popDue(now, cfg.BatchSize)
-		}
-		if batch = slices.DeleteFunc(batch, func(h *hotState) bool { return !k.ownsLocked(h.id) }); len(batch) == 0 {
-			if slot {
-				k.slots.release() // only keys another replica owns now: dropped from the queue
-			}
-			continue
-		}
-		for _, h := range batch {
-			h.inflight = true
-		}
-		k.batches.Add(1)
-		if !slot {
-			k.failSafeBusy = true
-			go func() {
-				defer k.batches.Done()
-				k.refreshWith(workCtx, batch, errOriginFailing)
-				k.mail.send(func() { k.failSafeBusy = false })
-			}()
-			continue
-		}
-		k.probes++
-		go func() {
-			defer k.batches.Done()
-			k.refresh(workCtx, batch)
-			k.slots.release()
-			k.mail.send(func() { k.probes-- })
-		}()
-	}
-	due := 0
-	for _, h := range k.q.keys {
-		if !h.due.After(now) {
-			due++
-		}
-	}
-	k.w.m.queued.WithLabelValues(cfg.Name).Set(float64(due))
-	next := k.q.peek()
-	if next == nil {
-		return time.Hour
-	}
-	if d := next.due.Sub(now); d > 0 {
-		return d
-	}
-	// Due now but no budget: a finishing batch pokes the loop; re-check soon in any case.
-	return 50 * time.Millisecond
-}
 
 // refresh runs one batch of due hot keys through the pipeline (see pipeline) with the daemon's two additions:
 // under the locks it re-reads PTTL so a key someone else just rebuilt is not rebuilt again, and when a key
@@ -143,11 +74,11 @@ func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 
 // settleAll is settle's message, on the loop.
 func (k *keyspace) settleAll(p *pipeline, items []*item, runErr error, now time.Time) {
-	k.streak.noteBatchLocked(items, runErr, now)
+	k.streak.noteBatch(items, runErr, now)
 	s := k.streak
 	k.failing.Store(&s) // for RefreshFailing
 	for _, it := range items {
-		k.settleOneLocked(p, it, runErr, now)
+		k.settleOne(p, it, runErr, now)
 		if h := it.h; h.pendingGone != "" {
 			// A gone event arrived while the refresh was in flight: read the key again and judge it then.
 			h.needPTTL, h.goneEvent, h.pendingGone = true, h.pendingGone, ""
@@ -156,8 +87,8 @@ func (k *keyspace) settleAll(p *pipeline, items []*item, runErr error, now time.
 	}
 }
 
-// settleOneLocked records one item's result in its hot state and reschedules it.
-func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time.Time) {
+// settleOne records one item's result in its hot state and reschedules it.
+func (k *keyspace) settleOne(p *pipeline, it *item, runErr error, now time.Time) {
 	cfg := p.cfg
 	h := it.h
 	h.inflight = false
@@ -167,13 +98,13 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 			h.lastErr = runErr.Error()
 			h.errors++
 			it.fail(redisReason(runErr), runErr)
-			k.countLocked(it)
+			k.countItem(it)
 		}
-		k.retryLocked(h, retryBase)
+		k.retry(h, retryBase)
 		return
 	}
 	if it.result != "" && it.result != ResultFresh && it.result != resultSettled {
-		k.countLocked(it)
+		k.countItem(it)
 	}
 	switch it.result {
 	case ResultLockGone:
@@ -191,12 +122,12 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 		// expiry while the other holder keeps the lock, and each value it writes, are seen and judged.
 		h.needPTTL = true
 		k.adopt = append(k.adopt, h)
-		k.q.schedule(h, now.Add(max(lockedRecheckMin, min(cfg.LockTTL/2, time.Second, k.leadLocked(h)/8))))
+		k.q.schedule(h, now.Add(max(lockedRecheckMin, min(cfg.LockTTL/2, time.Second, k.lead(h)/8))))
 	case ResultLockLost:
 		if it.err != nil {
 			h.lastErr = it.err.Error()
 		}
-		k.retryLocked(h, retryBase)
+		k.retry(h, retryBase)
 	case ResultError, ResultTooLarge:
 		if it.err != nil {
 			h.lastErr = it.err.Error()
@@ -206,10 +137,10 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 		}
 		h.errors++
 		if it.reason == ReasonTryAgain {
-			k.retryAtLocked(h, backoff.Delay(0, tryAgainDelay, tryAgainDelay, k.rnd.Float64()))
+			k.retryAt(h, backoff.Delay(0, tryAgainDelay, tryAgainDelay, k.rnd.Float64()))
 			return
 		}
-		k.retryLocked(h, retryBase)
+		k.retry(h, retryBase)
 	case ResultMissing:
 		h.missing = true
 		h.lastErr = ""
@@ -220,23 +151,23 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 			return
 		}
 		h.expiry, h.learnedAt = p.start.Add(it.ttl), p.start // tombstone
-		k.markOwnWriteLocked(h, now)
-		k.scheduleLocked(h)
+		k.markOwnWrite(h, now)
+		k.schedule(h)
 	case ResultOK:
 		switch {
 		case it.prevUnknown:
 		case it.prevTTL == lockstep.PrevGone:
 			// The publish found the value already gone: an expiry the periodic check may never have seen.
-			k.noteHandoverLocked(h, pttlGone, now)
-			k.noteGoneLocked(h, now)
+			k.noteHandover(h, pttlGone, now)
+			k.noteGone(h, now)
 		case it.prevTTL > 0:
 			// The value it replaced: the daemon's own, or someone's rebuild after the known expiry (a miss).
-			k.judgeReadingLocked(h, p.start, it.prevTTL, "rebuilt by another writer after it expired")
+			k.judgeReading(h, p.start, it.prevTTL, "rebuilt by another writer after it expired")
 		}
 		if !it.prevUnknown {
 			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())
 		}
-		k.judgeLocked(h, p.start)
+		k.judge(h, p.start)
 		h.handover = false
 		h.lastRefresh = p.start
 		h.lastErr = ""
@@ -249,13 +180,13 @@ func (k *keyspace) settleOneLocked(p *pipeline, it *item, runErr error, now time
 		h.observeRebuild(p.rebuild)
 		k.p95.add(p.rebuild)
 		h.expiry, h.learnedAt = p.start.Add(it.ttl), p.start
-		k.markOwnWriteLocked(h, now)
-		k.scheduleLocked(h)
+		k.markOwnWrite(h, now)
+		k.schedule(h)
 	}
 }
 
-// countLocked records it's result, and for an error its reason, in the metrics and the keyspace's counters.
-func (k *keyspace) countLocked(it *item) {
+// countItem records it's result, and for an error its reason, in the metrics and the keyspace's counters.
+func (k *keyspace) countItem(it *item) {
 	k.count(it.result)
 	if it.result == ResultError && it.reason != "" {
 		k.w.m.refreshErrors.WithLabelValues(k.name, it.reason).Inc()
@@ -282,7 +213,7 @@ func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) 
 			switch {
 			case it.h.e.hot != it.h:
 				it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
-			case k.trustedLocked(it.h):
+			case k.trusted(it.h):
 				out = append(out, it)
 			default:
 				ids = append(ids, it.id)
@@ -312,30 +243,30 @@ func (k *keyspace) recheckAfter(asked []*item, ttls []time.Duration, now time.Ti
 	for i, it := range asked {
 		it.pttl = ttls[i]
 		h := it.h
-		ld := k.leadLocked(h)
+		ld := k.lead(h)
 		switch {
 		case h.e.hot != h:
 			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
 		case it.pttl == pttlPersistent:
 			it.result = resultSettled
-			k.applyPTTLLocked(h, it.pttl, now)
+			k.applyPTTL(h, it.pttl, now)
 		case it.pttl > ld+ld/2 && !h.missing:
 			// Someone else refreshed it since we last looked: do not rebuild it twice within one TTL. If that was
 			// after the value the daemon knew had expired, the key was missed (an app held the lock past it).
 			it.result = ResultFresh
 			k.count(ResultFresh)
-			k.judgeReadingLocked(h, now, it.pttl, "rebuilt by another writer after it expired")
+			k.judgeReading(h, now, it.pttl, "rebuilt by another writer after it expired")
 			h.counted, h.invalidated, h.handover = false, false, false
 			h.needPTTL = false
 			h.shortNotice = false
 			h.ownWrite = false
 			h.expiry, h.learnedAt = now.Add(it.pttl), now
-			k.scheduleLocked(h)
-			k.scheduleCheckLocked(h, now)
+			k.schedule(h)
+			k.scheduleCheck(h, now)
 		default:
 			if it.pttl < 0 {
-				k.noteHandoverLocked(h, it.pttl, now)
-				k.noteGoneLocked(h, now)
+				k.noteHandover(h, it.pttl, now)
+				k.noteGone(h, now)
 			}
 			out = append(out, it)
 		}
@@ -352,7 +283,7 @@ func (k *keyspace) recheckAfter(asked []*item, ttls []time.Duration, now time.Ti
 // The extension and the retry come from one decision: the back-off delay is drawn once per key (one uniform
 // draw per batch), the value is extended to delay + lead + one origin query's bound, and the retry is queued at
 // delay (brought forward when
-// the bound clipped the extension, see retryAtLocked), so the retry always lands inside the extended life. Two
+// the bound clipped the extension, see retryAt), so the retry always lands inside the extended life. Two
 // independent draws let the retry fall after the value had expired (issue 20: 447 of 734 hot keys expired in a
 // 150 s PostgreSQL outage). A value the extension finds already gone is counted as an SLO miss.
 func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token string, items []*item) {
@@ -367,13 +298,13 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 		for _, it := range items {
 			h := it.h
 			h.errors++
-			delays[it] = k.retryDelayDrawLocked(h, retryBase, u)
+			delays[it] = k.retryDelayDraw(h, retryBase, u)
 			if it.lost {
 				continue
 			}
 			// The retry at delay may itself hang for a whole origin query (queryBound) before its own fail-safe:
 			// the extension covers that too, so that a retry against a sick origin still lands inside it.
-			want := delays[it] + k.leadLocked(h) + cfg.queryBound()
+			want := delays[it] + k.lead(h) + cfg.queryBound()
 			byTTL[want] = append(byTTL[want], it)
 		}
 	})
@@ -393,7 +324,7 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	k.mail.call(sctx, func() {
 		for _, it := range items {
 			it.rescheduled = true
-			k.retryAtLocked(it.h, delays[it])
+			k.retryAt(it.h, delays[it])
 		}
 	})
 }
@@ -414,7 +345,7 @@ func (k *keyspace) failSafeApplied(cfg KeyspaceConfig, group []*item, res []lock
 			}
 		case errors.Is(r.Err, lockstep.ErrNotFound):
 			it.owned = false // the script released the lock: the value was already gone
-			k.noteGoneLocked(it.h, now)
+			k.noteGone(it.h, now)
 			it.h.expiry = time.Time{}
 		case errors.Is(r.Err, lockstep.ErrLockLost):
 			it.owned = false // not ours any more

@@ -134,7 +134,7 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 func (k *keyspace) snapshot(now time.Time) *KeyspaceStatus {
 	st := KeyspaceStatus{AsOf: now, Name: k.cfg.Name, KeyTemplate: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
 		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load(),
-		LFU: k.lfu.enabled, Owned: k.ownedLocked(), RefreshesJudged: k.waste.totalJudged,
+		LFU: k.lfu.enabled, Owned: k.owned(), RefreshesJudged: k.waste.totalJudged,
 		RefreshesWasted: k.waste.totalWasted, WastedRatio: k.waste.ratio}
 	for r, n := range k.results {
 		st.Refreshes[r] = n.Load()
@@ -143,7 +143,7 @@ func (k *keyspace) snapshot(now time.Time) *KeyspaceStatus {
 	for id, h := range k.hotSet {
 		ks := KeyStatus{ID: id, Key: k.cfg.Keys.Cache.Expand(id, ""), Pinned: h.e.pinned, Score: h.e.score,
 			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Refreshing: h.inflight, Persistent: h.persistent,
-			Missing: h.missing, Owned: k.ownsLocked(id), HotSince: h.hotSince,
+			Missing: h.missing, Owned: k.owns(id), HotSince: h.hotSince,
 			LastError: h.lastErr}
 		if !h.expiry.IsZero() {
 			ks.TTL = max(h.expiry.Sub(now), 0)

@@ -160,10 +160,10 @@ type refreshStreak struct {
 	err     error
 }
 
-// noteBatchLocked folds one settled batch into the streak: any key written, found fresh or missing, or held by
+// noteBatch folds one settled batch into the streak: any key written, found fresh or missing, or held by
 // another (the keyspace works) ends it; a batch whose keys all failed extends it. A key that failed on its own
 // input (ReasonBadInput) says nothing about the keyspace: a batch of such keys alone leaves the streak as it is.
-func (s *refreshStreak) noteBatchLocked(items []*item, runErr error, now time.Time) {
+func (s *refreshStreak) noteBatch(items []*item, runErr error, now time.Time) {
 	var last error
 	for _, it := range items {
 		switch it.result {

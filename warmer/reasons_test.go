@@ -57,11 +57,11 @@ func TestLockedKeyRecheckedWithinTheLead(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := w.keyspace("k") // never started: its state is this goroutine's (mailbox inactive, settle runs inline)
-	k.setHotLocked(map[string]bool{"1": true})
+	k.setHot(map[string]bool{"1": true})
 	h := k.hotSet["1"]
 	h.expiry = now.Add(2 * time.Second)
 	k.settle(k.newPipeline(k.config(), nil), []*item{{id: "1", h: h, result: ResultLocked}}, nil)
-	if lead, got := k.leadLocked(h), h.due.Sub(now); got <= 0 || got > lead/8 {
+	if lead, got := k.lead(h), h.due.Sub(now); got <= 0 || got > lead/8 {
 		t.Errorf("locked key due again in %v, want within lead/8 = %v", got, lead/8)
 	}
 }

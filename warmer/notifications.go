@@ -419,7 +419,7 @@ func (k *keyspace) onEvent(event, key string) bool {
 // event is onEvent's message, on the loop: one keyevent notification for the hot id.
 func (k *keyspace) event(event, id string) {
 	h := k.hotSet[id]
-	if h == nil || h.persistent || !k.ownsLocked(id) {
+	if h == nil || h.persistent || !k.owns(id) {
 		return
 	}
 	if h.inflight {
