@@ -430,8 +430,9 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeRe
 	stopDaemon := func() {}
 	switch name {
 	case "fetch", "locked", "xfetch", "xlocked":
+		xf, locked := name == "xfetch" || name == "xlocked", name == "locked" || name == "xlocked"
 		for range c.workers {
-			readers = append(readers, e.referenceReader(name, sp, recompute))
+			readers = append(readers, e.referenceReader(name, sp, xf, locked, recompute))
 		}
 	case "lockstep", "keepwarm":
 		load := func(ctx context.Context, id string) ([]byte, error) { return recompute(ctx) }
@@ -702,8 +703,10 @@ func (w *lsWorker) LockContention(string) {
 }
 
 // referenceReader returns one worker's read of a reference strategy, written with raw go-redis as
-// stampede.php writes it with Predis (value, lock and δ under their own keys; lock released with DEL).
-func (e *stampedeEnv) referenceReader(name, sp string, recompute func(context.Context) ([]byte, error)) func(context.Context) readOutcome {
+// stampede.php writes it with Predis (value, lock and δ under their own keys; lock released with DEL). The four
+// reference strategies are two choices: when to recompute (on a miss: fetch and locked; on a miss or an XFetch
+// draw: xfetch and xlocked) and whether a recompute takes the lock first (locked and xlocked).
+func (e *stampedeEnv) referenceReader(name, sp string, xf, locked bool, recompute func(context.Context) ([]byte, error)) func(context.Context) readOutcome {
 	c := e.c
 	rdb := e.app
 	key, lock, deltaKey := sp+"value", sp+"lock", sp+"delta"
@@ -729,20 +732,6 @@ func (e *stampedeEnv) referenceReader(name, sp string, recompute func(context.Co
 		ms, _ := strconv.ParseFloat(d.Val(), 64)
 		return v, p.Val(), time.Duration(ms * float64(time.Millisecond)), nil
 	}
-	fullRecompute := func(ctx context.Context) error {
-		t0 := time.Now()
-		v, err := recompute(ctx)
-		if err != nil {
-			return err
-		}
-		delta := time.Since(t0)
-		_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-			pipe.Set(ctx, key, v, c.expiry)
-			pipe.Set(ctx, deltaKey, strconv.FormatFloat(float64(delta)/1e6, 'f', 3, 64), c.expiry)
-			return nil
-		})
-		return err
-	}
 	get := func(ctx context.Context) ([]byte, error) {
 		v, err := rdb.Get(ctx, key).Bytes()
 		if errors.Is(err, redis.Nil) {
@@ -754,108 +743,107 @@ func (e *stampedeEnv) referenceReader(name, sp string, recompute func(context.Co
 		now := time.Now()
 		return lockstep.XFetch(now, now.Add(pttl), delta, c.beta, 1-rand.Float64())
 	}
-	switch name {
-	case "fetch":
-		return func(ctx context.Context) (o readOutcome) {
+
+	// check reads the value and says whether this read recomputes; reread reads it again while waiting for the
+	// lock; fill recomputes and writes the value.
+	var check func(ctx context.Context) (v []byte, o readOutcome, must bool)
+	var reread func(ctx context.Context) ([]byte, error)
+	var fill func(ctx context.Context) error
+	if !xf {
+		check = func(ctx context.Context) (v []byte, o readOutcome, must bool) {
 			v, err := get(ctx)
 			if err != nil || v != nil {
 				o.err = err
-				return o
+				return v, o, false
 			}
 			o.miss = true
-			if v, o.err = recompute(ctx); o.err == nil {
-				o.err = rdb.Set(ctx, key, v, c.expiry).Err()
-			}
-			return o
+			return nil, o, true
 		}
-	case "locked":
-		return func(ctx context.Context) (o readOutcome) {
-			v, err := get(ctx)
-			if err != nil || v != nil {
-				o.err = err
-				return o
+		reread = get
+		fill = func(ctx context.Context) error {
+			v, err := recompute(ctx)
+			if err != nil {
+				return err
 			}
-			o.miss = true
-			for end := deadline(); time.Now().Before(end); {
-				ok, err := rdb.SetNX(ctx, lock, "acquired", c.lockTTL).Result()
-				if err != nil {
-					o.err = err
-					return o
-				}
-				if ok {
-					if v, o.err = recompute(ctx); o.err == nil {
-						o.err = rdb.Set(ctx, key, v, c.expiry).Err()
-					}
-					rdb.Del(ctx, lock)
-					return o
-				}
-				o.contention = true
-				time.Sleep(retry)
-				if v, o.err = get(ctx); o.err != nil || v != nil {
-					return o
-				}
-			}
-			o.err = errors.New("locked: gave up waiting for the value")
-			return o
+			return rdb.Set(ctx, key, v, c.expiry).Err()
 		}
-	case "xfetch":
-		return func(ctx context.Context) (o readOutcome) {
+	} else {
+		check = func(ctx context.Context) (v []byte, o readOutcome, must bool) {
 			v, pttl, delta, err := read(ctx)
 			switch {
 			case err != nil:
 				o.err = err
-				return o
+				return v, o, false
 			case v == nil:
 				o.miss = true
 			case xfetch(pttl, delta):
 				o.early = true
 			default:
-				return o
+				return v, o, false
 			}
-			o.err = fullRecompute(ctx)
-			return o
+			return v, o, true
 		}
-	case "xlocked":
-		return func(ctx context.Context) (o readOutcome) {
-			v, pttl, delta, err := read(ctx)
-			switch {
-			case err != nil:
+		reread = func(ctx context.Context) ([]byte, error) {
+			v, _, _, err := read(ctx)
+			return v, err
+		}
+		fill = func(ctx context.Context) error { // the value and its δ, for the next reads' XFetch
+			t0 := time.Now()
+			v, err := recompute(ctx)
+			if err != nil {
+				return err
+			}
+			delta := time.Since(t0)
+			_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+				pipe.Set(ctx, key, v, c.expiry)
+				pipe.Set(ctx, deltaKey, strconv.FormatFloat(float64(delta)/1e6, 'f', 3, 64), c.expiry)
+				return nil
+			})
+			return err
+		}
+	}
+
+	// withLock is the lock loop of locked and xlocked: SET NX the lock; the winner fills and DELs the lock; a loser
+	// that holds a value (an early recompute) returns it ("ducks out"), one without sleeps 10 ms and reads again,
+	// until the value is there or lockTTL + 30 s have passed.
+	withLock := func(ctx context.Context, v []byte, o readOutcome) readOutcome {
+		for end := deadline(); time.Now().Before(end); {
+			ok, err := rdb.SetNX(ctx, lock, "acquired", c.lockTTL).Result()
+			if err != nil {
 				o.err = err
 				return o
-			case v == nil:
-				o.miss = true
-			case xfetch(pttl, delta):
-				o.early = true
-			default:
+			}
+			if ok {
+				o.err = fill(ctx)
+				rdb.Del(ctx, lock)
 				return o
 			}
-			for end := deadline(); time.Now().Before(end); {
-				ok, err := rdb.SetNX(ctx, lock, "acquired", c.lockTTL).Result()
-				if err != nil {
-					o.err = err
-					return o
-				}
-				if !ok {
-					o.contention = true
-					if v != nil {
-						o.ducked = true
-						return o
-					}
-				} else {
-					o.err = fullRecompute(ctx)
-					rdb.Del(ctx, lock)
-					return o
-				}
-				time.Sleep(retry)
-				if v, _, _, o.err = read(ctx); o.err != nil || v != nil {
-					return o
-				}
+			o.contention = true
+			if v != nil {
+				o.ducked = true
+				return o
 			}
-			o.err = errors.New("xlocked: gave up waiting for the value")
+			time.Sleep(retry)
+			if v, o.err = reread(ctx); o.err != nil || v != nil {
+				return o
+			}
+		}
+		o.err = errors.New(name + ": gave up waiting for the value")
+		return o
+	}
+
+	return func(ctx context.Context) readOutcome {
+		v, o, must := check(ctx)
+		switch {
+		case !must:
+			return o
+		case locked:
+			return withLock(ctx, v, o)
+		default:
+			o.err = fill(ctx)
 			return o
 		}
 	}
-	panic("unknown reference strategy " + name) // programmer error: parseStampede checked the name
 }
 
 // deletePrefix deletes the benchmark's keys: every key containing p (see redisserver.DeleteContaining), within
