@@ -180,20 +180,6 @@ func lockstepStrategy(keepwarm bool) func(context.Context, *strategyRun) (*strat
 	}
 }
 
-// startWarmer runs w until ctx ends or the returned stop is called; stop returns once Run has.
-func startWarmer(ctx context.Context, w *warmer.Warmer) (stop func()) {
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.Run(wctx)
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
-}
-
 // countingSource is the warmer's Source in the keepwarm strategy: the PostgreSQL source, tracked by origin.
 type countingSource struct {
 	o   *origin
