@@ -407,16 +407,7 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, st stampedeStrategy) (*st
 	pauseFor := func(r *rand.Rand) time.Duration {
 		return 10*time.Millisecond + time.Duration(r.Int64N(int64(c.pause-10*time.Millisecond)+1))
 	}
-	sleep := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return !stop.Load()
-		}
-	}
+	sleep := func(d time.Duration) bool { return sleepCtx(ctx, d) && !stop.Load() } // a pause, d >= 10ms
 	bg := context.WithoutCancel(ctx)
 	for i := range c.workers {
 		wg.Add(2)
