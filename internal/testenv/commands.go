@@ -20,6 +20,7 @@ import (
 // AUTH, SELECT, CLIENT SETINFO...) also passes through hooks; it is per connection, not per request, so it is
 // not counted.
 type Commands struct {
+	name  func(redis.Cmder) string
 	mu    sync.Mutex // guards the fields below
 	by    map[string]int64
 	trips map[string]int64
@@ -27,9 +28,14 @@ type Commands struct {
 	most  map[string]int64 // by name: the most of it in one round trip
 }
 
-// CountCommands adds a Commands hook to c and returns it.
-func CountCommands(c redis.UniversalClient) *Commands {
-	h := &Commands{}
+// CountCommands adds a Commands hook to c and returns it. It counts each command under CommandName(cmd).
+func CountCommands(c redis.UniversalClient) *Commands { return CountCommandsBy(c, CommandName) }
+
+// CountCommandsBy is CountCommands with the caller's names: it counts each command, and names it in round-trip
+// shapes, under name(cmd), e.g. to tell one key's SETs from the others'. name is called from the client's
+// goroutines, concurrently.
+func CountCommandsBy(c redis.UniversalClient, name func(redis.Cmder) string) *Commands {
+	h := &Commands{name: name}
 	h.Reset()
 	c.AddHook(h)
 	return h
@@ -124,10 +130,14 @@ func (h *Commands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 func (h *Commands) sent(cmds []redis.Cmder) {
+	name := h.name
+	if name == nil { // a Commands not made by CountCommands(By)
+		name = CommandName
+	}
 	names := make([]string, len(cmds))
 	in := map[string]int64{}
 	for i, c := range cmds {
-		names[i] = CommandName(c)
+		names[i] = name(c)
 		in[names[i]]++
 	}
 	shape := strings.ToUpper(strings.Join(names, "+"))
