@@ -5,8 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,44 +38,6 @@ func mustFor(tb testing.TB, k *lockstep.Keys, id string) lockstep.KeySet {
 	return ks
 }
 
-// roundTrips is a go-redis hook that counts round trips: one per single command and one per pipeline, and keeps
-// the command names of each.
-type roundTrips struct {
-	mu    sync.Mutex
-	trips [][]string
-}
-
-func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
-}
-
-func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.add([]redis.Cmder{cmd})
-		return next(ctx, cmd)
-	}
-}
-
-func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		r.add(cmds)
-		return next(ctx, cmds)
-	}
-}
-
-func (r *roundTrips) add(cmds []redis.Cmder) {
-	if isHandshake(cmds) {
-		return
-	}
-	names := make([]string, len(cmds))
-	for i, c := range cmds {
-		names[i] = strings.ToUpper(c.Name())
-	}
-	r.mu.Lock()
-	r.trips = append(r.trips, names)
-	r.mu.Unlock()
-}
-
 // isHandshake reports whether cmds are a new connection's HELLO/CLIENT SETINFO handshake, which go-redis sends
 // through the hooks too; they are per connection, not per request, so round-trip counts leave them out.
 func isHandshake(cmds []redis.Cmder) bool {
@@ -85,7 +45,8 @@ func isHandshake(cmds []redis.Cmder) bool {
 	return n == "hello" || n == "client" || n == "auth" || n == "select"
 }
 
-// tripCounter is a lighter round-trip counter for benchmarks.
+// tripCounter counts round trips for the benchmarks. It is not testenv.Commands on purpose: one atomic add and
+// no allocation per round trip, so that it does not show in the benchmarks' ns/op and allocs/op.
 type tripCounter struct{ n atomic.Int64 }
 
 func (h *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -104,18 +65,6 @@ func (h *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 		}
 		return next(ctx, cmds)
 	}
-}
-
-// take returns the round trips since the last take, each as its command names joined by "+".
-func (r *roundTrips) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]string, len(r.trips))
-	for i, t := range r.trips {
-		out[i] = strings.Join(t, "+")
-	}
-	r.trips = nil
-	return out
 }
 
 // countingRecorder is a Recorder that counts every event; onContention, when set, runs when a Get becomes a

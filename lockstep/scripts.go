@@ -26,6 +26,12 @@ var (
 	extendValueScript = redis.NewScript(extendValueLua)
 )
 
+// PublishLua returns the source of publish.lua, the script Publish and PublishMany run; its header comment gives
+// its KEYS, ARGV and reply, and docs/protocol.md quotes it. It is for tools that measure or re-implement the
+// protocol's Redis-side work (keepwarm-bench composes its redis-benchmark ceiling from it); an application writes
+// with Publish.
+func PublishLua() string { return publishLua }
+
 // isNoScript reports whether err is Redis's NOSCRIPT reply: normalised to redis.ErrNoScript on a direct call,
 // raw in a pipeline.
 func isNoScript(err error) bool {

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,65 +28,23 @@ func (m *memSource) Fetch(_ context.Context, ids []string) (map[string][]byte, [
 	return out, nil, nil
 }
 
-// cmdCount is a go-redis hook counting the commands a client sends, by name, and the largest pipeline of PTTLs.
-type cmdCount struct {
-	mu       sync.Mutex
-	by       map[string]int
-	maxPTTLs int
-}
-
-func newCmdCount() *cmdCount { return &cmdCount{by: map[string]int{}} }
-
-func (c *cmdCount) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *cmdCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.add([]redis.Cmder{cmd})
-		return next(ctx, cmd)
+// canaryApart names the flush canary's SET "canary", so that it is not counted as a lock's SET.
+func canaryApart(cmd redis.Cmder) string {
+	if k, ok := cmd.Args()[min(1, len(cmd.Args())-1)].(string); ok && strings.HasPrefix(k, "keepwarm:canary:") {
+		return "canary"
 	}
-}
-func (c *cmdCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.add(cmds)
-		return next(ctx, cmds)
-	}
-}
-func (c *cmdCount) add(cmds []redis.Cmder) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	pttls := 0
-	for _, cmd := range cmds {
-		name := cmd.Name()
-		if k, ok := cmd.Args()[min(1, len(cmd.Args())-1)].(string); ok && strings.HasPrefix(k, "keepwarm:canary:") {
-			name = "canary" // the flush canary's SET, not a lock's
-		}
-		c.by[name]++
-		if cmd.Name() == "pttl" {
-			pttls++
-		}
-	}
-	c.maxPTTLs = max(c.maxPTTLs, pttls)
-}
-func (c *cmdCount) get(name string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.by[name]
-}
-func (c *cmdCount) reset() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.by, c.maxPTTLs = map[string]int{}, 0
+	return testenv.CommandName(cmd)
 }
 
 // reconcileSetup starts a private Redis (so that CONFIG SET and CLIENT KILL touch nobody else) with keyspace
 // notifications on, and a keyspace of n pinned ids with an in-memory source.
-func reconcileSetup(t *testing.T, n int, ttl time.Duration) (admin, rdb *redis.Client, cfg warmer.KeyspaceConfig, hook *cmdCount) {
+func reconcileSetup(t *testing.T, n int, ttl time.Duration) (admin, rdb *redis.Client, cfg warmer.KeyspaceConfig, hook *testenv.Commands) {
 	t.Helper()
 	admin = testenv.PrivateRedis(t)
 	setConfig(t, admin, "notify-keyspace-events", "Exeg$")
 	rdb = redis.NewClient(admin.Options())
 	t.Cleanup(func() { rdb.Close() })
-	hook = newCmdCount()
-	rdb.AddHook(hook)
+	hook = testenv.CountCommandsBy(rdb, canaryApart)
 	keys, err := lockstep.NewKeys("rc:${id}", "", "", "")
 	if err != nil {
 		t.Fatal(err)
@@ -113,16 +70,16 @@ func TestTrustedRefreshCostsTwoCommands(t *testing.T) {
 	}
 	// First writes, then one full round of refreshes of the daemon's own writes (trusted by then).
 	testenv.Eventually(t, 10*time.Second, "first refresh round", func() bool { return ok() >= 40 })
-	hook.reset()
+	hook.Reset()
 	ok0 := ok()
 	testenv.Eventually(t, 15*time.Second, "two more refresh rounds", func() bool { return ok() >= ok0+40 })
 	refreshes := ok() - ok0
-	if got := hook.get("pttl"); float64(got) > 0.05*refreshes {
+	if got := hook.Count("pttl"); float64(got) > 0.05*refreshes {
 		t.Errorf("%d PTTLs for %.0f refreshes of trusted keys, want (almost) none", got, refreshes)
 	}
-	sent := hook.get("set") + hook.get("evalsha") + hook.get("pttl")
+	sent := hook.Count("set") + hook.Count("evalsha") + hook.Count("pttl")
 	if per := float64(sent) / refreshes; per > 2.1 {
-		t.Errorf("%.2f commands (SET NX, PTTL, EVALSHA) per refresh, want <= 2.1 (counts %v)", per, hook.by)
+		t.Errorf("%.2f commands (SET NX, PTTL, EVALSHA) per refresh, want <= 2.1 (counts %v)", per, hook.Counts())
 	}
 }
 
@@ -144,10 +101,10 @@ func TestLostNotificationsMakeKeysUntrusted(t *testing.T) {
 	c0 := checks()
 	// 20 untrusted keys, each re-checked every 150–300 ms: 40 checks take well under a second once they start.
 	testenv.Eventually(t, 10*time.Second, "untrusted keys re-checked by the reconciliation", func() bool { return checks() >= c0+40 })
-	hook.reset()
+	hook.Reset()
 	ok0 := ok()
 	testenv.Eventually(t, 10*time.Second, "a refresh round", func() bool { return ok() >= ok0+20 })
-	if got, refreshes := hook.get("pttl"), ok()-ok0; float64(got) < refreshes {
+	if got, refreshes := hook.Count("pttl"), ok()-ok0; float64(got) < refreshes {
 		t.Errorf("%d PTTLs for %.0f refreshes with notifications off, want at least one per refresh (the re-check under the lock)", got, refreshes)
 	}
 }
@@ -162,7 +119,7 @@ func TestReconcileBudget(t *testing.T) {
 	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	checks := func() float64 { return counter(t, reg, "keepwarm_warmer_reconcile_checks_total", nil) }
 	testenv.Eventually(t, 10*time.Second, "reconciliation running", func() bool { return checks() >= 50 })
-	hook.reset()
+	hook.Reset()
 	c0, t0 := checks(), time.Now()
 	testenv.Eventually(t, 10*time.Second, "200 more checks", func() bool { return checks() >= c0+200 })
 	elapsed := time.Since(t0)
@@ -170,9 +127,7 @@ func TestReconcileBudget(t *testing.T) {
 	if limit := 100*elapsed.Seconds() + 20; n > limit {
 		t.Errorf("%.0f checks in %v, want at most %.0f (budget 100/s plus two ticks)", n, elapsed, limit)
 	}
-	hook.mu.Lock()
-	maxPipe := hook.maxPTTLs
-	hook.mu.Unlock()
+	maxPipe := hook.MostInOneTrip("pttl")
 	if maxPipe > 10 {
 		t.Errorf("largest PTTL pipeline %d, want <= 10 (budget × tick)", maxPipe)
 	}

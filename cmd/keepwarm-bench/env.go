@@ -260,3 +260,17 @@ func loaderOf(src warmer.Source) lockstep.Loader {
 		return v, nil
 	}
 }
+
+// startWarmer runs w until ctx ends or the returned stop is called; stop returns once Run has.
+func startWarmer(ctx context.Context, w *warmer.Warmer) (stop func()) {
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(wctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}

@@ -352,17 +352,9 @@ func footprint(ctx context.Context, c scaleConfig, url string, n int, idle bool,
 	if err != nil {
 		return nil, nil, err
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
 	start := time.Now()
-	go func() {
-		defer close(done)
-		_ = w.Run(wctx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	stop := startWarmer(ctx, w)
+	defer stop()
 	var st warmer.KeyspaceStatus
 	for {
 		if s := w.Status(1); len(s) == 1 {
@@ -437,48 +429,72 @@ func statsDelta(a, b map[string]int64) (total int64, by map[string]int64) {
 	return total, by
 }
 
+// pinnedRun is the set-up that saturation and steady share, on the private Redis at url, flushed first: an admin
+// client for INFO, and a warmer keeping the pinned ids 0..n-1 of ks warm on a client of its own whose commands
+// hook counts.
+type pinnedRun struct {
+	admin, rdb *redis.Client
+	hook       *cmdCounter
+	w          *warmer.Warmer
+}
+
+// newPinnedRun flushes the Redis at url and builds the warmer of ks with Pinned set to n ids; Run is the caller's.
+func newPinnedRun(ctx context.Context, c scaleConfig, url string, ks warmer.KeyspaceConfig, n int) (_ *pinnedRun, err error) {
+	p := &pinnedRun{}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if p.admin, err = newRedis(ctx, url, 0); err != nil {
+		return nil, err
+	}
+	if err := p.admin.FlushAll(ctx).Err(); err != nil {
+		return nil, err
+	}
+	if p.rdb, err = newRedis(ctx, url, 0); err != nil {
+		return nil, err
+	}
+	p.hook = newCmdCounter()
+	p.rdb.AddHook(p.hook)
+	ks.Pinned = make([]string, n)
+	for i := range ks.Pinned {
+		ks.Pinned[i] = strconv.Itoa(i)
+	}
+	ks.BatchSize = c.batch
+	p.w, err = warmer.New(p.rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Notifications: c.notify, Keyspaces: []warmer.KeyspaceConfig{ks}})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *pinnedRun) close() {
+	for _, c := range []*redis.Client{p.rdb, p.admin} {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
 // saturation pins satKeys absent keys so that all fall due at once, and measures how fast the warmer refreshes
 // them, and what that costs Redis.
 func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer) (*refreshResult, error) {
-	admin, err := newRedis(ctx, url, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close()
-	if err := admin.FlushAll(ctx).Err(); err != nil {
-		return nil, err
-	}
-	rdb, err := newRedis(ctx, url, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer rdb.Close()
-	hook := newCmdCounter()
-	rdb.AddHook(hook)
-	pinned := make([]string, c.satKeys)
-	for i := range pinned {
-		pinned[i] = strconv.Itoa(i)
-	}
 	src := newMemSource(c.valueBytes)
-	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Notifications: c.notify, Keyspaces: []warmer.KeyspaceConfig{{
-		Name: "saturation", Keys: benchKeys("sat:"), Src: src, TTL: time.Hour, Jitter: 0.1,
-		Pinned: pinned, BatchSize: c.batch, StaleTTL: 0,
-	}}})
+	p, err := newPinnedRun(ctx, c, url, warmer.KeyspaceConfig{Name: "saturation", Keys: benchKeys("sat:"), Src: src,
+		TTL: time.Hour, Jitter: 0.1, StaleTTL: 0}, c.satKeys)
 	if err != nil {
 		return nil, err
 	}
+	defer p.close()
+	admin, hook, w := p.admin, p.hook, p.w
 	fmt.Fprintf(stderr, "scale: refreshing %d keys at once (batch_size %d)\n", c.satKeys, c.batch)
 	s0, err := commandstats(ctx, admin)
 	if err != nil {
 		return nil, err
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
 	start := time.Now()
-	go func() {
-		defer close(done)
-		_ = w.Run(wctx)
-	}()
+	stop := startWarmer(ctx, w)
 	// Wait for the source to have served every key (a cheap counter), then for the last publishes (Status sorts
 	// every hot key under the keyspace lock, so it is only asked once the fetches are done).
 	var ok int64
@@ -489,8 +505,7 @@ func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer
 			}
 		}
 		if time.Since(start) > 5*time.Minute || ctx.Err() != nil {
-			cancel()
-			<-done
+			stop()
 			return nil, fmt.Errorf("saturation: %d of %d refreshed after %v", ok, c.satKeys, time.Since(start))
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -498,8 +513,7 @@ func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer
 	took := time.Since(start)
 	cmds, trips, by := hook.snapshot()
 	s1, err := commandstats(ctx, admin)
-	cancel()
-	<-done
+	stop()
 	if err != nil {
 		return nil, err
 	}
@@ -511,46 +525,20 @@ func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer
 // steady keeps c.hot pinned keys warm with a short TTL and measures, over a window of several TTLs, the Redis
 // commands per refresh including everything else the warmer sends meanwhile (polls, PTTL reconciliation).
 func steady(ctx context.Context, c scaleConfig, url string, stderr io.Writer) (*refreshResult, error) {
-	admin, err := newRedis(ctx, url, 0)
+	p, err := newPinnedRun(ctx, c, url, warmer.KeyspaceConfig{Name: "steady", Keys: benchKeys("steady:"),
+		Src: newMemSource(c.valueBytes), TTL: c.steadyTTL, Jitter: 0.1, ReconcileEvery: c.reconcile}, c.steadyHot)
 	if err != nil {
 		return nil, err
 	}
-	defer admin.Close()
-	if err := admin.FlushAll(ctx).Err(); err != nil {
-		return nil, err
-	}
-	rdb, err := newRedis(ctx, url, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer rdb.Close()
-	hook := newCmdCounter()
-	rdb.AddHook(hook)
-	pinned := make([]string, c.steadyHot)
-	for i := range pinned {
-		pinned[i] = strconv.Itoa(i)
-	}
-	ks := warmer.KeyspaceConfig{Name: "steady", Keys: benchKeys("steady:"), Src: newMemSource(c.valueBytes),
-		TTL: c.steadyTTL, Jitter: 0.1, Pinned: pinned, BatchSize: c.batch, ReconcileEvery: c.reconcile}
-	w, err := warmer.New(rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Notifications: c.notify, Keyspaces: []warmer.KeyspaceConfig{ks}})
-	if err != nil {
-		return nil, err
-	}
+	defer p.close()
+	admin, hook, w := p.admin, p.hook, p.w
 	reconcile := c.reconcile
 	if reconcile == 0 {
 		reconcile = warmer.DefaultReconcileEvery
 	}
 	fmt.Fprintf(stderr, "scale: steady state, %d keys, TTL %v, reconcile every %v, notifications %v, for %v\n", c.steadyHot, c.steadyTTL, reconcile, c.notify, c.steadyWin)
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = w.Run(wctx)
-	}()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	stop := startWarmer(ctx, w)
+	defer stop()
 	// Skip the first fill and one TTL, then measure.
 	if !sleepCtx(ctx, c.steadyTTL+2*time.Second) {
 		return nil, ctx.Err()

@@ -23,7 +23,6 @@ import (
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
-	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // The stampede scenario reproduces the harness of Jim Nelson's RedisConf 2017 talk "Preventing cache stampede
@@ -31,19 +30,6 @@ import (
 // a 500 ms recompute, each pausing a random 10–1000 ms before every read. Its published 5-minute results: naive
 // cache-aside ("fetch") 484 misses, 471 of them simultaneous recomputes, in 290 s; XFetch plus lock ("xlocked")
 // 0 misses, 17 recomputes, 36 lock contentions and 53 early recomputes in 317 s.
-
-type stampedeStrategy struct {
-	name, desc string
-}
-
-var stampedeStrategies = []stampedeStrategy{
-	{"fetch", "naive cache-aside: GET, on a miss recompute and SET EX; no lock"},
-	{"locked", "on a miss SET NX a lock and recompute; a loser sleeps 10 ms and retries"},
-	{"xfetch", "XFetch probabilistic early recompute (Vattani et al., VLDB 2015); no lock"},
-	{"xlocked", "XFetch plus the lock; a worker that loses the lock returns the current value"},
-	{"lockstep", "the lockstep client alone (token lock, XFetch β=1, stale copy), no daemon"},
-	{"keepwarm", "the lockstep client (token lock, stale copy, access recording) with the warmer running in-process"},
-}
 
 type stampedeConfig struct {
 	services
@@ -57,7 +43,7 @@ type stampedeConfig struct {
 	beta         float64
 	jitter       float64
 	refreshAhead time.Duration
-	strategies   []string
+	strategies   []stampedeStrategy
 	quick        bool
 	svg          string
 	jsonPath     string
@@ -131,10 +117,11 @@ func parseStampede(args []string, stderr io.Writer) (stampedeConfig, error) {
 	}
 	for _, s := range strings.Split(*strategies, ",") {
 		s = strings.TrimSpace(s)
-		if !slices.ContainsFunc(stampedeStrategies, func(st stampedeStrategy) bool { return st.name == s }) {
+		st, ok := strategyByName(s)
+		if !ok {
 			return c, usageError{fmt.Errorf("--strategies: unknown strategy %q (known: %s)", s, strategyNames())}
 		}
-		c.strategies = append(c.strategies, s)
+		c.strategies = append(c.strategies, st)
 	}
 	return c, nil
 }
@@ -223,26 +210,6 @@ func (o *origin) do(daemon bool, f func() error) error {
 	return err
 }
 
-// countingSource is the warmer's Source in the keepwarm strategy: the PostgreSQL source, tracked by origin.
-type countingSource struct {
-	o   *origin
-	src *postgres.Source
-}
-
-// ValidID is the PostgreSQL source's id check (warmer.IDValidator), so that the warmer's doors see it.
-func (s countingSource) ValidID(id string) error { return s.src.ValidID(id) }
-
-func (s countingSource) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
-	var vals map[string][]byte
-	var missing []string
-	err := s.o.do(true, func() error {
-		var err error
-		vals, missing, err = s.src.Fetch(ctx, ids)
-		return err
-	})
-	return vals, missing, err
-}
-
 // readOutcome is what one read saw, like stampede.php's exit-code bit field.
 type readOutcome struct {
 	miss, early, contention, ducked, stale bool
@@ -302,11 +269,11 @@ func stampede(ctx context.Context, c stampedeConfig, stdout, stderr io.Writer) (
 	fmt.Fprintln(stdout, e.machine)
 	fmt.Fprintf(stdout, "stampede: %d workers, expiry %v, recompute %v (pg_sleep), pause 10ms..%v, lock TTL %v, %v measured per strategy after a %v warm-up\n",
 		c.workers, c.expiry, c.recompute, c.pause, c.lockTTL, c.duration, c.warmup)
-	for _, s := range c.strategies {
-		fmt.Fprintf(stderr, "stampede: running %s for %v (+%v warm-up)\n", s, c.duration, c.warmup)
-		res, err := e.runStrategy(ctx, s)
+	for _, st := range c.strategies {
+		fmt.Fprintf(stderr, "stampede: running %s for %v (+%v warm-up)\n", st.name, c.duration, c.warmup)
+		res, err := e.runStrategy(ctx, st)
 		if err != nil {
-			return nil, fmt.Errorf("strategy %s: %w", s, err)
+			return nil, fmt.Errorf("strategy %s: %w", st.name, err)
 		}
 		rep.Results = append(rep.Results, *res)
 		if ctx.Err() != nil {
@@ -374,8 +341,12 @@ type stampedeCounters struct {
 	firstErr                                                      error
 }
 
-func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeResult, error) {
+// runStrategy is the harness: it runs st's readers, one per worker, each pausing 10ms..pause before every read,
+// beside as many plain-hit baseline readers, for the warm-up and then the measured window, and returns what the
+// window saw: the reads' outcomes and latencies, the recomputes the harness timed, and PostgreSQL's own log.
+func (e *stampedeEnv) runStrategy(ctx context.Context, st stampedeStrategy) (*stampedeResult, error) {
 	c := e.c
+	name := st.name
 	o := &origin{}
 	appSrc, err := e.source(e.pool, name, "app")
 	if err != nil {
@@ -414,85 +385,16 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeRe
 
 	var cnt stampedeCounters
 	var measuring atomic.Bool
-	sp := e.prefix + name + ":"
-	keys, err := lockstep.NewKeys(sp+"value:${id}", "", lockstep.DefaultStaleTemplate, "")
+	setup, err := st.start(ctx, &strategyRun{stampedeEnv: e, name: name, prefix: e.prefix + name + ":",
+		recompute: recompute, origin: o, cnt: &cnt, measuring: &measuring})
 	if err != nil {
 		return nil, err
 	}
-	ksName := "kwbench-stampede-" + e.run + "-" + name
-	defer e.app.Del(context.WithoutCancel(ctx), lockstep.AccessKey(ksName), "keepwarm:decay:"+ksName)
-
-	// newReader returns worker i's read function and a cleanup.
-	var readers []func(context.Context) readOutcome
-	var closers []func()
-	var daemonDone chan struct{}
-	var w *warmer.Warmer
-	stopDaemon := func() {}
-	switch name {
-	case "fetch", "locked", "xfetch", "xlocked":
-		for range c.workers {
-			readers = append(readers, e.referenceReader(name, sp, recompute))
-		}
-	case "lockstep", "keepwarm":
-		load := func(ctx context.Context, id string) ([]byte, error) { return recompute(ctx) }
-		for range c.workers {
-			wk := &lsWorker{cnt: &cnt, measuring: &measuring}
-			opts := []lockstep.Option{
-				lockstep.WithLockTTL(c.lockTTL),
-				lockstep.WithJitter(c.jitter),
-				lockstep.WithStale(time.Hour),
-				lockstep.WithRecorder(wk),
-				lockstep.WithLogger(e.log),
-			}
-			if name == "lockstep" {
-				opts = append(opts, lockstep.WithXFetch(c.beta))
-			} else {
-				opts = append(opts, lockstep.WithAccessRecording(1))
-			}
-			cl, err := lockstep.New(e.app, ksName, keys, load, c.expiry, opts...)
-			if err != nil {
-				return nil, err
-			}
-			closers = append(closers, func() { _ = cl.Close(context.Background()) })
-			readers = append(readers, func(ctx context.Context) readOutcome {
-				wk.cur = readOutcome{}
-				_, err := cl.Get(ctx, "1")
-				out := wk.cur
-				out.err = err
-				return out
-			})
-		}
-		if name == "keepwarm" {
-			dsrc, err := e.source(e.dpool, name, "daemon")
-			if err != nil {
-				return nil, err
-			}
-			w, err = warmer.New(e.daemon, warmer.Config{Logger: e.log, Keyspaces: []warmer.KeyspaceConfig{{
-				Name: ksName, Keys: keys, Src: countingSource{o: o, src: dsrc}, TTL: c.expiry, Jitter: c.jitter,
-				RefreshAhead: c.refreshAhead, LockTTL: c.lockTTL, StatementTimeout: min(c.lockTTL/2, c.expiry/4),
-				StaleTTL: time.Hour, TopN: 1, PollInterval: time.Second,
-			}}})
-			if err != nil {
-				return nil, err
-			}
-			dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-			daemonDone = make(chan struct{})
-			go func() {
-				defer close(daemonDone)
-				_ = w.Run(dctx)
-			}()
-			stopDaemon = func() {
-				cancel()
-				<-daemonDone
-			}
-		}
+	defer setup.release()
+	readers := setup.readers
+	if len(readers) != c.workers {
+		return nil, fmt.Errorf("set up %d readers for %d workers", len(readers), c.workers)
 	}
-	defer func() {
-		stopDaemon()
-		for _, f := range closers {
-			f()
-		}
-	}()
 
 	var lat, base []latencies
 	lat = make([]latencies, c.workers)
@@ -505,16 +407,7 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeRe
 	pauseFor := func(r *rand.Rand) time.Duration {
 		return 10*time.Millisecond + time.Duration(r.Int64N(int64(c.pause-10*time.Millisecond)+1))
 	}
-	sleep := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-			return !stop.Load()
-		}
-	}
+	sleep := func(d time.Duration) bool { return sleepCtx(ctx, d) && !stop.Load() } // a pause, d >= 10ms
 	bg := context.WithoutCancel(ctx)
 	for i := range c.workers {
 		wg.Add(2)
@@ -584,12 +477,7 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeRe
 	stop.Store(true)
 	wg.Wait()
 	pgssAfter := e.pgssCalls(bg)
-	var daemonStatus []warmer.KeyspaceStatus
-	if w != nil {
-		daemonStatus = w.Status(0)
-	}
-	stopDaemon()
-	stopDaemon = func() {}
+	daemonRefreshes := setup.finish()
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -628,9 +516,7 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, name string) (*stampedeRe
 	if err := e.originSide(bg, name, res); err != nil {
 		return nil, err
 	}
-	for _, st := range daemonStatus {
-		res.Daemon = st.Refreshes
-	}
+	res.Daemon = daemonRefreshes
 	return res, nil
 }
 
@@ -678,184 +564,6 @@ func (e *stampedeEnv) originSide(ctx context.Context, strategy string, res *stam
 		}
 	}
 	return rows.Err()
-}
-
-// lsWorker is a lockstep.Recorder that marks its worker's current Get. Events of background refreshes (after Get
-// returned) are counted directly, inside the measured window only.
-type lsWorker struct {
-	lockstep.NopRecorder
-	cur       readOutcome
-	cnt       *stampedeCounters
-	measuring *atomic.Bool
-}
-
-func (w *lsWorker) Miss(string)       { w.cur.miss = true }
-func (w *lsWorker) StaleServe(string) { w.cur.stale = true }
-func (w *lsWorker) EarlyRefresh(string) {
-	w.cur.early = true
-}
-func (w *lsWorker) LockContention(string) {
-	// Followers (in Get) and skipped XFetch refreshes (in the background) both land here; count each one.
-	if w.measuring.Load() {
-		w.cnt.contention.Add(1)
-	}
-}
-
-// referenceReader returns one worker's read of a reference strategy, written with raw go-redis as
-// stampede.php writes it with Predis (value, lock and δ under their own keys; lock released with DEL).
-func (e *stampedeEnv) referenceReader(name, sp string, recompute func(context.Context) ([]byte, error)) func(context.Context) readOutcome {
-	c := e.c
-	rdb := e.app
-	key, lock, deltaKey := sp+"value", sp+"lock", sp+"delta"
-	const retry = 10 * time.Millisecond
-	deadline := func() time.Time { return time.Now().Add(c.lockTTL + 30*time.Second) }
-	read := func(ctx context.Context) (v []byte, pttl time.Duration, delta time.Duration, err error) {
-		var g *redis.StringCmd
-		var p *redis.DurationCmd
-		var d *redis.StringCmd
-		_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-			p = pipe.PTTL(ctx, key)
-			g = pipe.Get(ctx, key)
-			d = pipe.Get(ctx, deltaKey)
-			return nil
-		})
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, 0, 0, err
-		}
-		v, gerr := g.Bytes()
-		if gerr != nil {
-			v = nil
-		}
-		ms, _ := strconv.ParseFloat(d.Val(), 64)
-		return v, p.Val(), time.Duration(ms * float64(time.Millisecond)), nil
-	}
-	fullRecompute := func(ctx context.Context) error {
-		t0 := time.Now()
-		v, err := recompute(ctx)
-		if err != nil {
-			return err
-		}
-		delta := time.Since(t0)
-		_, err = rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
-			pipe.Set(ctx, key, v, c.expiry)
-			pipe.Set(ctx, deltaKey, strconv.FormatFloat(float64(delta)/1e6, 'f', 3, 64), c.expiry)
-			return nil
-		})
-		return err
-	}
-	get := func(ctx context.Context) ([]byte, error) {
-		v, err := rdb.Get(ctx, key).Bytes()
-		if errors.Is(err, redis.Nil) {
-			return nil, nil
-		}
-		return v, err
-	}
-	xfetch := func(pttl, delta time.Duration) bool {
-		now := time.Now()
-		return lockstep.XFetch(now, now.Add(pttl), delta, c.beta, 1-rand.Float64())
-	}
-	switch name {
-	case "fetch":
-		return func(ctx context.Context) (o readOutcome) {
-			v, err := get(ctx)
-			if err != nil || v != nil {
-				o.err = err
-				return o
-			}
-			o.miss = true
-			if v, o.err = recompute(ctx); o.err == nil {
-				o.err = rdb.Set(ctx, key, v, c.expiry).Err()
-			}
-			return o
-		}
-	case "locked":
-		return func(ctx context.Context) (o readOutcome) {
-			v, err := get(ctx)
-			if err != nil || v != nil {
-				o.err = err
-				return o
-			}
-			o.miss = true
-			for end := deadline(); time.Now().Before(end); {
-				ok, err := rdb.SetNX(ctx, lock, "acquired", c.lockTTL).Result()
-				if err != nil {
-					o.err = err
-					return o
-				}
-				if ok {
-					if v, o.err = recompute(ctx); o.err == nil {
-						o.err = rdb.Set(ctx, key, v, c.expiry).Err()
-					}
-					rdb.Del(ctx, lock)
-					return o
-				}
-				o.contention = true
-				time.Sleep(retry)
-				if v, o.err = get(ctx); o.err != nil || v != nil {
-					return o
-				}
-			}
-			o.err = errors.New("locked: gave up waiting for the value")
-			return o
-		}
-	case "xfetch":
-		return func(ctx context.Context) (o readOutcome) {
-			v, pttl, delta, err := read(ctx)
-			switch {
-			case err != nil:
-				o.err = err
-				return o
-			case v == nil:
-				o.miss = true
-			case xfetch(pttl, delta):
-				o.early = true
-			default:
-				return o
-			}
-			o.err = fullRecompute(ctx)
-			return o
-		}
-	case "xlocked":
-		return func(ctx context.Context) (o readOutcome) {
-			v, pttl, delta, err := read(ctx)
-			switch {
-			case err != nil:
-				o.err = err
-				return o
-			case v == nil:
-				o.miss = true
-			case xfetch(pttl, delta):
-				o.early = true
-			default:
-				return o
-			}
-			for end := deadline(); time.Now().Before(end); {
-				ok, err := rdb.SetNX(ctx, lock, "acquired", c.lockTTL).Result()
-				if err != nil {
-					o.err = err
-					return o
-				}
-				if !ok {
-					o.contention = true
-					if v != nil {
-						o.ducked = true
-						return o
-					}
-				} else {
-					o.err = fullRecompute(ctx)
-					rdb.Del(ctx, lock)
-					return o
-				}
-				time.Sleep(retry)
-				if v, _, _, o.err = read(ctx); o.err != nil || v != nil {
-					return o
-				}
-			}
-			o.err = errors.New("xlocked: gave up waiting for the value")
-			return o
-		}
-	}
-	panic("unknown reference strategy " + name) // programmer error: parseStampede checked the name
 }
 
 // deletePrefix deletes the benchmark's keys: every key containing p (see redisserver.DeleteContaining), within
