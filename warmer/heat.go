@@ -79,7 +79,7 @@ func (k *keyspace) poll(ctx context.Context) {
 }
 
 // fullSync reads the top max_tracked members of the access set in pages, so that the tracked set mirrors it. Each
-// page is folded into the tracker as soon as it arrives (under the keyspace lock, one page at a time) rather than
+// page is folded into the tracker as soon as it arrives (on the loop, one page at a time) rather than
 // collected first: with a million tracked ids, growing one slice of every member cost more CPU (copying, and the
 // garbage collections the copies caused) than reading the set did.
 func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[string]uint8, unix int64) {

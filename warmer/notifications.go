@@ -84,6 +84,7 @@ func (w *Warmer) NotificationNodes() []NotificationNode {
 // every (re)subscribe and every NodeCheckInterval, and follows the Cluster's masters through failovers and
 // resharding. Its zero value is ready; listen fills it.
 type notifier struct {
+	w       *Warmer // the daemon: its Redis client, config, log, metrics, trust state and keyspaces
 	mu      sync.Mutex
 	nodes   map[string]*nodeSub
 	healthy bool // last value logged and exported
@@ -107,8 +108,8 @@ type nodeSub struct {
 const failoverClientAddr = "FailoverClient"
 
 // serverRunID returns the run_id (INFO server) of the server behind w.rdb, or "" when it cannot be read.
-func (w *Warmer) serverRunID(ctx context.Context) string {
-	info, err := w.rdb.Info(ctx, "server").Result()
+func (n *notifier) serverRunID(ctx context.Context) string {
+	info, err := n.w.rdb.Info(ctx, "server").Result()
 	if err != nil {
 		return ""
 	}
@@ -127,8 +128,7 @@ func (w *Warmer) serverRunID(ctx context.Context) string {
 // In a Redis Cluster every master publishes only its own keys' events: it subscribes on each master, and every
 // NodeCheckInterval re-reads the masters (CLUSTER SLOTS), subscribing to new ones after a failover or a topology
 // change and dropping nodes that are no longer masters.
-func (w *Warmer) listen(ctx context.Context) {
-	n := &w.notify
+func (n *notifier) listen(ctx context.Context) {
 	n.mu.Lock()
 	n.nodes = map[string]*nodeSub{}
 	n.denied = map[string]bool{}
@@ -142,17 +142,17 @@ func (w *Warmer) listen(ctx context.Context) {
 			s.cancel()
 			<-s.done
 		}
-		w.m.notificationsOn.Set(0)
-		w.m.notificationNodes.Set(0)
+		n.w.m.notificationsOn.Set(0)
+		n.w.m.notificationNodes.Set(0)
 	}()
-	every := w.cfg.NodeCheckInterval
+	every := n.w.cfg.NodeCheckInterval
 	if every <= 0 {
 		every = DefaultNodeCheckInterval
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		w.syncNodes(ctx)
+		n.syncNodes(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -163,10 +163,9 @@ func (w *Warmer) listen(ctx context.Context) {
 
 // syncNodes subscribes to nodes that publish keyevents and are not subscribed yet, drops those that no longer do,
 // and re-checks every node's flags.
-func (w *Warmer) syncNodes(ctx context.Context) {
-	n := &w.notify
+func (n *notifier) syncNodes(ctx context.Context) {
 	want := map[string]redis.UniversalClient{}
-	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
+	if cc, ok := n.w.rdb.(*redis.ClusterClient); ok {
 		var mu sync.Mutex
 		err := cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
 			mu.Lock()
@@ -176,21 +175,21 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 		})
 		if err != nil {
 			if ctx.Err() == nil {
-				w.log.Warn("keyspace notifications: cannot read the cluster's masters; keeping the current subscriptions",
+				n.w.log.Warn("keyspace notifications: cannot read the cluster's masters; keeping the current subscriptions",
 					"error", err)
 			}
 			return
 		}
 	} else {
-		want[""] = w.rdb
+		want[""] = n.w.rdb
 	}
 	// Behind a Sentinel failover client the server changes at a failover while the address ("") does not; the
 	// subscription stays on the old master (now a replica, or still a master for a while, publishing its stale
 	// copies' events) until that server drops it. The server's run_id tells: a new one means a new subscription,
 	// which go-redis dials at the current master.
 	runID := ""
-	if c, ok := w.rdb.(*redis.Client); ok && c.Options().Addr == failoverClientAddr {
-		runID = w.serverRunID(ctx)
+	if c, ok := n.w.rdb.(*redis.Client); ok && c.Options().Addr == failoverClientAddr {
+		runID = n.serverRunID(ctx)
 	}
 	n.mu.Lock()
 	var gone []*nodeSub
@@ -199,7 +198,7 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 		if addr == "" && runID != "" && s.runID != "" && s.runID != runID {
 			gone = append(gone, s)
 			delete(n.nodes, addr)
-			w.log.Info("keyspace notifications: the server changed (failover); subscribing again and re-reading every hot key",
+			n.w.log.Info("keyspace notifications: the server changed (failover); subscribing again and re-reading every hot key",
 				"run_id", runID)
 			failover = true
 			continue
@@ -207,7 +206,7 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 		if _, ok := want[addr]; !ok {
 			gone = append(gone, s)
 			delete(n.nodes, addr)
-			w.log.Info("keyspace notifications: node is no longer a master; unsubscribed", "node", addr)
+			n.w.log.Info("keyspace notifications: node is no longer a master; unsubscribed", "node", addr)
 		}
 	}
 	var added []*nodeSub
@@ -224,7 +223,7 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 		added = append(added, s)
 		go func() {
 			defer close(s.done)
-			w.subscribe(sctx, s)
+			n.subscribe(sctx, s)
 		}()
 	}
 	subs := make([]*nodeSub, 0, len(n.nodes))
@@ -239,27 +238,27 @@ func (w *Warmer) syncNodes(ctx context.Context) {
 	if failover {
 		// Asynchronous replication: the new master may lack the last writes of the old one, with no event for
 		// the keys it never had. Each one found missing now is a miss (docs/operations.md).
-		w.rereadAll("failover", time.Time{})
+		n.w.rereadAll("failover", time.Time{})
 	}
 	if len(added) > 0 && len(want) > 1 {
 		addrs := make([]string, 0, len(added))
 		for _, s := range added {
 			addrs = append(addrs, s.addr)
 		}
-		w.log.Info("keyspace notifications: subscribing on masters", "nodes", strings.Join(addrs, ","), "masters", len(want))
+		n.w.log.Info("keyspace notifications: subscribing on masters", "nodes", strings.Join(addrs, ","), "masters", len(want))
 	}
 	for _, s := range subs {
-		w.checkFlags(ctx, s)
+		n.checkFlags(ctx, s)
 	}
-	w.notifyHealth()
+	n.notifyHealth()
 }
 
 // subscribe runs one node's subscription until ctx ends. go-redis re-subscribes after a lost connection; each
 // confirmation of the first channel marks a (re)subscribe, after which the node's flags are checked again.
-func (w *Warmer) subscribe(ctx context.Context, s *nodeSub) {
+func (n *notifier) subscribe(ctx context.Context, s *nodeSub) {
 	patterns := make([]string, len(notifyEvents))
 	for i, ev := range notifyEvents {
-		patterns[i] = "__keyevent@" + strconv.Itoa(w.cfg.DB) + "__:" + ev
+		patterns[i] = "__keyevent@" + strconv.Itoa(n.w.cfg.DB) + "__:" + ev
 	}
 	ps := s.c.Subscribe(ctx, patterns...)
 	defer ps.Close()
@@ -274,22 +273,22 @@ func (w *Warmer) subscribe(ctx context.Context, s *nodeSub) {
 			}
 			switch m := msg.(type) {
 			case *redis.Message:
-				w.onEvent(m.Channel[strings.LastIndexByte(m.Channel, ':')+1:], m.Payload)
+				n.onEvent(m.Channel[strings.LastIndexByte(m.Channel, ':')+1:], m.Payload)
 			case *redis.Subscription:
 				if m.Kind != "subscribe" || m.Channel != patterns[0] {
 					continue
 				}
-				w.notify.mu.Lock()
+				n.mu.Lock()
 				again := s.state.Subscribed
 				s.state.Subscribed = true
-				w.notify.mu.Unlock()
+				n.mu.Unlock()
 				if again {
-					w.trust.bump() // events in between are lost: no key's expiry is known for sure any more
-					w.log.Info("keyspace notifications: re-subscribed after a lost connection; events in between are lost",
+					n.w.trust.bump() // events in between are lost: no key's expiry is known for sure any more
+					n.w.log.Info("keyspace notifications: re-subscribed after a lost connection; events in between are lost",
 						"node", s.addr)
 				}
-				w.checkFlags(ctx, s)
-				w.notifyHealth()
+				n.checkFlags(ctx, s)
+				n.notifyHealth()
 			}
 		}
 	}
@@ -297,10 +296,9 @@ func (w *Warmer) subscribe(ctx context.Context, s *nodeSub) {
 
 // checkFlags reads the node's notify-keyspace-events and, with AutoNotifyFlags, adds the missing flags. It logs
 // each change of the node's state once.
-func (w *Warmer) checkFlags(ctx context.Context, s *nodeSub) {
+func (n *notifier) checkFlags(ctx context.Context, s *nodeSub) {
 	s.check.Lock()
 	defer s.check.Unlock()
-	n := &w.notify
 	n.mu.Lock()
 	prev := s.state
 	n.mu.Unlock()
@@ -316,7 +314,7 @@ func (w *Warmer) checkFlags(ctx context.Context, s *nodeSub) {
 		next.Flags = res["notify-keyspace-events"]
 		next.Missing = MissingNotifyFlags(next.Flags)
 	}
-	if next.Missing != "" && w.cfg.AutoNotifyFlags {
+	if next.Missing != "" && n.w.cfg.AutoNotifyFlags {
 		set := next.Flags + next.Missing
 		if err := s.c.ConfigSet(ctx, "notify-keyspace-events", set).Err(); err != nil {
 			if ctx.Err() != nil {
@@ -327,11 +325,11 @@ func (w *Warmer) checkFlags(ctx context.Context, s *nodeSub) {
 			n.denied[prev.Addr] = true
 			n.mu.Unlock()
 			if first {
-				w.log.Warn("keyspace notifications: cannot set notify-keyspace-events (notifications = \"auto\" needs +config|set); PTTL reconciliation alone tracks expiries",
+				n.w.log.Warn("keyspace notifications: cannot set notify-keyspace-events (notifications = \"auto\" needs +config|set); PTTL reconciliation alone tracks expiries",
 					"node", prev.Addr, "notify_keyspace_events", next.Flags, "missing", next.Missing, "error", err)
 			}
 		} else {
-			w.log.Info("keyspace notifications: set notify-keyspace-events (notifications = \"auto\")",
+			n.w.log.Info("keyspace notifications: set notify-keyspace-events (notifications = \"auto\")",
 				"node", prev.Addr, "was", next.Flags, "now", set)
 			next.Flags, next.Missing = set, ""
 		}
@@ -348,17 +346,17 @@ func (w *Warmer) checkFlags(ctx context.Context, s *nodeSub) {
 	case next.Error != "" && prev.Error != next.Error:
 		// Not fatal (reconciliation is the ground truth), but say so: a denied CONFIG GET (an ACL without
 		// +config|get) would otherwise hide that notifications may be off.
-		w.log.Warn("keyspace notifications: cannot read notify-keyspace-events; subscribed anyway, PTTL reconciliation tracks expiries either way",
+		n.w.log.Warn("keyspace notifications: cannot read notify-keyspace-events; subscribed anyway, PTTL reconciliation tracks expiries either way",
 			"node", next.Addr, "error", next.Error)
 	case next.Error == "" && next.Missing != "" && (prev.Missing != next.Missing || prev.Error != ""):
-		w.log.Warn("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries (set notifications = \"auto\", or CONFIG SET notify-keyspace-events "+notifyFlags+")",
+		n.w.log.Warn("keyspace notifications are off in Redis; PTTL reconciliation alone tracks expiries (set notifications = \"auto\", or CONFIG SET notify-keyspace-events "+notifyFlags+")",
 			"node", next.Addr, "notify_keyspace_events", next.Flags, "missing", next.Missing)
 	}
 }
 
 // notifyHealth exports the nodes' state and logs when notifications as a whole turn on or off.
-func (w *Warmer) notifyHealth() {
-	nodes := w.NotificationNodes()
+func (n *notifier) notifyHealth() {
+	nodes := n.w.NotificationNodes()
 	on, subscribed := len(nodes) > 0, 0
 	for _, nd := range nodes {
 		on = on && nd.on()
@@ -366,34 +364,33 @@ func (w *Warmer) notifyHealth() {
 			subscribed++
 		}
 	}
-	w.m.notificationNodes.Set(float64(subscribed))
-	n := &w.notify
+	n.w.m.notificationNodes.Set(float64(subscribed))
 	n.mu.Lock()
 	changed := n.healthy != on
 	n.healthy = on
 	n.mu.Unlock()
-	w.trust.set(on)
+	n.w.trust.set(on)
 	if on {
-		w.m.notificationsOn.Set(1)
+		n.w.m.notificationsOn.Set(1)
 	} else {
-		w.m.notificationsOn.Set(0)
+		n.w.m.notificationsOn.Set(0)
 	}
 	if changed && on {
-		w.log.Info("keyspace notifications are on", "nodes", len(nodes))
+		n.w.log.Info("keyspace notifications are on", "nodes", len(nodes))
 	} else if changed {
-		w.log.Warn("keyspace notifications are off or unconfirmed on some node; PTTL reconciliation alone tracks expiries",
+		n.w.log.Warn("keyspace notifications are off or unconfirmed on some node; PTTL reconciliation alone tracks expiries",
 			"nodes", len(nodes), "subscribed", subscribed)
 	}
 }
 
 // onEvent handles one keyevent notification for key.
-func (w *Warmer) onEvent(event, key string) {
-	w.mu.Lock()
-	spaces := make([]*keyspace, 0, len(w.spaces))
-	for _, k := range w.spaces {
+func (n *notifier) onEvent(event, key string) {
+	n.w.mu.Lock()
+	spaces := make([]*keyspace, 0, len(n.w.spaces))
+	for _, k := range n.w.spaces {
 		spaces = append(spaces, k)
 	}
-	w.mu.Unlock()
+	n.w.mu.Unlock()
 	for _, k := range spaces {
 		if k.onEvent(event, key) {
 			return

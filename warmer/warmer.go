@@ -73,8 +73,8 @@ type Warmer struct {
 	progress  atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
 	lastFlush atomic.Int64 // unix nanos (Config.Now) of the last flush the canary noticed; 0 before any
 	running   atomic.Bool
-	checks    checks // keyspaces whose source check has not passed yet (see Checker)
-	notify    notifier
+	checks    checks     // keyspaces whose source check has not passed yet (see Checker)
+	notify    notifier   // the keyspace-notification listener (notifications.go)
 	fleet     *fleet     // nil when sharing is off
 	trust     trustState // for the reconciliation (reconcile.go)
 }
@@ -105,6 +105,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 	}
 	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now,
 		spaces: make(map[string]*keyspace)}
+	w.notify.w = w
 	if cfg.Fleet.Key != "" {
 		if w.fleet, err = newFleet(w, cfg.Fleet, cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("warmer: register metrics: %w", err)
@@ -205,7 +206,7 @@ func (w *Warmer) Run(ctx context.Context) error {
 		loops.Add(1)
 		go func() {
 			defer loops.Done()
-			w.listen(ctx)
+			w.notify.listen(ctx)
 		}()
 	}
 	// With no keyspace there is no scheduler loop to report progress; the Run loop itself does.

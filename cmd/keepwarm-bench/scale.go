@@ -496,7 +496,8 @@ func saturation(ctx context.Context, c scaleConfig, url string, stderr io.Writer
 	start := time.Now()
 	stop := startWarmer(ctx, w)
 	// Wait for the source to have served every key (a cheap counter), then for the last publishes (Status sorts
-	// every hot key under the keyspace lock, so it is only asked once the fetches are done).
+	// copies every hot key on the keyspace's loop, a message that waits for the loop, so it is only asked once the
+	// fetches are done).
 	var ok int64
 	for ok < int64(c.satKeys) {
 		if src.rows.Load() >= int64(c.satKeys) {

@@ -316,7 +316,7 @@ type expiryLog struct {
 }
 
 // expiryLogLine matches the warning logged beside each increment of keepwarm_warmer_hot_expired_total
-// (warmer/expiry.go countMissLocked: msg="hot key missed: <why>"), in the text log format.
+// (warmer/expiry.go countMiss: msg="hot key missed: <why>"), in the text log format.
 var expiryLogLine = regexp.MustCompile(`^time=(\S+) level=WARN msg="hot key missed: [^"]*" keyspace=(\S+) id=(\S+)`)
 
 // readExpiryLogs reads the expiry warnings of every daemon log (*.log) in dir, with the keys built from keys.
