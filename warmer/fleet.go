@@ -454,12 +454,7 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	f.changes.Inc()
 	f.w.log.Info("fleet owners changed", "fleet_key", f.cfg.Key, "replica_id", f.cfg.ReplicaID,
 		"owners", v.owners, "members", len(v.members))
-	f.w.mu.Lock()
-	spaces := make([]*keyspace, 0, len(f.w.spaces))
-	for _, k := range f.w.spaces {
-		spaces = append(spaces, k)
-	}
-	f.w.mu.Unlock()
+	spaces := f.w.keyspaces()
 	for _, k := range spaces {
 		k.setView(v, lapsedAt)
 	}

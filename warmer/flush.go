@@ -182,12 +182,7 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 // trust ends too: the events of the keys that vanished were never published.
 func (w *Warmer) rereadAll(why string, emptied time.Time) {
 	w.trust.bump()
-	w.mu.Lock()
-	spaces := make([]*keyspace, 0, len(w.spaces))
-	for _, k := range w.spaces {
-		spaces = append(spaces, k)
-	}
-	w.mu.Unlock()
+	spaces := w.keyspaces()
 	var wg sync.WaitGroup
 	for _, k := range spaces {
 		wg.Add(1)

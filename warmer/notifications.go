@@ -385,12 +385,7 @@ func (n *notifier) notifyHealth() {
 
 // onEvent handles one keyevent notification for key.
 func (n *notifier) onEvent(event, key string) {
-	n.w.mu.Lock()
-	spaces := make([]*keyspace, 0, len(n.w.spaces))
-	for _, k := range n.w.spaces {
-		spaces = append(spaces, k)
-	}
-	n.w.mu.Unlock()
+	spaces := n.w.keyspaces()
 	for _, k := range spaces {
 		if k.onEvent(event, key) {
 			return

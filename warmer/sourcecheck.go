@@ -194,12 +194,7 @@ func (s *refreshStreak) noteBatch(items []*item, runErr error, now time.Time) {
 // permission denial (Redis NOPERM, PostgreSQL 42501): no retry fixes those, and the fail-safe that hides an origin
 // outage cannot hide them for long.
 func (w *Warmer) RefreshFailing() []RefreshFailure {
-	w.mu.Lock()
-	spaces := make([]*keyspace, 0, len(w.spaces))
-	for _, k := range w.spaces {
-		spaces = append(spaces, k)
-	}
-	w.mu.Unlock()
+	spaces := w.keyspaces()
 	var out []RefreshFailure
 	for _, k := range spaces {
 		s := *k.failing.Load()

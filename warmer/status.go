@@ -87,12 +87,7 @@ type KeyspaceStatus struct {
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
 // first; unknown expiries last). limit ≤ 0 means all.
 func (w *Warmer) Status(limit int) []KeyspaceStatus {
-	w.mu.Lock()
-	spaces := make([]*keyspace, 0, len(w.spaces))
-	for _, k := range w.spaces {
-		spaces = append(spaces, k)
-	}
-	w.mu.Unlock()
+	spaces := w.keyspaces()
 	out := make([]KeyspaceStatus, 0, len(spaces))
 	now := w.now()
 	for _, k := range spaces {

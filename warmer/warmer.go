@@ -226,12 +226,7 @@ func (w *Warmer) Run(ctx context.Context) error {
 			w.startLoop = nil // an Update from now on starts no loop
 			w.mu.Unlock()
 			loops.Wait()
-			w.mu.Lock()
-			spaces := make([]*keyspace, 0, len(w.spaces))
-			for _, k := range w.spaces {
-				spaces = append(spaces, k)
-			}
-			w.mu.Unlock()
+			spaces := w.keyspaces()
 			done := make(chan struct{})
 			go func() {
 				for _, k := range spaces {
@@ -291,6 +286,17 @@ func (w *Warmer) Keyspaces() []string {
 	out := make([]string, 0, len(w.spaces))
 	for n := range w.spaces {
 		out = append(out, n)
+	}
+	return out
+}
+
+// keyspaces returns the keyspaces in force, in no order (a copy: the caller may range over it without w.mu).
+func (w *Warmer) keyspaces() []*keyspace {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]*keyspace, 0, len(w.spaces))
+	for _, k := range w.spaces {
+		out = append(out, k)
 	}
 	return out
 }
