@@ -155,6 +155,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 }
 
 func TestPinnedKeysStayWarm(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	cfg := f.config("1", "2", "3")
 	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
@@ -202,6 +203,7 @@ func TestPinnedKeysStayWarm(t *testing.T) {
 }
 
 func TestMetricsLint(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1)
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1")}})
 	testenv.Eventually(t, 3*time.Second, "refresh counted", func() bool {
@@ -218,6 +220,7 @@ func TestMetricsLint(t *testing.T) {
 }
 
 func TestAccessSetMakesKeysHot(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 50)
 	cfg := f.config()
 	cfg.TopN = 3
@@ -254,6 +257,7 @@ func TestAccessSetMakesKeysHot(t *testing.T) {
 }
 
 func TestAppHoldsLockNoOriginQuery(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 5)
 	ctx := context.Background()
 	ks, _ := f.keys.For("1")
@@ -288,6 +292,7 @@ func TestAppHoldsLockNoOriginQuery(t *testing.T) {
 }
 
 func TestSlowQueryExtendsLeaseAndLostLockPublishesNothing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	slow := f.source(t, "select id, body from "+f.table+" , pg_sleep(0.8) where id = any($1)")
@@ -354,6 +359,7 @@ func (s *switchSource) Fetch(ctx context.Context, ids []string) (map[string][]by
 }
 
 func TestFailSafeKeepsHotKeysReadable(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	// A real PostgreSQL client pointed at a port where nothing listens.
@@ -398,6 +404,7 @@ func TestFailSafeKeepsHotKeysReadable(t *testing.T) {
 }
 
 func TestFailSafeBoundedByMaxStale(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1)
 	ctx := context.Background()
 	sw := &switchSource{up: f.src, down: f.source(t, "select id, body from missing_table_for_failsafe where id = any($1)")}
@@ -428,6 +435,7 @@ func TestFailSafeBoundedByMaxStale(t *testing.T) {
 }
 
 func TestShutdownDuringSlowRefreshLeavesNoLock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	started := make(chan struct{}, 1)
@@ -456,6 +464,7 @@ func TestShutdownDuringSlowRefreshLeavesNoLock(t *testing.T) {
 }
 
 func TestReconciliationAloneKeepsKeysWarm(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10)
 	ctx := context.Background()
 	// Keys written by an app with short TTLs, before the daemon knows them; notifications off.
@@ -485,6 +494,7 @@ func TestReconciliationAloneKeepsKeysWarm(t *testing.T) {
 }
 
 func TestPersistentKeyNeverOverwritten(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	f.rdb.Set(ctx, f.key("1"), "persistent", 0)
@@ -502,6 +512,7 @@ func TestPersistentKeyNeverOverwritten(t *testing.T) {
 }
 
 func TestMissingPolicies(t *testing.T) {
+	t.Parallel()
 	for _, policy := range []string{warmer.MissingDelete, warmer.MissingKeep, warmer.MissingTombstone} {
 		t.Run(policy, func(t *testing.T) {
 			f := newFixture(t, 1)
@@ -538,6 +549,7 @@ func TestMissingPolicies(t *testing.T) {
 }
 
 func TestUpdatePinsAndUnpins(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10)
 	ctx := context.Background()
 	cfg := f.config("1")
@@ -567,6 +579,7 @@ func TestUpdatePinsAndUnpins(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
 	keys, _ := lockstep.NewKeys("k:${id}", "", "", "")
 	good := warmer.KeyspaceConfig{Name: "k", Keys: keys, Src: &countingSource{}, TTL: 10 * time.Second}
 	tests := []struct {
@@ -608,6 +621,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 // TestTwoDaemonsNeverRebuildTwice runs two warmer replicas on the same keyspace: the token lock and the PTTL
 // re-check under it must keep each key to one rebuild per TTL.
 func TestTwoDaemonsNeverRebuildTwice(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	ids := []string{"1", "2", "3", "4", "5", "6", "7", "8"}
 	cfg := f.config(ids...)
@@ -634,6 +648,7 @@ func TestTwoDaemonsNeverRebuildTwice(t *testing.T) {
 // TestDeadRedisKeepsRunning: with Redis unreachable the warmer neither panics nor exits; it keeps its loops
 // going (progress advances) and stops cleanly.
 func TestDeadRedisKeepsRunning(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1)
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 100 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { dead.Close() })
