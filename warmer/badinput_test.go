@@ -24,6 +24,7 @@ type fetchOnly struct{ warmer.Source }
 // it, but no PostgreSQL text can hold it) is skipped at the door like any invalid id: removed from the set,
 // counted, logged in the summary. The real ids are hot and written, and the origin is never taken for failing.
 func TestNULAccessMemberSkipped(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	ctx := context.Background()
 	cfg := f.config()
@@ -67,6 +68,7 @@ func TestNULAccessMemberSkipped(t *testing.T) {
 // counted as an invalid id; the other ids are refreshed and Apply succeeds (before, the whole batch failed in
 // PostgreSQL, and the stream retried it forever).
 func TestNULChangeSkipped(t *testing.T) {
+	t.Parallel()
 	f, w, c, reg := changesFixture(t, warmer.OnChangeRefresh)
 	ctx := context.Background()
 	if _, err := w.Warmup(ctx, "items", warmer.SliceIDs([]string{"1", "2"}), warmer.WarmupOptions{}); err != nil {
@@ -106,6 +108,7 @@ func TestNULChangeSkipped(t *testing.T) {
 //     reaches Fetch, whose own check refuses the batch; in simple_protocol mode the id would have cost the
 //     connection (08P01) had it been sent.
 func TestBadInputBatchIsSplit(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, mode, bad string
 		query           string
@@ -187,6 +190,7 @@ func TestBadInputBatchIsSplit(t *testing.T) {
 
 // TestNULPinnedIDRefused: warmer.New refuses a pinned id that the source cannot hold, naming the field.
 func TestNULPinnedIDRefused(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1)
 	_, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2\x00")}})
 	if err == nil || !strings.Contains(err.Error(), `keyspace "items": pinned: postgres: invalid id`) {
@@ -198,6 +202,7 @@ func TestNULPinnedIDRefused(t *testing.T) {
 // cast) applies the other changes; the bad id is counted as invalid_id, its cached value (stale since the change)
 // is invalidated, and Apply succeeds rather than failing the batch for the stream to retry forever.
 func TestBadInputChangeSplit(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	f.src = &countingSource{src: f.source(t, "select ids.id, t.body from unnest($1::text[]) as ids(id) join "+f.table+" t on t.id::int = ids.id::int")}
 	reg := prometheus.NewRegistry()

@@ -63,6 +63,7 @@ func (f *fixture) get(t *testing.T, id string) string {
 // TestChangesCoalesceAndLeaveUncachedAlone: 500 updates of one row in one batch are one rebuild; an id that is
 // not cached is not queried; a row whose id column moved refreshes both ids.
 func TestChangesCoalesceAndLeaveUncachedAlone(t *testing.T) {
+	t.Parallel()
 	f, w, c, reg := changesFixture(t, "")
 	ctx := context.Background()
 	if _, err := w.Warmup(ctx, "items", warmer.SliceIDs([]string{"1", "2", "5"}), warmer.WarmupOptions{}); err != nil {
@@ -113,6 +114,7 @@ func TestChangesCoalesceAndLeaveUncachedAlone(t *testing.T) {
 // app's rebuild read the row before the commit and publishes after the change was applied. It must not
 // resurrect the old row: the change revoked its lock, so its publish fails (ErrLockGone).
 func TestChangeBeatsInFlightRebuild(t *testing.T) {
+	t.Parallel()
 	for _, onChange := range []string{warmer.OnChangeRefresh, warmer.OnChangeInvalidate} {
 		t.Run(onChange, func(t *testing.T) {
 			f, w, c, _ := changesFixture(t, onChange)
@@ -157,6 +159,7 @@ func TestChangeBeatsInFlightRebuild(t *testing.T) {
 
 // TestChangesRejectsBadConfig: unknown keyspaces and on_change values are named.
 func TestChangesRejectsBadConfig(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1)
 	w, err := warmer.New(f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config()}})
 	if err != nil {
@@ -177,6 +180,7 @@ func TestChangesRejectsBadConfig(t *testing.T) {
 // kill -9, its lease is not renewed), it stops streaming and the standby takes over within the lease TTL plus
 // one attempt period.
 func TestStreamLeaseOneHolderAndTakeover(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	key := testenv.Prefix(t, rdb) + "stream-lease"
 	const ttl = time.Second
@@ -239,6 +243,7 @@ func TestStreamLeaseOneHolderAndTakeover(t *testing.T) {
 // set at once, alongside the warmer's first poll: it covered 0 keys (issue 21). It waits for each keyspace's
 // first poll now: called before the warmer runs, it covers every hot key once the warmer has looked.
 func TestResyncWaitsForTheFirstPoll(t *testing.T) {
+	t.Parallel()
 	_, w, c, reg := changesFixture(t, "", "1", "2", "3", "4", "5")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -265,6 +270,7 @@ func TestResyncWaitsForTheFirstPoll(t *testing.T) {
 // the hot keys only: 2,994 cold cached tracks served truncated rows 5 s later (issue 21). Now the cold ones are
 // invalidated too (SCAN of the key template), and the hot ones refreshed, not deleted.
 func TestResyncAfterTruncateInvalidatesColdKeys(t *testing.T) {
+	t.Parallel()
 	f, w, c, _ := changesFixture(t, "", "1", "2")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

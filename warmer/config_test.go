@@ -12,6 +12,7 @@ import (
 
 // TestResolveDefaults checks the one definition of each derived default.
 func TestResolveDefaults(t *testing.T) {
+	t.Parallel()
 	stale, err := lockstep.NewKeys("t:${id}", "", "stale:t:${id}", "")
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +109,7 @@ func check(ok bool, format string, args ...any) string {
 // TestResolveBounds: every duration has an upper bound, and derived values never overflow into a negative
 // TTL (10 × 876000h did).
 func TestResolveBounds(t *testing.T) {
+	t.Parallel()
 	stale, err := lockstep.NewKeys("t:${id}", "", "stale:t:${id}", "")
 	if err != nil {
 		t.Fatal(err)

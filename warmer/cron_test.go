@@ -21,6 +21,7 @@ import (
 )
 
 func TestParseCron(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		spec    string
 		wantErr string // "" means valid
@@ -211,6 +212,7 @@ func fire(t *testing.T, clk *clockwork.FakeClock, ds []*cronDaemon, perInstant i
 // instants, as robfig/cron's schedule does, and the claim key built from the Berlin wall-clock time lets one
 // run happen per day across both daemons.
 func TestCronDSTFallBackRunsOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	clk := clockwork.NewFakeClockAt(time.Date(2025, 10, 25, 12, 0, 0, 0, time.UTC))
 	sched := warmer.ScheduleConfig{Name: f.prefix + "berlin", Spec: "CRON_TZ=Europe/Berlin 30 2 * * *",
@@ -239,6 +241,7 @@ func TestCronDSTFallBackRunsOnce(t *testing.T) {
 // exist. With SkipDSTGap the run is skipped, logged and counted; by default it runs at 03:00 (cronie's way),
 // claiming the 02:30 wall-clock time.
 func TestCronDSTSpringForward(t *testing.T) {
+	t.Parallel()
 	for _, runSkipped := range []bool{false, true} {
 		name := map[bool]string{false: "SkipDSTGap skips and logs", true: "default runs after the gap"}[runSkipped]
 		t.Run(name, func(t *testing.T) {
@@ -278,6 +281,7 @@ func TestCronDSTSpringForward(t *testing.T) {
 // TestCronRunsOncePerTimeAcrossDaemons runs one schedule on two daemons (separate Redis clients and warmers)
 // and checks through keepwarm.warmup_runs that each scheduled time ran once.
 func TestCronRunsOncePerTimeAcrossDaemons(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 5)
 	pool := testenv.Postgres(t)
 	db := stdlib.OpenDBFromPool(pool)
@@ -324,6 +328,7 @@ func TestCronRunsOncePerTimeAcrossDaemons(t *testing.T) {
 }
 
 func TestCronRejectsBadSchedules(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1)
 	w := newWarmer(t, f, f.config())
 	c, err := warmer.NewCron(w, nil, nil, nil)
@@ -354,6 +359,7 @@ func TestCronRejectsBadSchedules(t *testing.T) {
 // TestCronReloadNeverDuplicatesARun reloads a schedule with a new spec while its run is in progress (held in
 // the origin query): the new entry fires while it runs and must not start a second run beside it.
 func TestCronReloadNeverDuplicatesARun(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	entered, release := make(chan struct{}, 8), make(chan struct{})
 	f.src.before = func([]string) {
@@ -389,6 +395,7 @@ func TestCronReloadNeverDuplicatesARun(t *testing.T) {
 // TestCronReloadDeletesRemovedSchedulesSeries removes a schedule that has run: its metric series go away, as a
 // removed keyspace's do.
 func TestCronReloadDeletesRemovedSchedulesSeries(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	start := time.Date(2026, 5, 4, 10, 0, 0, 500e6, time.UTC)
 	clk := clockwork.NewFakeClockAt(start)

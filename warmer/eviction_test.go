@@ -19,6 +19,7 @@ import (
 // daemon counts the evictions it is notified of, and reports one episode of hot values vanishing in bulk, in a
 // metric and one log line.
 func TestEvictionsReported(t *testing.T) {
+	t.Parallel()
 	admin, rdb, cfg, _ := reconcileSetup(t, 300, time.Minute)
 	logs := &testenv.LogBuffer{}
 	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true,
@@ -47,6 +48,7 @@ func TestEvictionsReported(t *testing.T) {
 // TestAccessSetLost: an access set that had members and is then gone (evicted, or deleted) is reported once, in a
 // metric and a log line; a set that is merely cold is not.
 func TestAccessSetLost(t *testing.T) {
+	t.Parallel()
 	admin, rdb, cfg, _ := reconcileSetup(t, 0, time.Minute)
 	cfg.TopN, cfg.MinScore, cfg.PollInterval = 5, 0, 100*time.Millisecond
 	cfg.AccessKey = lockstep.AccessKey("rc")

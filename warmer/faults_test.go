@@ -53,6 +53,7 @@ func refreshes(t *testing.T, reg *prometheus.Registry, result string) float64 {
 // lock at once: once the meta key is fixed, the key is written long before the 60 s lock TTL would have let an
 // orphaned lock go.
 func TestPublishErrorReplyReleasesLock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -81,6 +82,7 @@ func TestPublishErrorReplyReleasesLock(t *testing.T) {
 // Under maxmemory with noeviction, Redis refuses the daemon's writes with OOM: counted as error/oom, never as
 // lock_lost, and no lock is left behind; once memory is available again the key is written.
 func TestOOMIsNotLockLost(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	priv := testenv.PrivateRedis(t)
@@ -149,6 +151,7 @@ func isAcquire(cmds []redis.Cmder) bool {
 // releases the batch's locks (token-checked) once Redis answers, so the hot key is written within seconds, not
 // after the 60 s lock TTL.
 func TestFrozenRedisDuringAcquisitionLeavesNoLock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	srv := testenv.PrivateFreezableRedis(t)
@@ -188,6 +191,7 @@ func TestFrozenRedisDuringAcquisitionLeavesNoLock(t *testing.T) {
 // A hot key that expires while its refresh is in flight (the origin query is slow) is an SLO miss: the publish
 // reports that the value was gone, and keepwarm_warmer_hot_expired_total counts it once.
 func TestExpiryDuringRefreshIsCounted(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -217,6 +221,7 @@ func TestExpiryDuringRefreshIsCounted(t *testing.T) {
 // and deletes the key and its lock (lockstep.Invalidate). The refresh's publish must fail (lock_gone) and the old
 // row must never be written back; the next refresh publishes the new row.
 func TestInvalidationBeatsInflightRefresh(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -246,6 +251,7 @@ func TestInvalidationBeatsInflightRefresh(t *testing.T) {
 
 // The same race through a warmup: the id is reported as failed (not written) and the old row is not cached.
 func TestInvalidationBeatsInflightWarmup(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "2")
@@ -279,6 +285,7 @@ func TestInvalidationBeatsInflightWarmup(t *testing.T) {
 // Two daemons keep a value alive through an origin outage, and max_stale bounds them together: at every moment
 // the value's expiry (by the Redis server's clock) is at most stale_since + max_stale.
 func TestTwoDaemonsShareMaxStale(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -324,6 +331,7 @@ func TestTwoDaemonsShareMaxStale(t *testing.T) {
 
 // A value over max_value_bytes is refused (too_large), never written; the old value is kept by the fail-safe.
 func TestTooLargeKeepsOldValue(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -367,6 +375,7 @@ func (s *lateSource) Fetch(ctx context.Context, ids []string) (map[string][]byte
 // One client-side timeout is counted (origin_timeout) but does not declare the origin failing; the next query
 // succeeds and the key is written.
 func TestSingleClientTimeoutIsNoOutage(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	var logs testenv.LogBuffer
@@ -391,6 +400,7 @@ func TestSingleClientTimeoutIsNoOutage(t *testing.T) {
 // connection does. Before, the refresh took its lock, waited for a connection past the value's expiry, and the
 // SLO counter did not even move.
 func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	pool, err := postgres.NewPool(ctx, testenv.PostgresURL(), 2, 5*time.Second)
@@ -428,44 +438,57 @@ func TestPoolExhaustedDoesNotEatTheLead(t *testing.T) {
 	ks := f.keySet(t, "1")
 	f.rdb.Set(ctx, ks.Cache, "v0", 4*time.Second)
 	_, reg, stop := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{hog, fast}})
+	items := map[string]string{"keyspace": "items"}
 	okRefreshes := func() float64 {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"keyspace": "items", "result": "ok"})
 	}
+	exhausted := func() float64 {
+		return counter(t, reg, "keepwarm_warmer_refresh_errors_total", map[string]string{"keyspace": "items", "reason": warmer.ReasonPoolExhausted})
+	}
 	// Phase 1: the pool stays exhausted until the hot key's refresh has failed for it three times (and its value
-	// was kept past its first expiry); phase 2: the hog lets go and the key must be refreshed. The key must exist
-	// at every look throughout.
+	// was kept past its first expiry), or until a connection came free between the hog's queries and the key was
+	// refreshed; phase 2: the hog lets go and the key must be refreshed. The key must exist at every look
+	// throughout.
 	released := false
+	var exhaustedBeforeOK float64 // the hot key's pool_exhausted errors, read before the ok refresh was seen
 	deadline := time.Now().Add(60 * time.Second)
-	for okRefreshes() < 1 {
+	for {
+		ex := exhausted() // read first: it counts only errors from before the ok check below
+		if okRefreshes() >= 1 {
+			exhaustedBeforeOK = ex
+			break
+		}
 		if f.rdb.Exists(ctx, ks.Cache).Val() == 0 {
 			t.Fatalf("the hot key expired while the pool was exhausted (ok refreshes so far: %v, pool_exhausted: %v)",
-				okRefreshes(), refreshErrors(t, reg, warmer.ReasonPoolExhausted))
+				okRefreshes(), exhausted())
 		}
-		if !released && refreshErrors(t, reg, warmer.ReasonPoolExhausted) >= 3 {
+		if !released && ex >= 3 {
 			if _, err := f.pool.Exec(ctx, "update "+flag+" set hang = false"); err != nil {
 				t.Fatal(err)
 			}
 			released = true
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no ok refresh of the hot key in 60 s (released: %v, pool_exhausted: %v)", released,
-				refreshErrors(t, reg, warmer.ReasonPoolExhausted))
+			t.Fatalf("no ok refresh of the hot key in 60 s (released: %v, pool_exhausted: %v)", released, exhausted())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if !released {
-		t.Log("the hot key was refreshed before the pool was exhausted three times for it")
+	// Else the test proved nothing: the key was refreshed from a pool that was never exhausted for it.
+	if exhaustedBeforeOK < 1 {
+		t.Fatalf("the hot key was refreshed without ever finding the pool exhausted (pool_exhausted{keyspace=items} = %v before its ok refresh): the hog did not exhaust the pool",
+			exhaustedBeforeOK)
 	}
 	stop()
-	if got := counter(t, reg, "keepwarm_warmer_hot_expired_total", map[string]string{"keyspace": "items"}); got != 0 {
+	if got := counter(t, reg, "keepwarm_warmer_hot_expired_total", items); got != 0 {
 		t.Errorf("SLO counter = %v, want 0", got)
 	}
-	t.Logf("pool_exhausted errors: %v, fail-safe extensions: %v", refreshErrors(t, reg, warmer.ReasonPoolExhausted),
-		counter(t, reg, "keepwarm_warmer_failsafe_extensions_total", map[string]string{"keyspace": "items"}))
+	t.Logf("pool_exhausted errors of the hot key: %v before its ok refresh, %v in all; fail-safe extensions: %v; released by the test: %v",
+		exhaustedBeforeOK, exhausted(), counter(t, reg, "keepwarm_warmer_failsafe_extensions_total", items), released)
 }
 
 // Deadlines that fire late because the process was paused are not origin failures, however many in a row.
 func TestPausedDaemonIsNoOutage(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	var logs testenv.LogBuffer

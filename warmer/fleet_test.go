@@ -85,6 +85,7 @@ func snapshot(rs []*replica, ids []string) map[string][]int {
 // TestFleetSharesKeys: three replicas of one fleet each refresh a third of the hot keys, and no key is queried
 // by two of them once the member list has settled.
 func TestFleetSharesKeys(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 60)
 	ids := pinnedIDs(60)
 	var rs []*replica
@@ -174,6 +175,7 @@ func TestFleetSharesKeys(t *testing.T) {
 // TestFleetTakesOverFromDeadReplica cuts one replica off Redis (as a kill -9 or a partition would): the others
 // see it late, cover its keys, drop it from the fleet, and no hot key expires.
 func TestFleetTakesOverFromDeadReplica(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 60)
 	ids := pinnedIDs(60)
 	proxy := testenv.Proxy(t, testenv.RedisAddr(t))
@@ -229,6 +231,7 @@ func TestFleetTakesOverFromDeadReplica(t *testing.T) {
 // TestFleetLateMemberIsCovered: a member that stays in the set without renewing its heartbeat (a stuck
 // replica) is shown late, and its keys are refreshed by the others until its heartbeat expires.
 func TestFleetLateMemberIsCovered(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 30)
 	ids := pinnedIDs(30)
 	ctx := context.Background()
@@ -274,6 +277,7 @@ func TestFleetLateMemberIsCovered(t *testing.T) {
 
 // TestFleetCleanLeave: a replica that stops removes itself at once, and the other takes all keys.
 func TestFleetCleanLeave(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	ids := pinnedIDs(20)
 	a := startReplica(t, f, testenv.Redis(t), "a", ids)
@@ -292,6 +296,7 @@ func TestFleetCleanLeave(t *testing.T) {
 }
 
 func TestFleetConfigErrors(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1)
 	for _, tc := range []struct {
 		fc   warmer.FleetConfig

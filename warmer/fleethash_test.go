@@ -21,6 +21,7 @@ func viewOf(self string, owners ...string) *fleetView {
 // TestRendezvousBalancesAndMovesOnlyLostKeys checks the two properties the fleet relies on: every id has exactly
 // one owner among the replicas, the shares are even, and when a replica leaves only its own ids move.
 func TestRendezvousBalancesAndMovesOnlyLostKeys(t *testing.T) {
+	t.Parallel()
 	const n = 30000
 	three := []string{"host-a-101", "host-b-202", "host-c-303"}
 	owner := func(members []string, id string) string {

@@ -63,6 +63,7 @@ func hotSet(w *warmer.Warmer) []string {
 }
 
 func TestHotSetShrinksWhenTheAccessSetIsLost(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		minScore float64
@@ -130,6 +131,7 @@ func (failingSource) Fetch(context.Context, []string) (map[string][]byte, []stri
 }
 
 func TestOutageFreezesHotSet(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10)
 	ctx := context.Background()
 	sw := &switchSource{up: f.src, down: failingSource{}}

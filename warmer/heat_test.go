@@ -29,6 +29,7 @@ func setConfig(t *testing.T, rdb *redis.Client, name, value string) {
 // TestLFUSignalMakesKeysHot: with an LFU maxmemory-policy, ids whose keys the apps read most (OBJECT FREQ) become
 // hot even though nothing feeds the access set.
 func TestLFUSignalMakesKeysHot(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	f.rdb = testenv.PrivateRedis(t)
 	ctrl := f.rdb
@@ -70,6 +71,7 @@ func TestLFUSignalMakesKeysHot(t *testing.T) {
 // TestNotificationsGiveEarlyNotice: with keyspace notifications on and reconciliation slowed to once a minute, a
 // hot key an app deletes is rebuilt within a second: only the notification can have told the daemon.
 func TestNotificationsGiveEarlyNotice(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 5)
 	f.rdb = testenv.PrivateRedis(t)
 	ctrl := f.rdb

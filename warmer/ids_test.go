@@ -93,6 +93,7 @@ func addInvalid(t *testing.T, rdb *redis.Client, key string, n int, score float6
 // not push the 50 real ids out of the hot set, whether they score above the real ids or among the ones a full
 // sync reads, with or without min_score. They are removed from the set and each is counted once.
 func TestInvalidAccessMembersNeverTakeHotSlots(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name         string
 		minScore     float64
@@ -135,6 +136,7 @@ func TestInvalidAccessMembersNeverTakeHotSlots(t *testing.T) {
 // TestInvalidAccessMembersLogOnce: 6,000 invalid members (which once wrote 43 MB of WARN lines in 20 s) give one
 // summary line, not a line per id per poll, while the 10 real ids become hot on the first polls.
 func TestInvalidAccessMembersLogOnce(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	ctx := context.Background()
 	cfg := f.config()
@@ -178,6 +180,7 @@ func TestInvalidAccessMembersLogOnce(t *testing.T) {
 // TestLFUFreshKeysDoNotOutrankAccess: under an LFU policy, keys nobody has read carry Redis's initial counter
 // (LFU_INIT_VAL, 5). They must not outrank ids with measured access, here access scores 3 and 2.
 func TestLFUFreshKeysDoNotOutrankAccess(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 200)
 	f.rdb = testenv.PrivateRedis(t)
 	setConfig(t, f.rdb, "maxmemory-policy", "allkeys-lfu")
@@ -198,6 +201,7 @@ func TestLFUFreshKeysDoNotOutrankAccess(t *testing.T) {
 // TestLFUPolicySwitchAtRuntime: an LFU keyspace on a Redis whose maxmemory-policy is not LFU notices a runtime
 // switch to allkeys-lfu (and back) without a restart.
 func TestLFUPolicySwitchAtRuntime(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	f.rdb = testenv.PrivateRedis(t)
 	setConfig(t, f.rdb, "maxmemory-policy", "noeviction")
@@ -242,6 +246,7 @@ func TestLFUPolicySwitchAtRuntime(t *testing.T) {
 // (\xff), not as U+FFFD, so two different bad ids stay distinguishable, and a valid id that merely looks escaped
 // stays apart from them.
 func TestKeyStatusJSONEscapesInvalidBytes(t *testing.T) {
+	t.Parallel()
 	decode := func(ks warmer.KeyStatus) map[string]any {
 		t.Helper()
 		b, err := json.Marshal(ks)

@@ -14,6 +14,7 @@ import (
 // TestLease: the daemon's lock lease is a quarter of the keyspace's smallest lead, at least minLease and at most
 // lock_ttl.
 func TestLease(t *testing.T) {
+	t.Parallel()
 	keys, err := lockstep.NewKeys("lease:${id}", "", "", "")
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +49,7 @@ func TestLease(t *testing.T) {
 // earlier, and never a key whose publish or fail-safe is under way (closing). A renewal that answers brings the
 // deadline forward from when it was sent.
 func TestLeaseGivenUpBeforeItLapses(t *testing.T) {
+	t.Parallel()
 	m, err := newMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 // TestKeepMeta: by default the daemon writes the value alone (no meta hash beside it); with KeepMeta it writes the
 // meta hash with the value's TTL, as lockstep's meta mode does.
 func TestKeepMeta(t *testing.T) {
+	t.Parallel()
 	for _, keep := range []bool{false, true} {
 		t.Run(map[bool]string{false: "default", true: "keep_meta"}[keep], func(t *testing.T) {
 			_, rdb, cfg, _ := reconcileSetup(t, 3, time.Minute)

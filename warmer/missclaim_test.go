@@ -12,6 +12,7 @@ import (
 // claim was seen at or after its threshold (the lost value's write, or two heartbeat TTLs before an undated
 // miss), and the claim key keeps the latest date seen.
 func TestMissClaimScript(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	key := testenv.Prefix(t, rdb) + "missed:items:1"
 	ctx := context.Background()

@@ -13,6 +13,7 @@ import (
 )
 
 func TestMissingNotifyFlags(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct{ flags, want string }{
 		{"", "Exeg$"},
 		{"E", "xeg$"},
@@ -46,6 +47,7 @@ func notifyFlagsOf(t *testing.T, rdb *redis.Client) string {
 // re-subscribe: the periodic check is an hour here, so only the reconnect can have triggered it. Afterwards a
 // deleted hot key is rebuilt on notice, with reconciliation slowed to once a minute.
 func TestNotificationsAutoSurvivesRestart(t *testing.T) {
+	// Serial: it restarts its redis-server on the same port, which a parallel test's free-port pick could take meanwhile.
 	f := newFixture(t, 5)
 	srv := testenv.RestartableRedis(t)
 	opt, err := redis.ParseURL(srv.URL)
@@ -111,6 +113,7 @@ func TestNotificationsAutoSurvivesRestart(t *testing.T) {
 // TestNotificationsOnReportsOff: with notifications = "on" the daemon leaves Redis's setting alone, reports it off
 // (gauge 0, one log line naming the missing flags), and reports it on at its next check once an operator sets it.
 func TestNotificationsOnReportsOff(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 5)
 	f.rdb = testenv.PrivateRedis(t)
 	setConfig(t, f.rdb, "notify-keyspace-events", "Ex")
@@ -139,6 +142,7 @@ func TestNotificationsOnReportsOff(t *testing.T) {
 // TestNotificationsAutoDeniedByACL: under an ACL user without +config|set, "auto" cannot set the flags: the daemon
 // says so once, reports notifications off, and keeps running.
 func TestNotificationsAutoDeniedByACL(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 5)
 	admin := testenv.PrivateRedis(t)
 	ctx := context.Background()

@@ -7,6 +7,7 @@ import (
 
 // Flapping failures are one outage: one "begins", and one "ends" once outageSettle has passed without failures.
 func TestOutageLogsOncePerOutage(t *testing.T) {
+	t.Parallel()
 	var o outage
 	t0 := time.Unix(1000, 0)
 	begins, ends := 0, 0
@@ -37,6 +38,7 @@ func TestOutageLogsOncePerOutage(t *testing.T) {
 // An outage that needs two failures in a row (an origin timeout) does not begin at one failure followed by a
 // success, and begins at the second of two in a row.
 func TestOutageNeedsStreak(t *testing.T) {
+	t.Parallel()
 	var o outage
 	t0 := time.Unix(1000, 0)
 	if o.fail(t0, 2) {

@@ -12,6 +12,7 @@ import (
 // OwedResyncs on a real Redis: what Save leaves is what another process's Load reads, and saving nothing removes
 // the key.
 func TestOwedResyncs(t *testing.T) {
+	t.Parallel()
 	rdb := testenv.Redis(t)
 	key := testenv.Prefix(t, rdb) + "stream:resync"
 	ctx := context.Background()

@@ -15,6 +15,7 @@ import (
 )
 
 func TestReasons(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		got  string
@@ -44,6 +45,7 @@ func (nopSource) Fetch(context.Context, []string) (map[string][]byte, []string, 
 // A key found locked by an app is looked at again within an eighth of its lead, not after 1 s: when the app's
 // rebuild fails (its origin query did) and it releases the lock, the daemon still has most of the lead to refresh.
 func TestLockedKeyRecheckedWithinTheLead(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	keys, err := lockstep.NewKeys("k:${id}", "", "", "")
 	if err != nil {

@@ -63,6 +63,7 @@ func reconcileSetup(t *testing.T, n int, ttl time.Duration) (admin, rdb *redis.C
 // re-checked by the reconciliation nor re-read under the lock: each refresh is one SET NX and one publish script,
 // although reconcile_every (300 ms) is far shorter than the TTL.
 func TestTrustedRefreshCostsTwoCommands(t *testing.T) {
+	t.Parallel()
 	_, rdb, cfg, hook := reconcileSetup(t, 20, 2*time.Second)
 	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
 	ok := func() float64 {
@@ -86,6 +87,7 @@ func TestTrustedRefreshCostsTwoCommands(t *testing.T) {
 // TestLostNotificationsMakeKeysUntrusted: when the subscription is lost and Redis comes back with notifications
 // off (as after a restart), every hot key is re-checked at reconcile_every again, and re-read under the lock.
 func TestLostNotificationsMakeKeysUntrusted(t *testing.T) {
+	t.Parallel()
 	admin, rdb, cfg, hook := reconcileSetup(t, 20, 2*time.Second)
 	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true})
 	ok := func() float64 {
@@ -112,6 +114,7 @@ func TestLostNotificationsMakeKeysUntrusted(t *testing.T) {
 // TestReconcileBudget: the reconciliation sends at most reconcile_budget PTTLs per second, in small pipelines
 // spread over time rather than one burst per interval, and reports the lag when the hot set needs more.
 func TestReconcileBudget(t *testing.T) {
+	t.Parallel()
 	_, rdb, cfg, hook := reconcileSetup(t, 400, time.Hour)
 	cfg.ReconcileEvery = time.Second // 400 keys per second needed
 	cfg.ReconcileBudget = 100        // 100 per second allowed: 10 per 100 ms tick

@@ -8,6 +8,7 @@ import (
 )
 
 func TestLead(t *testing.T) {
+	t.Parallel()
 	base := KeyspaceConfig{TTL: 60 * time.Second, RefreshAhead: 5 * time.Second, LeadMultiple: 3,
 		StatementTimeout: 2 * time.Second, PoolWaitTimeout: 500 * time.Millisecond}
 	tests := []struct {
@@ -37,6 +38,7 @@ func TestLead(t *testing.T) {
 }
 
 func TestDueAt(t *testing.T) {
+	t.Parallel()
 	exp := time.Unix(1000, 0)
 	ld := 4 * time.Second
 	t.Run("u=1 gives exactly expiry-lead", func(t *testing.T) {
@@ -66,6 +68,7 @@ func TestDueAt(t *testing.T) {
 }
 
 func TestDueQueueOrder(t *testing.T) {
+	t.Parallel()
 	base := time.Unix(1000, 0)
 	var q dueQueue
 	mk := func(id string, score float64) *hotState {
@@ -98,6 +101,7 @@ func TestDueQueueOrder(t *testing.T) {
 }
 
 func TestDueQueueBudget(t *testing.T) {
+	t.Parallel()
 	// More keys due than one batch can take: the nearest expiries go first, the rest stay queued in order.
 	base := time.Unix(1000, 0)
 	var q dueQueue
@@ -129,6 +133,7 @@ func ids(hs []*hotState) []string {
 }
 
 func TestRebuildEstimate(t *testing.T) {
+	t.Parallel()
 	var h hotState
 	h.observeRebuild(100 * time.Millisecond)
 	h.observeRebuild(400 * time.Millisecond)
@@ -151,6 +156,7 @@ func TestRebuildEstimate(t *testing.T) {
 }
 
 func TestTrackerSelectAndTrim(t *testing.T) {
+	t.Parallel()
 	tr := newTracker(5, time.Minute)
 	tr.setPinned([]string{"p"}, 0)
 	for i, s := range []float64{1, 50, 3, 40, 0.5, 30} {
@@ -186,6 +192,7 @@ func TestTrackerSelectAndTrim(t *testing.T) {
 }
 
 func TestMatcher(t *testing.T) {
+	t.Parallel()
 	m := newMatcher("{track}:${id}:v1")
 	if id, ok := m.id("{track}:42:v1"); !ok || id != "42" {
 		t.Errorf("id = %q, %v", id, ok)
@@ -208,6 +215,7 @@ func TestMatcher(t *testing.T) {
 // scheduled after the value's known expiry: a 2–4 s back-off drawn 1 s before the expiry became a 44 ms expiry in
 // a slot migration (issue 20).
 func TestRetryAtNeverAfterExpiry(t *testing.T) {
+	t.Parallel()
 	now := time.Unix(1000, 0)
 	rebuild := 200 * time.Millisecond
 	for _, tc := range []struct {

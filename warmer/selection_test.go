@@ -19,6 +19,7 @@ func hotIDs(hot map[string]bool) []string {
 }
 
 func TestEntryStays32Bytes(t *testing.T) {
+	t.Parallel()
 	// The footprint bound (≤ 200 B per tracked id at 1M ids) is measured with 32-byte entries.
 	if got := unsafe.Sizeof(entry{}); got != 32 {
 		t.Errorf("entry is %d bytes, want 32", got)
@@ -26,6 +27,7 @@ func TestEntryStays32Bytes(t *testing.T) {
 }
 
 func TestDoorkeeperKeepsOneHitIDsOut(t *testing.T) {
+	t.Parallel()
 	tr := newTracker(100, time.Minute)
 	// A scan: 50 ids read once each. A regular: read in two polls.
 	var cands []string
@@ -54,6 +56,7 @@ func TestDoorkeeperKeepsOneHitIDsOut(t *testing.T) {
 }
 
 func TestRankFadesWithoutSignal(t *testing.T) {
+	t.Parallel()
 	tr := newTracker(100, time.Minute)
 	tr.observe("a", 8, 0)
 	tr.observe("a", 16, 0)
@@ -75,6 +78,7 @@ func TestRankFadesWithoutSignal(t *testing.T) {
 }
 
 func TestWastedRefreshesDemote(t *testing.T) {
+	t.Parallel()
 	const period = 5 * time.Second
 	tests := []struct {
 		name       string
@@ -165,6 +169,7 @@ func TestWastedRefreshesDemote(t *testing.T) {
 }
 
 func TestLeavingHotRestartsJudgement(t *testing.T) {
+	t.Parallel()
 	tr := newTracker(100, time.Minute)
 	tr.observe("a", 50, 0)
 	e := tr.observe("a", 100, 0)
@@ -177,6 +182,7 @@ func TestLeavingHotRestartsJudgement(t *testing.T) {
 }
 
 func TestWasteRatioFades(t *testing.T) {
+	t.Parallel()
 	var w wasteRatio
 	t0 := time.Unix(0, 0)
 	if got := w.add(t0, 10, 10, time.Minute); got != 1 {

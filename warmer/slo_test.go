@@ -130,6 +130,7 @@ func sloMisses(t *testing.T, reg *prometheus.Registry) float64 {
 // again) causes three misses, and the SLO counter says three: each new value re-arms the count, not only the
 // daemon's own publish (before: 1).
 func TestAppHoldingTheLockAcrossExpiriesIsCountedEachTime(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -162,6 +163,7 @@ func TestAppHoldingTheLockAcrossExpiriesIsCountedEachTime(t *testing.T) {
 // the key expires, that is an SLO miss (before: only hot_late_notice_total moved). late_notice stays a
 // breakdown of the misses.
 func TestShortNoticeDoesNotHideAFailedKey(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -214,6 +216,7 @@ func startFlushDaemon(t *testing.T, flushEvery time.Duration) (*warmer.Warmer, *
 // canary notices within a fraction of a second: every hot key is re-read, each is counted once as a miss, and
 // all are rebuilt.
 func TestFlushIsNoticedCountedAndRebuilt(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	_, priv, keys, reg, stop := startFlushDaemon(t, 0)
 	obs := observe(t, priv, keys...)
@@ -250,6 +253,7 @@ func TestFlushIsNoticedCountedAndRebuilt(t *testing.T) {
 // that reading was judged like any other (the known expiry had not passed: no miss), and a 10-minute soak left
 // 116 gaps after three Redis restarts without a count.
 func TestFlushCountsAKeyAnAppRebuiltBeforeTheReread(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	w, priv, keys, reg, stop := startFlushDaemon(t, 3*time.Second)
 	// Wait for the canary's write, then, well within the 3 s before the next: an app rewrites key 1, the daemon
@@ -306,6 +310,7 @@ func TestFlushCountsAKeyAnAppRebuiltBeforeTheReread(t *testing.T) {
 // key is rebuilt at once with the new row. That is an invalidation, not a miss: before, the daemon re-read the
 // key a while later, after the old expiry, and counted it (14 of 40).
 func TestInvalidationDuringRefreshIsNoMiss(t *testing.T) {
+	t.Parallel()
 	const n = 10
 	f := newFixture(t, n)
 	ctx := context.Background()
@@ -433,6 +438,7 @@ func (h *pauseHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // a fresh TTL, which looked like "an app rewrote it" and counted nothing (before: 39 of 1,094 missed reads
 // counted). Judged against the expiry the daemon knew, it is a miss.
 func TestStalledDaemonCountsKeysAppsRebuilt(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	ks := f.keySet(t, "1")
@@ -463,6 +469,7 @@ func TestStalledDaemonCountsKeysAppsRebuilt(t *testing.T) {
 // the retry always lands inside the extended life and no value expires (before: two independent back-off draws,
 // and 447 of 734 hot keys expired in a 150 s outage). An independent observer sees no gap.
 func TestFailSafeRetryLandsInsideTheExtension(t *testing.T) {
+	t.Parallel()
 	const n = 20
 	f := newFixture(t, n)
 	ctx := context.Background()
@@ -503,6 +510,7 @@ func jsonOf(s string, v any) error { return json.Unmarshal([]byte(s), v) }
 // reconciliation found gone and rebuilt before its canary fired must not be counted again by the canary. Each
 // flushed hot key must be counted once, by one replica.
 func TestFlushCountedOnceAcrossTheFleet(t *testing.T) {
+	t.Parallel()
 	const n = 30
 	f := newFixture(t, n)
 	ctx := context.Background()
@@ -601,6 +609,7 @@ func TestFlushCountedOnceAcrossTheFleet(t *testing.T) {
 // 446 gaps of up to 15 s). Now, while the origin's last query failed and every slot is taken, due keys are
 // extended by a Redis-only fail-safe batch: no value expires, and no origin query is skipped once it answers.
 func TestHungOriginFailSafeDoesNotWaitForSlots(t *testing.T) {
+	t.Parallel()
 	const n = 20
 	f := newFixture(t, n)
 	ctx := context.Background()
@@ -656,6 +665,7 @@ func TestHungOriginFailSafeDoesNotWaitForSlots(t *testing.T) {
 // knew of its keys is stale; judged against it, every key the other refreshed looked "rebuilt after it expired"
 // (the soak's daemon-sigstop fault: 32 counted for 4 gaps). It must re-learn them, and count nothing.
 func TestStalledReplicaDoesNotCountItsHeirsRefreshes(t *testing.T) {
+	t.Parallel()
 	const n = 20
 	f := newFixture(t, n)
 	ctx := context.Background()
@@ -717,6 +727,7 @@ func TestStalledReplicaDoesNotCountItsHeirsRefreshes(t *testing.T) {
 // later, judged them against the expiries they knew and counted them again (the Sentinel soak: 816 counted for
 // 681 gaps). Each expiry must be counted once, in one replica: n keys, n misses.
 func TestSharedOutageCountsEachMissOnce(t *testing.T) {
+	t.Parallel()
 	t.Run("daemons rebuild", func(t *testing.T) { sharedOutage(t, false) })
 	// Apps rebuild every key the moment Redis answers again (their reads were waiting on it), before any
 	// replica has read a key back. Before, every replica had forgotten the expiries it knew when its heartbeat

@@ -11,6 +11,7 @@ import (
 // TestOriginSlotsBound checks, with many goroutines, that no more than limit slots are ever held at once, and
 // that every waiter gets one in the end.
 func TestOriginSlotsBound(t *testing.T) {
+	t.Parallel()
 	const limit, workers, rounds = 3, 32, 200
 	s := newOriginSlots(limit)
 	var held, peak atomic.Int64
@@ -49,6 +50,7 @@ func TestOriginSlotsBound(t *testing.T) {
 // waiter must be blocked until then), that a smaller limit admits nobody until use is below it, and that a
 // cancelled wait holds nothing.
 func TestOriginSlotsWaitAndResize(t *testing.T) {
+	t.Parallel()
 	s := newOriginSlots(1)
 	if !s.tryAcquire() {
 		t.Fatal("tryAcquire on an empty semaphore failed")

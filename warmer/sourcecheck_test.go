@@ -16,6 +16,7 @@ import (
 // stop the warmer. The healthy keyspace refreshes; Failing and Status name the broken one and its error; once the
 // table exists the broken keyspace starts refreshing; a keyspace removed by Update stops being checked.
 func TestKeyspaceCheckRetriedWithBackoff(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 5)
 	ctx := context.Background()
 	things := strings.Replace(f.table, `"items"`, `"things"`, 1)

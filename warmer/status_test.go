@@ -10,6 +10,7 @@ import (
 // TestKeyspaceStatusJSONNames: KeyspaceStatus.KeyTemplate (once named Key) keeps its JSON name key_template, so
 // `keepwarm status` and scripts reading /debug/hotkeys work across versions.
 func TestKeyspaceStatusJSONNames(t *testing.T) {
+	t.Parallel()
 	b, err := json.Marshal(warmer.KeyspaceStatus{Name: "track", KeyTemplate: "track:${id}"})
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 // key every 50 ms) never finds a key missing, and b's SLO counter stays 0. With leases of lock_ttl, a's locks
 // outlived the keys (the 13 keys gone ~8 s after a kill -9).
 func TestDeadReplicaLocksLapseWithinLead(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 20)
 	ctx := context.Background()
 	ids := pinnedIDs(20)

@@ -35,6 +35,7 @@ func newWarmer(t *testing.T, f *fixture, cfg warmer.KeyspaceConfig) *warmer.Warm
 // equal bins (9 degrees of freedom), that the written TTLs are uniform over [ttl, ttl+spread): the statistic
 // must stay below 27.88, the 0.999 quantile, so a correct implementation fails this test once in 1,000 runs.
 func TestWarmupSpreadIsUniform(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2000)
 	cfg := f.config()
 	cfg.TTL = time.Minute
@@ -103,6 +104,7 @@ func TestWarmupSpreadIsUniform(t *testing.T) {
 }
 
 func TestWarmupSkipsLockedAndCountsMissing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10)
 	ctx := context.Background()
 	ks, _ := f.keys.For("3")
@@ -125,6 +127,7 @@ func TestWarmupSkipsLockedAndCountsMissing(t *testing.T) {
 }
 
 func TestWarmupDryRunQueriesAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100)
 	w := newWarmer(t, f, f.config())
 	ctx := context.Background()
@@ -154,6 +157,7 @@ func TestWarmupDryRunQueriesAndWritesNothing(t *testing.T) {
 }
 
 func TestWarmupInterruptedLeavesNoLocks(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 400)
 	started := make(chan struct{}, 1)
 	f.src.src = f.source(t, "select id, body from "+f.table+", pg_sleep(0.3) where id = any($1)")
@@ -194,6 +198,7 @@ func TestWarmupInterruptedLeavesNoLocks(t *testing.T) {
 }
 
 func TestWarmupRateNeverRaisesBudget(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 40)
 	cfg := f.config()
 	cfg.BatchSize = 10
@@ -221,6 +226,7 @@ func TestWarmupRateNeverRaisesBudget(t *testing.T) {
 // Written must equal what an outside reader finds right after it returns (before, only values evicted within
 // their own batch were reported, and Written overstated what a promotion would find cached).
 func TestWarmupReportsValuesEvictedBeforeItReturns(t *testing.T) {
+	t.Parallel()
 	const n = 400
 	f := newFixture(t, n)
 	ctx := context.Background()

@@ -3,10 +3,12 @@ package systemd_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,18 +40,56 @@ func (f fakeSystemd) all() []message { return f.Messages() }
 
 func waitMessage(t *testing.T, f fakeSystemd, text string, within time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if len(f.since(time.Time{}, text)) > 0 {
-			return
+	testenv.EventuallyDiag(t, within, fmt.Sprintf("%q on NOTIFY_SOCKET", text), func() (bool, string) {
+		var got []string
+		for _, m := range f.all() {
+			got = append(got, m.Text)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return len(f.since(time.Time{}, text)) > 0, fmt.Sprintf("got %q", got)
+	})
+}
+
+// progressCalls records when Watchdog called its progress function: once per tick, so the test can pace itself
+// by the watchdog's own ticks instead of by the wall clock.
+type progressCalls struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (p *progressCalls) record() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.at = append(p.at, time.Now())
+}
+
+// after returns the times of the calls later than t.
+func (p *progressCalls) after(t time.Time) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Time
+	for _, a := range p.at {
+		if a.After(t) {
+			out = append(out, a)
+		}
 	}
-	var got []string
-	for _, m := range f.all() {
-		got = append(got, m.Text)
+	return out
+}
+
+// noPingsAfterWithheld waits until Watchdog has looked at progress four times when the last progress was more
+// than a period old (so it must have withheld the ping on each of those ticks), then fails if any ping arrived
+// after the second of them. The first such tick is left out as a margin: the ping of the tick before it may be
+// read by the fake socket a little late. The wait is bounded by the watchdog's ticks, not a fixed time.
+func noPingsAfterWithheld(t *testing.T, f fakeSystemd, calls *progressCalls, last time.Time, period time.Duration, what string) {
+	t.Helper()
+	var withheld []time.Time
+	testenv.EventuallyDiag(t, 10*period+2*time.Second, what+": four ticks that must withhold the ping", func() (bool, string) {
+		withheld = calls.after(last.Add(period))
+		return len(withheld) >= 4, fmt.Sprintf("%d such ticks", len(withheld))
+	})
+	if late := f.since(withheld[1], "WATCHDOG=1"); len(late) != 0 {
+		t.Errorf("%s: %d pings on ticks more than a period (%v) after the last progress (first %v after it); want none",
+			what, len(late), period, late[0].At.Sub(last))
 	}
-	t.Fatalf("no %q on NOTIFY_SOCKET within %v; got %q", text, within, got)
 }
 
 func TestReadyAndStopping(t *testing.T) {
@@ -83,8 +123,11 @@ func TestWatchdogPingsOnlyWhileTheSchedulerProgresses(t *testing.T) {
 	f := listen(t)
 	t.Setenv("WATCHDOG_USEC", "400000") // WatchdogSec=400ms: a ping every 200ms
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	const period = 200 * time.Millisecond
 	var frozen atomic.Int64 // unix nanos of the frozen progress; 0 while the scheduler runs
+	var calls progressCalls
 	progress := func() time.Time {
+		calls.record()
 		if n := frozen.Load(); n != 0 {
 			return time.Unix(0, n)
 		}
@@ -92,31 +135,36 @@ func TestWatchdogPingsOnlyWhileTheSchedulerProgresses(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
+	start := time.Now()
 	go func() { errc <- systemd.Watchdog(ctx, progress, nil) }()
 
-	start := time.Now()
-	time.Sleep(time.Second)
-	if n := len(f.since(start, "WATCHDOG=1")); n < 3 || n > 8 {
-		t.Errorf("pings in 1 s with WatchdogSec=400ms while progressing: got %d, want about 5", n)
+	// While progressing: a ping on every tick. Wait for four, then check their pace: never faster than half a
+	// period apart (a tick every period), and on average no slower than two periods.
+	var pings []message
+	testenv.EventuallyDiag(t, 5*time.Second, "four pings while progressing", func() (bool, string) {
+		pings = f.since(start, "WATCHDOG=1")
+		return len(pings) >= 4, fmt.Sprintf("%d pings", len(pings))
+	})
+	for i := 1; i < len(pings); i++ {
+		if gap := pings[i].At.Sub(pings[i-1].At); gap < period/2 {
+			t.Errorf("pings %d and %d %v apart with WatchdogSec=400ms, want about %v", i, i+1, gap, period)
+		}
+	}
+	if avg := pings[len(pings)-1].At.Sub(pings[0].At) / time.Duration(len(pings)-1); avg > 2*period {
+		t.Errorf("pings %v apart on average with WatchdogSec=400ms, want about %v", avg, period)
 	}
 
-	// The scheduler wedges: at most one ping may still be on its way (a tick within 200ms of the freeze, plus scheduling slack); none
-	// after that.
+	// The scheduler wedges: the ticks within a period of the freeze may still ping; none after that.
 	freeze := time.Now()
 	frozen.Store(freeze.UnixNano())
-	time.Sleep(1200 * time.Millisecond)
-	if late := f.since(freeze.Add(400*time.Millisecond), "WATCHDOG=1"); len(late) != 0 {
-		t.Errorf("%d pings more than 400ms after progress stopped (first %v after); want none",
-			len(late), late[0].At.Sub(freeze))
-	}
+	noPingsAfterWithheld(t, f, &calls, freeze, period, "progress frozen")
 
-	// Progress again: pings resume within a period.
+	// Progress again: pings resume.
 	resume := time.Now()
 	frozen.Store(0)
-	time.Sleep(500 * time.Millisecond)
-	if n := len(f.since(resume, "WATCHDOG=1")); n < 1 {
-		t.Errorf("no ping within 500ms after progress resumed")
-	}
+	testenv.Eventually(t, 5*time.Second, "a ping after progress resumed", func() bool {
+		return len(f.since(resume, "WATCHDOG=1")) >= 1
+	})
 
 	cancel()
 	select {
@@ -169,19 +217,21 @@ func TestWatchdogGivesTheSchedulerAPeriodToStart(t *testing.T) {
 	f := listen(t)
 	t.Setenv("WATCHDOG_USEC", "400000")
 	t.Setenv("WATCHDOG_PID", "")
-	never := func() time.Time { return time.Time{} } // a scheduler that never passes
+	const period = 200 * time.Millisecond
+	var calls progressCalls
+	never := func() time.Time { calls.record(); return time.Time{} } // a scheduler that never passes
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
 	go func() { _ = systemd.Watchdog(ctx, never, nil) }()
-	time.Sleep(time.Second)
-	pings := f.since(start, "WATCHDOG=1")
-	if len(pings) < 1 {
-		t.Fatal("no ping at start: the scheduler gets one period to make its first pass")
-	}
-	for _, p := range pings {
-		if d := p.At.Sub(start); d > 400*time.Millisecond {
-			t.Errorf("ping %v after start with a scheduler that never passed; want none after the first period", d)
-		}
-	}
+	testenv.Eventually(t, 5*time.Second, "a ping at start: the scheduler gets one period to make its first pass", func() bool {
+		return len(f.since(start, "WATCHDOG=1")) >= 1
+	})
+	// The watchdog's period counts from its first look at progress, which is no earlier than that first call.
+	var first []time.Time
+	testenv.Eventually(t, 5*time.Second, "the watchdog looked at progress", func() bool {
+		first = calls.after(start)
+		return len(first) >= 1
+	})
+	noPingsAfterWithheld(t, f, &calls, first[0], period, "scheduler never passed")
 }
