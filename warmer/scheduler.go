@@ -32,16 +32,30 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 		wait := k.dispatch(ctx, workCtx)
 		k.w.tick()
 		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		case <-k.wake:
-		case <-k.mail.wake:
-		case <-poll.C:
-			k.poll(ctx)
-		case <-reconcile.C:
-			k.reconcile(ctx)
+		for idle := true; idle; {
+			idle = false
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			case <-k.wake:
+			case <-k.mail.wake:
+				// Messages (a batch's re-check or settle, an event) run at once, but a full pass (PTTL reads,
+				// dispatch) follows only when they left work for now: a key to read, or one due now. A pass on
+				// every message would dispatch keys as soon as they entered the gather window, in smaller
+				// batches: the scale benchmark's steady state went from 0.29 to 0.84 round trips per refresh so.
+				// A batch that ends still pokes the loop (dispatch), as before.
+				k.mail.drain()
+				now := k.w.now()
+				if !k.passWanted(now) {
+					timer.Reset(k.nextWait(now))
+					idle = true
+				}
+			case <-poll.C:
+				k.poll(ctx)
+			case <-reconcile.C:
+				k.reconcile(ctx)
+			}
 		}
 		k.mail.drain()
 		if c := k.cfg; c.PollInterval != cfg.PollInterval || reconcileTick(c) != reconcileTick(cfg) {
@@ -91,6 +105,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 				defer k.batches.Done()
 				k.refreshWith(workCtx, batch, errOriginFailing)
 				k.mail.send(func() { k.failSafeBusy = false })
+				k.poke()
 			}()
 			continue
 		}
@@ -100,6 +115,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 			k.refresh(workCtx, batch)
 			k.slots.release()
 			k.mail.send(func() { k.probes-- })
+			k.poke()
 		}()
 	}
 	due := 0
@@ -109,6 +125,11 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 		}
 	}
 	k.w.m.queued.WithLabelValues(cfg.Name).Set(float64(due))
+	return k.nextWait(now)
+}
+
+// nextWait is how long the loop may sleep at now until the next key falls due.
+func (k *keyspace) nextWait(now time.Time) time.Duration {
 	next := k.q.peek()
 	if next == nil {
 		return time.Hour
@@ -118,6 +139,16 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 	}
 	// Due now but no budget: a finishing batch pokes the loop; re-check soon in any case.
 	return 50 * time.Millisecond
+}
+
+// passWanted reports whether the messages just run left work for a full pass of the loop at now: a key whose
+// PTTL is to be read (adopt) or a key due now.
+func (k *keyspace) passWanted(now time.Time) bool {
+	if len(k.adopt) > 0 {
+		return true
+	}
+	next := k.q.peek()
+	return next != nil && !next.due.After(now)
 }
 
 // dueAt returns when a key expiring at expiry should be refreshed: expiry − lead − an XFetch-style early offset.
