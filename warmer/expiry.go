@@ -94,10 +94,6 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 		ids[i] = h.id
 	}
 	keys := k.cfg.Keys
-	writes := make([]uint32, len(hs)) // a reading taken before a write that settled meanwhile is stale: dropped
-	for i, h := range hs {
-		writes[i] = h.writes
-	}
 	now := k.w.now()
 	epoch := k.w.trust.epoch.Load() // a reading confirms an own write only if no notification was missed since
 	ttls, err := k.pttls(ctx, keys, ids)
@@ -107,7 +103,9 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 	}
 	k.redisOK()
 	for i, h := range hs {
-		if h.e.hot != h || h.inflight || h.writes != writes[i] {
+		// No write can settle while the loop reads (settles are messages to it), so no reading is staler than
+		// the daemon's own last write; a key in flight is settled by its batch.
+		if h.e.hot != h || h.inflight {
 			if h.e.hot == h && h.cidx < 0 {
 				k.scheduleCheck(h, now) // its refresh settles it; keep it in the check queue meanwhile
 			}

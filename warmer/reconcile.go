@@ -65,7 +65,6 @@ func (k *keyspace) trusted(h *hotState) bool {
 // markOwnWrite records that the daemon just wrote h's value (so it knows its expiry), and defers its next
 // reconciliation check accordingly.
 func (k *keyspace) markOwnWrite(h *hotState, now time.Time) {
-	h.writes++
 	h.ownWrite = true
 	h.ownSetUntil = now.Add(ownSetWindow)
 	h.notifyEpoch = k.w.trust.epoch.Load()

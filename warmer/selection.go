@@ -290,7 +290,6 @@ type hotState struct {
 	ownWrite    bool      // the current value is the daemon's own write, so its expiry is known
 	notifyEpoch uint64    // trustState.epoch when ownWrite was last confirmed: trusted while it is current
 	ownSetUntil time.Time // until then, the first "set" notification is the own write's (see ownSetWindow)
-	writes      uint32    // the daemon's writes of this key so far: a PTTL read before the latest one is stale
 }
 
 // observeRebuild folds d into the key's rebuild estimate: it rises at once to a slower rebuild and decays by 1/16
