@@ -54,6 +54,9 @@ const (
 	// MaxTopN bounds TopN (and so MaxTracked's default): hot sets are read and sorted in full each poll.
 	MaxTopN              = 1_000_000
 	DefaultDecayHalfLife = 10 * time.Minute
+	// DefaultHistoryFactor is HistoryHalfLife's default in multiples of DecayHalfLife (see sketch.go; issue 25
+	// measured 3× and 6× on the ARC and key-value traces: docs/benchmarks.md §13).
+	DefaultHistoryFactor = 6
 	DefaultMaxStale      = 5 * time.Minute
 	DefaultLeadMultiple  = 3.0                   // lead is at least this many times the rebuild p95
 	DefaultGatherWindow  = 20 * time.Millisecond // how long a refresher waits to fill a batch
@@ -124,8 +127,13 @@ type KeyspaceConfig struct {
 	// pinned ids would not fit (they are always tracked).
 	MaxTracked    int
 	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
-	LFU           bool          // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
-	LFUScanCount  int           // keys one poll's SCAN step asks for (the LFU signal's rate limit); default 1000
+	// HistoryHalfLife is how fast the selection's long memory of reads fades: the frequency sketch's counts
+	// (sketch.go) halve every HistoryHalfLife. It lets ids re-read at gaps longer than DecayHalfLife keep their
+	// admission and rank between reads. Default DefaultHistoryFactor × DecayHalfLife (at most MaxDuration); at
+	// least DecayHalfLife.
+	HistoryHalfLife time.Duration
+	LFU             bool // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
+	LFUScanCount    int  // keys one poll's SCAN step asks for (the LFU signal's rate limit); default 1000
 	// LFUCheckEvery is how often an LFU keyspace re-reads Redis's maxmemory-policy, so that a switch made at
 	// runtime (CONFIG SET) turns the signal on or off without a restart; default DefaultLFUCheckEvery.
 	LFUCheckEvery time.Duration
@@ -215,7 +223,7 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	}
 	for name, d := range map[string]time.Duration{
 		"ttl": c.TTL, "refresh_ahead": c.RefreshAhead, "lock_ttl": c.LockTTL, "statement_timeout": c.StatementTimeout,
-		"decay_half_life": c.DecayHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
+		"decay_half_life": c.DecayHalfLife, "history_half_life": c.HistoryHalfLife, "max_stale": c.MaxStale, "stale_ttl": c.StaleTTL,
 		"tombstone_ttl": c.TombstoneTTL, "poll_interval": c.PollInterval, "reconcile_every": c.ReconcileEvery,
 		"gather_window": c.GatherWindow, "pool_wait_timeout": c.PoolWaitTimeout, "lfu_check_every": c.LFUCheckEvery,
 		"reconcile_trusted_every": c.ReconcileTrustedEvery,
@@ -282,6 +290,16 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 		}
 	}
 	def(&c.DecayHalfLife, DefaultDecayHalfLife)
+	if c.HistoryHalfLife == 0 {
+		h, ok := mulDuration(c.DecayHalfLife, DefaultHistoryFactor)
+		if !ok || h > MaxDuration {
+			h = MaxDuration // a long memory as long as allowed: clamped, since a valid decay_half_life must stay valid
+		}
+		c.HistoryHalfLife = h
+	} else if c.HistoryHalfLife < c.DecayHalfLife {
+		bad("history_half_life", "%v is below decay_half_life (%v): the long memory of reads must fade slower than the access scores",
+			c.HistoryHalfLife, c.DecayHalfLife)
+	}
 	def(&c.MaxStale, DefaultMaxStale)
 	def(&c.PollInterval, DefaultPollInterval)
 	def(&c.ReconcileEvery, DefaultReconcileEvery)

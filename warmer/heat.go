@@ -39,6 +39,7 @@ func (k *keyspace) poll(ctx context.Context) {
 	k.maybeCheckLFU(ctx, cfg, now)
 	lfu := k.scanLFU(ctx, cfg)
 	unix := now.Unix()
+	k.tr.age(unix) // before this poll's reads go in
 	syncDue := now.Sub(k.lastSync) >= FullSyncEvery
 	if syncDue && err == nil && window > 0 && int64(cfg.MaxTracked) > window {
 		k.fullSync(ctx, cfg, lfu, unix)

@@ -2,6 +2,8 @@ package warmer_test
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -91,4 +93,80 @@ func TestNotificationsGiveEarlyNotice(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "deleted hot key rebuilt on notice", func() bool {
 		return f.rdb.Exists(ctx, f.key("1")).Val() == 1
 	})
+}
+
+// TestLFUAdmissionKeepsOneOffKeysOut: under allkeys-lfu, with Redis's default logarithmic counter (lfu-log-factor
+// 10), keys written and read once never take a hot slot, however many spare slots there are, and keys read
+// hundreds of times still become hot through the LFU signal alone (issue 25: one LFU increment used to admit, and
+// 1,000 such keys took all 150 spare slots). The observer is outside the warmer's selection: the hot set it
+// reports at every poll, and the ids the origin was asked for.
+func TestLFUAdmissionKeepsOneOffKeysOut(t *testing.T) {
+	t.Parallel()
+	const hotN, oneOff = 20, 1000
+	f := newFixture(t, hotN+oneOff)
+	f.rdb = testenv.PrivateRedis(t)
+	setConfig(t, f.rdb, "maxmemory-policy", "allkeys-lfu")
+	setConfig(t, f.rdb, "lfu-log-factor", "10") // Redis's default, stated: the counter is logarithmic
+	ctx := context.Background()
+	pipe := f.rdb.Pipeline()
+	for i := 1; i <= hotN+oneOff; i++ {
+		id := strconv.Itoa(i)
+		pipe.Set(ctx, f.key(id), "app", time.Hour) // an app's miss path wrote it
+		reads := 1                                 // then read it once
+		if i <= hotN {
+			reads = 300 // or read it 300 times: P(counter still at 1) = (10/11)^299 ≈ 4e-13
+		}
+		for range reads {
+			pipe.Get(ctx, f.key(id))
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.config()
+	cfg.TopN, cfg.MinScore, cfg.LFU = hotN+150, 0, true // 150 spare slots
+	cfg.LFUScanCount = 1_000_000                        // one SCAN step covers the whole database
+	cfg.DecayHalfLife = 10 * time.Second                // the access set decays once a second: the test's clock
+	w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+	isHot := func(id string) bool { n, _ := strconv.Atoi(id); return n >= 1 && n <= hotN }
+	var offenders []string
+	check := func() (hot int) {
+		for _, st := range w.Status(0) {
+			for _, k := range st.Keys {
+				if isHot(k.ID) {
+					hot++
+				} else if !slices.Contains(offenders, k.ID) {
+					offenders = append(offenders, k.ID)
+				}
+			}
+		}
+		return hot
+	}
+	testenv.Eventually(t, 10*time.Second, "the 20 keys read 300 times are hot", func() bool { return check() == hotN })
+	// Then several more polls (each scans every key's OBJECT FREQ): wait for 5 more decays of the access set, one a
+	// second, checking the hot set all the while.
+	decays := func() float64 {
+		return counter(t, reg, "keepwarm_warmer_access_decays_total", map[string]string{"keyspace": "items"})
+	}
+	until := decays() + 5
+	testenv.Eventually(t, 30*time.Second, "5 more decays of the access set", func() bool {
+		if n := check(); n != hotN {
+			t.Errorf("%d of the %d hot keys are hot", n, hotN)
+		}
+		return decays() >= until
+	})
+	if len(offenders) > 0 {
+		t.Errorf("%d keys read once took hot slots: %v", len(offenders), offenders[:min(len(offenders), 10)])
+	}
+	// The origin was never asked for a key read once; and none of them was overwritten.
+	for i := hotN + 1; i <= hotN+oneOff; i++ {
+		if n := f.src.count(strconv.Itoa(i)); n > 0 {
+			t.Errorf("the origin was asked %d times for id %d, read once", n, i)
+		}
+	}
+	for i := hotN + 1; i <= hotN+oneOff; i++ {
+		if v := f.rdb.Get(ctx, f.key(strconv.Itoa(i))).Val(); v != "app" {
+			t.Fatalf("key %s holds %q, want the app's value", f.key(strconv.Itoa(i)), v)
+		}
+	}
 }

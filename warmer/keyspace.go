@@ -116,7 +116,7 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		mail:    newMailbox(),
 		polled:  make(chan struct{}),
 		cfg:     c,
-		tr:      newTracker(c.MaxTracked, c.DecayHalfLife),
+		tr:      newTracker(c.MaxTracked, c.DecayHalfLife, c.HistoryHalfLife, w.now().Unix()),
 		hotSet:  make(map[string]*hotState),
 		results: map[string]*atomic.Int64{},
 	}
@@ -163,7 +163,7 @@ func (k *keyspace) update(c KeyspaceConfig) {
 	k.cfgNow.Store(&c)
 	k.mail.send(func() {
 		k.cfg = c
-		k.tr.max = c.MaxTracked
+		k.tr.resize(c.MaxTracked, c.HistoryHalfLife, k.w.now().Unix())
 		k.tr.halfLife = c.DecayHalfLife
 		k.tr.setPinned(c.Pinned, k.w.now().Unix())
 		// Apply pin changes now rather than at the next poll: an id pinned before a promotion is warmed at once.

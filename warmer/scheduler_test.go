@@ -157,7 +157,7 @@ func TestRebuildEstimate(t *testing.T) {
 
 func TestTrackerSelectAndTrim(t *testing.T) {
 	t.Parallel()
-	tr := newTracker(5, time.Minute)
+	tr := newTracker(5, time.Minute, 0, 0)
 	tr.setPinned([]string{"p"}, 0)
 	for i, s := range []float64{1, 50, 3, 40, 0.5, 30} {
 		tr.observe(fmt.Sprintf("k%d", i), s/2, 0) // two polls that saw the score rise: admitted

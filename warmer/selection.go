@@ -1,6 +1,7 @@
 package warmer
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -72,14 +73,19 @@ func (e *entry) noteRead(n int) {
 // the last one seen, is evidence of a read; of two when it rose by 2 or more (apps add 1 per read, or 1/rate per
 // sampled read: the score is an estimate of reads). So an id read twice between two polls, or found with a score
 // of 2 or more when the daemon starts, is admitted at once, and one read once is not.
+//
+// With the frequency sketch on, a new entry starts with the reads the sketch remembers of its id (up to
+// admitReads), so an id whose entry was trimmed between two reads is admitted at its next read as if the entry
+// had stayed; and every rise is counted in the sketch, rounded, at least 1.
 func (t *tracker) observe(id string, score float64, now int64) *entry {
-	e := t.entries[id]
-	if e == nil {
-		e = &entry{}
-		t.entries[id] = e
-	}
+	e := t.lookup(id)
 	if score > e.score {
-		e.noteRead(min(max(int(score-e.score), 1), admitReads))
+		rise := score - e.score
+		e.noteRead(min(max(int(rise), 1), admitReads))
+		if t.sketch != nil {
+			t.sketch.add(id, max(int(math.Round(rise)), 1))
+			t.risen = append(t.risen, id)
+		}
 	}
 	e.flags |= flagAccess
 	e.score = score
@@ -87,30 +93,58 @@ func (t *tracker) observe(id string, score float64, now int64) *entry {
 	return e
 }
 
-// observeLFU records id's LFU counter above lfuInitVal, f > 0. Redis counts only above lfuInitVal, so the key was
-// read at least once after it was written (by an app's miss, itself a read): enough to admit it.
-func (t *tracker) observeLFU(id string, f uint8, now int64) {
+// lookup returns id's entry, creating it, with the reads the frequency sketch remembers, when there is none.
+func (t *tracker) lookup(id string) *entry {
 	e := t.entries[id]
 	if e == nil {
 		e = &entry{}
+		if t.sketch != nil {
+			e.setReads(min(int(t.sketch.estimate(id)), admitReads))
+		}
 		t.entries[id] = e
 	}
+	return e
+}
+
+// observeLFU records id's LFU counter above lfuInitVal, f > 0. It passes the same doorkeeper as the access set: a
+// counter higher than the last one read is evidence of a read, of two when it rose by 2 or more. Redis counts
+// only above lfuInitVal, so a key written and read once shows 1, which does not admit it (before issue 25 any
+// counter above lfuInitVal admitted: 1,000 keys read once took every spare hot slot). Rises go into the frequency
+// sketch as one read each: the counter is logarithmic, so a rise says "read again", not how often.
+func (t *tracker) observeLFU(id string, f uint8, now int64) {
+	e := t.lookup(id)
 	if f > e.lfu {
-		e.noteRead(1)
+		e.noteRead(min(int(f-e.lfu), admitReads))
+		if t.sketch != nil {
+			t.sketch.add(id, 1)
+		}
 	}
-	e.setReads(max(e.flags.reads(), admitReads))
 	e.lfu = f
 	e.seen = now
 }
 
-// rank is the entry's score for selection at unix second now: its last access score plus its LFU counter, halved
-// for every halfLife since a signal last named it.
-func (e *entry) rank(now int64, halfLife time.Duration) float64 {
+// rank is entry e of id's selection order at unix second now, best first by key, then by tie: without the
+// frequency sketch, key is its last access score plus its LFU counter, halved for every decay_half_life since a
+// signal last named it, and tie is 0; with it, key is the sketch's long-memory count in the access score's scale
+// (frequencySketch.rate) and tie is that faded score. So ids are ranked by the reads of the last few
+// history_half_lives, and ids whose counts are equal (the sketch's counters saturate at 255, so the hottest
+// all are) by their recent reads. An id read once a minute keeps the rank its reads earn between them instead of
+// decaying to nothing; issue 25 measured the alternatives (the larger of the two, their sum) on the ARC and
+// key-value traces, and this order was the only one that did not lose warm fraction on any of them
+// (docs/benchmarks.md §13).
+//
+// score is what min_score and the refresh feedback's expected gap between reads use: the larger of the two
+// estimates of the read rate, so that the sketch's saturation never hides a hot id under a high min_score.
+func (t *tracker) rank(id string, e *entry, now int64) (key, tie, score float64) {
 	r := e.score + float64(e.lfu)
-	if age := now - e.seen; age > 0 && halfLife > 0 {
-		r *= math.Exp2(-float64(age) / halfLife.Seconds())
+	if age := now - e.seen; age > 0 && t.halfLife > 0 {
+		r *= math.Exp2(-float64(age) / t.halfLife.Seconds())
 	}
-	return r
+	if t.sketch == nil {
+		return r, 0, r
+	}
+	long := t.sketch.rate(id, now, t.halfLife)
+	return long, r, max(long, r)
 }
 
 // refreshed records a refresh of e published at unix second now, period after the one before, and judges that
@@ -120,7 +154,7 @@ func (e *entry) rank(now int64, halfLife time.Duration) float64 {
 // (a steady rate λ gives an access score of λ·halfLife/ln 2): a key read every 30 s survives the five or six
 // unread refreshes between its reads, a key whose reads came in one burst leaves after a few, and at least
 // minWasted unread refreshes are always allowed.
-func (t *tracker) refreshed(e *entry, now int64, period time.Duration) (judged, wasted bool) {
+func (t *tracker) refreshed(id string, e *entry, now int64, period time.Duration) (judged, wasted bool) {
 	prev := e.flags&flagRefreshed != 0
 	read := e.flags&flagReadSince != 0
 	e.flags = e.flags&^flagReadSince | flagRefreshed
@@ -137,7 +171,7 @@ func (t *tracker) refreshed(e *entry, now int64, period time.Duration) (judged, 
 		return true, true
 	}
 	unread := float64(e.wasted) * period.Seconds()
-	if r := e.rank(now, t.halfLife); r <= 0 || unread > patience*t.halfLife.Seconds()/(r*math.Ln2) {
+	if _, _, r := t.rank(id, e, now); r <= 0 || unread > patience*t.halfLife.Seconds()/(r*math.Ln2) {
 		e.setReads(0)
 		e.wasted = 0
 	}
@@ -160,14 +194,16 @@ func (t *tracker) selectHot(candidates []string, topN int, minScore float64, now
 		hot[id] = true
 	}
 	type cand struct {
-		id   string
-		rank float64
+		id       string
+		key, tie float64
 	}
 	// Candidates repeat (an id can be in the access set's top, the LFU sample and the hot set at once); marking
 	// the entries with this call's generation skips repeats without building a map of every candidate per poll.
 	t.gen++
-	cs := make([]cand, 0, len(candidates))
-	for _, id := range candidates {
+	cs := make([]cand, 0, len(candidates)+len(t.risen))
+	risen := t.risen
+	t.risen = t.risen[:0]
+	for _, id := range slices.Concat(candidates, risen) {
 		e := t.entries[id]
 		if e == nil || e.mark == t.gen || e.pinned {
 			continue
@@ -176,18 +212,15 @@ func (t *tracker) selectHot(candidates []string, topN int, minScore float64, now
 		if e.flags.reads() < admitReads {
 			continue
 		}
-		if r := e.rank(now, t.halfLife); r >= minScore && r > 0 {
-			cs = append(cs, cand{id, r})
+		if key, tie, score := t.rank(id, e, now); score >= minScore && score > 0 {
+			cs = append(cs, cand{id, key, tie})
 		}
 	}
 	slices.SortFunc(cs, func(a, b cand) int {
-		switch {
-		case a.rank > b.rank:
-			return -1
-		case a.rank < b.rank:
-			return 1
+		if c := cmp.Compare(b.key, a.key); c != 0 {
+			return c
 		}
-		return 0
+		return cmp.Compare(b.tie, a.tie)
 	})
 	for i := 0; i < len(cs) && i < topN; i++ {
 		hot[cs[i].id] = true
@@ -226,7 +259,7 @@ func (w *wasteRatio) add(now time.Time, judged, wasted int, halfLife time.Durati
 // judge runs the refresh feedback for a refresh of h published at now (see tracker.refreshed), before
 // h.lastRefresh moves to now, and updates the keyspace's waste metrics.
 func (k *keyspace) judge(h *hotState, now time.Time) {
-	judged, wasted := k.tr.refreshed(h.e, now.Unix(), now.Sub(h.lastRefresh))
+	judged, wasted := k.tr.refreshed(h.id, h.e, now.Unix(), now.Sub(h.lastRefresh))
 	if !judged {
 		return
 	}
@@ -310,10 +343,46 @@ type tracker struct {
 	max      int
 	gen      uint32        // bumped by each selectHot, to skip duplicate candidates without a set of its own
 	halfLife time.Duration // decay_half_life: how fast an id's score fades once no signal names it any more
+	// sketch is the long memory of reads (sketch.go), sized for max; nil turns it off (the selection before
+	// issue 25, kept for the simulation's comparison).
+	sketch *frequencySketch
+	// risen are the ids whose access score rose (a read) since the last selectHot, wherever the signal came from
+	// (the top of the access set, or the full sync's whole tracked window): with the sketch, an id read below the
+	// top can still rank among the best, so each is a candidate once after its read.
+	risen []string
 }
 
-func newTracker(maxTracked int, halfLife time.Duration) *tracker {
-	return &tracker{entries: make(map[string]*entry), pinned: make(map[string]bool), max: maxTracked, halfLife: halfLife}
+// newTracker returns a tracker of at most maxTracked ids whose scores fade with halfLife (decay_half_life), and
+// whose frequency sketch ages with historyHalfLife (history_half_life; 0: no sketch), started at unix second now.
+func newTracker(maxTracked int, halfLife, historyHalfLife time.Duration, now int64) *tracker {
+	t := &tracker{entries: make(map[string]*entry), pinned: make(map[string]bool), max: maxTracked, halfLife: halfLife}
+	t.resize(maxTracked, historyHalfLife, now)
+	return t
+}
+
+// age ages the frequency sketch, if any, to unix second now (see frequencySketch.age); each poll calls it before
+// its signals go in.
+func (t *tracker) age(now int64) {
+	if t.sketch != nil {
+		t.sketch.age(now)
+	}
+	// A poll that did not select (the hot set is frozen during an origin outage) leaves its risen ids behind:
+	// dropped here, so that they cannot pile up for the length of the outage.
+	t.risen = t.risen[:0]
+}
+
+// resize applies max_tracked and history_half_life (from a reload). The sketch keeps its counts unless its
+// width must change with max_tracked; then its history starts again.
+func (t *tracker) resize(maxTracked int, historyHalfLife time.Duration, now int64) {
+	t.max = maxTracked
+	switch {
+	case historyHalfLife <= 0:
+		t.sketch = nil
+	case t.sketch == nil || len(t.sketch.table) != len(newFrequencySketch(maxTracked, 0, 0).table):
+		t.sketch = newFrequencySketch(maxTracked, historyHalfLife, now)
+	default:
+		t.sketch.halfLife = historyHalfLife
+	}
 }
 
 // setPinned replaces the set of pinned ids. It returns the entries that are no longer pinned.

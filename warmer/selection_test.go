@@ -28,7 +28,13 @@ func TestEntryStays32Bytes(t *testing.T) {
 
 func TestDoorkeeperKeepsOneHitIDsOut(t *testing.T) {
 	t.Parallel()
-	tr := newTracker(100, time.Minute)
+	for _, hist := range []time.Duration{0, 6 * time.Minute} { // without the frequency sketch, and with it
+		t.Run(fmt.Sprint("history_half_life=", hist), func(t *testing.T) { testDoorkeeper(t, hist) })
+	}
+}
+
+func testDoorkeeper(t *testing.T, hist time.Duration) {
+	tr := newTracker(100, time.Minute, hist, 0)
 	// A scan: 50 ids read once each. A regular: read in two polls.
 	var cands []string
 	for i := range 50 {
@@ -57,14 +63,14 @@ func TestDoorkeeperKeepsOneHitIDsOut(t *testing.T) {
 
 func TestRankFadesWithoutSignal(t *testing.T) {
 	t.Parallel()
-	tr := newTracker(100, time.Minute)
+	tr := newTracker(100, time.Minute, 0, 0)
 	tr.observe("a", 8, 0)
 	tr.observe("a", 16, 0)
 	for _, tc := range []struct {
 		now  int64
 		want float64
 	}{{0, 16}, {60, 8}, {240, 1}} {
-		if got := tr.entries["a"].rank(tc.now, tr.halfLife); got != tc.want {
+		if _, _, got := tr.rank("a", tr.entries["a"], tc.now); got != tc.want {
 			t.Errorf("rank at %ds = %v, want %v", tc.now, got, tc.want)
 		}
 	}
@@ -92,14 +98,14 @@ func TestWastedRefreshesDemote(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := newTracker(100, time.Minute)
+			tr := newTracker(100, time.Minute, 0, 0)
 			tr.observe("a", tc.score/2, 0)
 			e := tr.observe("a", tc.score, 0)
-			if j, _ := tr.refreshed(e, 0, 0); j {
+			if j, _ := tr.refreshed("a", e, 0, 0); j {
 				t.Fatal("the first refresh of a hot spell was judged: nothing to judge yet")
 			}
 			for n := 1; ; n++ {
-				judged, wasted := tr.refreshed(e, 0, period)
+				judged, wasted := tr.refreshed("a", e, 0, period)
 				if !judged || !wasted {
 					t.Fatalf("refresh %d without a read: judged %v wasted %v, want both", n, judged, wasted)
 				}
@@ -123,15 +129,15 @@ func TestWastedRefreshesDemote(t *testing.T) {
 		})
 	}
 	t.Run("a read in between resets the count", func(t *testing.T) {
-		tr := newTracker(100, time.Minute)
+		tr := newTracker(100, time.Minute, 0, 0)
 		tr.observe("a", 50, 0)
 		e := tr.observe("a", 100, 0)
-		tr.refreshed(e, 0, 0)
-		if _, wasted := tr.refreshed(e, 0, period); !wasted {
+		tr.refreshed("a", e, 0, 0)
+		if _, wasted := tr.refreshed("a", e, 0, period); !wasted {
 			t.Fatal("unread refresh not wasted")
 		}
 		tr.observe("a", 101, 1)
-		if judged, wasted := tr.refreshed(e, 1, period); !judged || wasted {
+		if judged, wasted := tr.refreshed("a", e, 1, period); !judged || wasted {
 			t.Errorf("read since the last refresh: judged %v wasted %v, want judged, not wasted", judged, wasted)
 		}
 		if e.wasted != 0 {
@@ -139,13 +145,13 @@ func TestWastedRefreshesDemote(t *testing.T) {
 		}
 	})
 	t.Run("pinned ids are judged but never demoted", func(t *testing.T) {
-		tr := newTracker(100, time.Minute)
+		tr := newTracker(100, time.Minute, 0, 0)
 		tr.setPinned([]string{"p"}, 0)
 		tr.observe("p", 100, 0)
 		e := tr.entries["p"]
-		tr.refreshed(e, 0, 0)
+		tr.refreshed("a", e, 0, 0)
 		for range 20 {
-			if judged, _ := tr.refreshed(e, 0, period); !judged {
+			if judged, _ := tr.refreshed("a", e, 0, period); !judged {
 				t.Fatal("pinned id read through the access set: want its refreshes judged")
 			}
 		}
@@ -154,11 +160,11 @@ func TestWastedRefreshesDemote(t *testing.T) {
 		}
 	})
 	t.Run("ids the access set never named are not judged", func(t *testing.T) {
-		tr := newTracker(100, time.Minute)
+		tr := newTracker(100, time.Minute, 0, 0)
 		tr.observeLFU("l", 3, 0)
 		e := tr.entries["l"]
 		for range 5 {
-			if judged, _ := tr.refreshed(e, 0, period); judged {
+			if judged, _ := tr.refreshed("a", e, 0, period); judged {
 				t.Fatal("an LFU-only id was judged: its reads do not show in the access set")
 			}
 		}
@@ -170,13 +176,13 @@ func TestWastedRefreshesDemote(t *testing.T) {
 
 func TestLeavingHotRestartsJudgement(t *testing.T) {
 	t.Parallel()
-	tr := newTracker(100, time.Minute)
+	tr := newTracker(100, time.Minute, 0, 0)
 	tr.observe("a", 50, 0)
 	e := tr.observe("a", 100, 0)
-	tr.refreshed(e, 0, 0)
-	tr.refreshed(e, 0, time.Second)
+	tr.refreshed("a", e, 0, 0)
+	tr.refreshed("a", e, 0, time.Second)
 	e.leftHot()
-	if judged, _ := tr.refreshed(e, 0, time.Second); judged {
+	if judged, _ := tr.refreshed("a", e, 0, time.Second); judged {
 		t.Error("first refresh of a new hot spell was judged against the old one")
 	}
 }
