@@ -2,15 +2,18 @@ package warmer
 
 import (
 	"bufio"
+	"cmp"
 	"container/heap"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,8 +34,29 @@ type simConfig struct {
 	topN       int
 	maxTracked int
 	minScore   float64
+	history    float64 // history_half_life in seconds; 0: no frequency sketch (the selection before issue 25)
 	oracle     []int32 // pinned ids instead of top_n when set
 	late       bool    // the oracle pins each of its ids only from the poll after its first read (no foresight of it)
+	// exact, when set, replaces the tracker with an online ranker that has the exact, unbounded history of every
+	// read (see exactRanker); the hot set is its top_n, chosen again at every poll.
+	exact *exactRanker
+}
+
+// exactRanker is one of the reference online rankers of issue 25: at every poll the hot set is the top_n ids
+// among those read at least admit times so far, ranked by what kind says, from the exact history of reads.
+type exactRanker struct {
+	kind  string  // "lfu": all reads so far; "decay": reads faded with half-life param; "window": reads in the last param seconds
+	param float64 // seconds
+	admit int
+}
+
+func (r *exactRanker) String() string {
+	switch r.kind {
+	case "lfu":
+		return fmt.Sprintf("lfu/admit%d", r.admit)
+	default:
+		return fmt.Sprintf("%s %gs/admit%d", r.kind, r.param, r.admit)
+	}
 }
 
 type simResult struct {
@@ -78,7 +102,7 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 	var gen int32
 	var members []int32 // ids with score > 0 (may hold stale ids; filtered on use)
 	inSet := make([]bool, nids)
-	tr := newTracker(c.maxTracked, time.Duration(c.halfLife*float64(time.Second)))
+	tr := newTracker(c.maxTracked, time.Duration(c.halfLife*float64(time.Second)), time.Duration(c.history*float64(time.Second)), 0)
 	every := min(max(c.halfLife/10, 1), 60)
 	weight := pow2(-every / c.halfLife)
 	var q simHeap
@@ -95,12 +119,16 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 		heap.Push(&q, simEvent{due, id, hotGen[id]})
 	}
 	hot := map[int32]bool{}
+	// setHot does what keyspace.setHot does to the tracker: a hot id's entry carries its hotState (so trim never
+	// drops it), and loses it and its refresh feedback when it leaves.
 	setHot := func(next map[string]bool, now float64) {
 		for id := range hot {
 			if !next[names[id]] {
 				delete(hot, id)
 				hotGen[id] = 0
-				tr.entries[names[id]].leftHot()
+				e := tr.entries[names[id]]
+				e.hot = nil
+				e.leftHot()
 			}
 		}
 		for name := range next {
@@ -111,11 +139,76 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 			hot[id] = true
 			gen++
 			hotGen[id] = gen
-			if tr.entries[name] == nil {
-				tr.observe(name, 0, int64(now))
+			e := tr.entries[name]
+			if e == nil {
+				e = tr.observe(name, 0, int64(now))
 			}
+			e.hot = &hotState{id: name, e: e}
 			schedule(id, now)
 		}
+	}
+	// The exact rankers' history: every read, as it happens.
+	var (
+		nreads   []int32   // per id: nreads so far (lfu), or in the window
+		faded    []float64 // per id: Σ 2^(t/param) over its nreads (decay: the order of the faded counts at any now)
+		ranked   []int32   // ids read at least once
+		tail     int       // window: the first read still inside it
+		exactIn  []bool
+		lastRead []float64
+	)
+	if c.exact != nil {
+		nreads = make([]int32, nids)
+		faded = make([]float64, nids)
+		exactIn = make([]bool, nids)
+		lastRead = make([]float64, nids)
+	}
+	exactRead := func(id int32, t float64) {
+		nreads[id]++
+		if c.exact.kind == "decay" {
+			faded[id] += math.Exp2(t / c.exact.param)
+		}
+		lastRead[id] = t
+		if !exactIn[id] {
+			exactIn[id] = true
+			ranked = append(ranked, id)
+		}
+	}
+	exactPoll := func(now float64) {
+		if c.exact.kind == "window" {
+			for ; tail < len(seq) && float64(tail)/c.rate < now-c.exact.param; tail++ {
+				nreads[seq[tail]]--
+			}
+		}
+		key := func(id int32) float64 {
+			switch c.exact.kind {
+			case "decay":
+				return faded[id]
+			default:
+				return float64(nreads[id])
+			}
+		}
+		cands := make([]int32, 0, len(ranked))
+		for _, id := range ranked {
+			if int(nreads[id]) >= max(c.exact.admit, 1) {
+				cands = append(cands, id)
+			}
+		}
+		slices.SortFunc(cands, func(a, b int32) int {
+			ka, kb := key(a), key(b)
+			switch {
+			case ka > kb:
+				return -1
+			case ka < kb:
+				return 1
+			}
+			return cmp.Compare(lastRead[b], lastRead[a]) // the most recently read first
+		})
+		ids := make([]string, 0, c.topN)
+		for _, id := range cands[:min(len(cands), c.topN)] {
+			ids = append(ids, names[id])
+		}
+		tr.setPinned(ids, int64(now))
+		setHot(tr.selectHot(nil, 0, 0, int64(now)), now)
 	}
 	inOracle := make([]bool, nids)
 	for _, id := range c.oracle {
@@ -143,7 +236,8 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 		}
 		members = live
 		unix := int64(now)
-		if full { // the full sync observes every member, then the poll reads the top
+		tr.age(unix) // as keyspace.poll does, before the poll's reads go in
+		if full {    // the full sync observes every member, then the poll reads the top
 			for _, id := range members {
 				tr.observe(names[id], score[id], unix)
 			}
@@ -171,7 +265,9 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 		for id := range hot {
 			cands = append(cands, names[id])
 		}
-		if c.oracle == nil {
+		if c.exact != nil {
+			exactPoll(now)
+		} else if c.oracle == nil {
 			setHot(tr.selectHot(cands, c.topN, c.minScore, unix), now)
 		} else if c.late {
 			tr.setPinned(latePins, unix)
@@ -244,7 +340,7 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 		lastRef[ev.id] = now
 		refIDs = append(refIDs, ev.id)
 		refAt = append(refAt, now)
-		j, w := tr.refreshed(tr.entries[names[ev.id]], int64(now), time.Duration(period*float64(time.Second)))
+		j, w := tr.refreshed(names[ev.id], tr.entries[names[ev.id]], int64(now), time.Duration(period*float64(time.Second)))
 		if j {
 			res.feedbackJudged++
 		}
@@ -297,6 +393,9 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 			break
 		}
 		id := seq[i]
+		if c.exact != nil {
+			exactRead(id, t)
+		}
 		if exp[id] > t {
 			hits++
 		} else {
@@ -408,27 +507,92 @@ func simOracle(seq []int32, nids, k int) []int32 {
 	return idx[:min(k, nids)]
 }
 
-// BenchmarkSelectionSimulated prints the simulated warm fraction and wasted refreshes of the selection against
-// the static top-K oracle, on the first 600,000 reads of each trace, with the replay's default flags (3,000
-// reads/s, TTL = length/30, decay_half_life = length/6, K = 10,000):
+// simWorkload is one read sequence of the simulation: a trace file's first reads, or a Zipf workload.
+type simWorkload struct {
+	name string
+	load func() ([]int32, int)
+}
+
+// simWorkloads lists every trace in dir (*.lis and *.lis.zst, ARC's format: start_block count ...; orm-busy is in
+// it too, one line per read) and the Zipf workloads, each cut to its first limit reads, kept to the names in only
+// when only is non-empty.
+func simWorkloads(tb testing.TB, dir string, limit int, only []string) []simWorkload {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.lis.zst"))
+	more, _ := filepath.Glob(filepath.Join(dir, "*.lis"))
+	paths = append(paths, more...)
+	if len(paths) == 0 {
+		tb.Fatalf("no traces (*.lis, *.lis.zst) in %s: the ARC traces are in shared/data/traces beside the repository; set KEEPWARM_TRACES to a folder of traces", dir)
+	}
+	var ws []simWorkload
+	for _, p := range paths {
+		name := strings.TrimSuffix(strings.TrimSuffix(filepath.Base(p), ".zst"), ".lis")
+		ws = append(ws, simWorkload{name, func() ([]int32, int) { return simTrace(tb, p, limit) }})
+	}
+	for _, scan := range []float64{0, 0.1} {
+		ws = append(ws, simWorkload{fmt.Sprintf("zipf-scan%g", scan), func() ([]int32, int) { return simZipf(1.1, 186880, limit, scan) }})
+	}
+	if len(only) == 0 {
+		return ws
+	}
+	var kept []simWorkload
+	for _, w := range ws {
+		if slices.Contains(only, w.name) {
+			kept = append(kept, w)
+		}
+	}
+	if len(kept) != len(only) {
+		names := make([]string, len(ws))
+		for i, w := range ws {
+			names[i] = w.name
+		}
+		tb.Fatalf("SIM_TRACES=%s: have %s", strings.Join(only, ","), strings.Join(names, ", "))
+	}
+	return kept
+}
+
+// exactRankers are the reference online rankers, with exact and unbounded history, for decay half-life hl: LFU,
+// exact decayed counts at 1, 3 and 6 half-lives, and reads in the last 3 half-lives (100 s at the replay's 33 s),
+// each admitting ids read once or only those read twice. The reference of issue 25 is the best of them.
+func exactRankers(hl float64) []*exactRanker {
+	var rs []*exactRanker
+	for _, admit := range []int{1, 2} {
+		rs = append(rs, &exactRanker{kind: "lfu", admit: admit})
+		for _, f := range []float64{1, 3, 6} {
+			rs = append(rs, &exactRanker{kind: "decay", param: f * hl, admit: admit})
+		}
+		rs = append(rs, &exactRanker{kind: "window", param: 3 * hl, admit: admit})
+	}
+	return rs
+}
+
+// BenchmarkSelectionSimulated prints, for each workload, the simulated warm fraction and wasted refreshes of the
+// static top-K oracle, of the best exact online ranker (exactRankers), and of keepwarm's selection without the
+// frequency sketch (before issue 25) and with it, on the first 600,000 reads, with the replay's default flags
+// (3,000 reads/s, TTL = length/30, decay_half_life = length/6, K = 10,000):
 //
-//	go test -run '^$' -bench SelectionSimulated -benchtime 1x ./warmer/
+//	KEEPWARM_TRACES=$PWD/../shared/data/traces go test -run '^$' -bench SelectionSimulated -benchtime 1x ./warmer/
+//
+// KEEPWARM_TRACES is the folder of traces (every *.lis and *.lis.zst in it); SIM_TRACES=OLTP,P6 keeps some of
+// the workloads (the traces' base names, zipf-scan0, zipf-scan0.1); SIM_LIMIT the reads per workload;
+// SIM_HISTORY the history_half_life in multiples of the half-life (default DefaultHistoryFactor); SIM_EXACT=0
+// leaves the exact rankers out (the slowest part); SIM_ADMIT, SIM_PATIENCE and SIM_HL (a factor on the half-life)
+// override the selection's parameters.
 func BenchmarkSelectionSimulated(b *testing.B) {
 	dir := filepath.Join("..", "..", "shared", "data", "traces")
 	if d := os.Getenv("KEEPWARM_TRACES"); d != "" {
 		dir = d
 	}
-	const limit = 600000
-	type work struct {
-		name string
-		load func() ([]int32, int)
+	limit := 600000
+	if v := os.Getenv("SIM_LIMIT"); v != "" {
+		limit, _ = strconv.Atoi(v)
 	}
-	var ws []work
-	for _, t := range []string{"OLTP", "P6", "P12"} {
-		ws = append(ws, work{t, func() ([]int32, int) { return simTrace(b, filepath.Join(dir, t+".lis.zst"), limit) }})
+	var only []string
+	if v := os.Getenv("SIM_TRACES"); v != "" {
+		only = strings.Split(v, ",")
 	}
-	for _, scan := range []float64{0, 0.1} {
-		ws = append(ws, work{fmt.Sprintf("zipf-scan%g", scan), func() ([]int32, int) { return simZipf(1.1, 186880, limit, scan) }})
+	history := float64(DefaultHistoryFactor)
+	if v := os.Getenv("SIM_HISTORY"); v != "" {
+		history, _ = strconv.ParseFloat(v, 64)
 	}
 	if v := os.Getenv("SIM_ADMIT"); v != "" {
 		admitReads, _ = strconv.Atoi(v)
@@ -436,7 +600,7 @@ func BenchmarkSelectionSimulated(b *testing.B) {
 	if v := os.Getenv("SIM_PATIENCE"); v != "" {
 		patience, _ = strconv.ParseFloat(v, 64)
 	}
-	for _, w := range ws {
+	for _, w := range simWorkloads(b, dir, limit, only) {
 		b.Run(w.name, func(b *testing.B) {
 			seq, nids := w.load()
 			for range b.N {
@@ -448,24 +612,62 @@ func BenchmarkSelectionSimulated(b *testing.B) {
 					c.halfLife *= f
 				}
 				c.lead = max(c.ttl/5, min(2, c.ttl/4)+0.5) // refresh_ahead raised to statement_timeout + pool_wait_timeout
-				kw := simulate(seq, nids, c)
-				if os.Getenv("SIM_ONLY_KEEPWARM") != "" {
-					b.Logf("%s: keepwarm warm %.2f%% refreshes %d wasted %d of %d (feedback judged %d wasted %d, mean hot %.0f)",
-						w.name, 100*kw.warm, kw.refreshes, kw.wasted, kw.judged, kw.feedbackJudged, kw.feedbackWasted, kw.meanHot)
-					continue
+				// The runs are independent: as many at once as there are cores.
+				type run struct {
+					name string
+					c    simConfig
+					res  simResult
 				}
-				c.oracle = simOracle(seq, nids, c.topN)
-				or := simulate(seq, nids, c)
-				c.late = true
-				late := simulate(seq, nids, c)
-				b.Logf("%s: oracle pinning each id from its first read: warm %.2f%% refreshes %d wasted %d of %d", w.name, 100*late.warm, late.refreshes, late.wasted, late.judged)
-				b.ReportMetric(100*kw.warm, "warm%")
-				b.ReportMetric(kw.warm/or.warm, "warm/oracle")
-				b.ReportMetric(float64(kw.wasted), "wasted")
-				b.ReportMetric(float64(kw.wasted)/float64(max(or.wasted, 1)), "wasted/oracle")
-				b.Logf("%s: keepwarm warm %.2f%% refreshes %d wasted %d of %d (feedback judged %d wasted %d, mean hot %.0f); oracle warm %.2f%% refreshes %d wasted %d of %d",
-					w.name, 100*kw.warm, kw.refreshes, kw.wasted, kw.judged, kw.feedbackJudged, kw.feedbackWasted, kw.meanHot,
-					100*or.warm, or.refreshes, or.wasted, or.judged)
+				before, after := c, c
+				after.history = history * c.halfLife
+				oracle := c
+				oracle.oracle = simOracle(seq, nids, c.topN)
+				late := oracle
+				late.late = true
+				runs := []*run{{name: "oracle", c: oracle}, {name: "before", c: before}, {name: "after", c: after}, {name: "oracle pinning each id from its first read", c: late}}
+				if os.Getenv("SIM_EXACT") != "0" {
+					for _, r := range exactRankers(c.halfLife) {
+						e := c
+						e.exact = r
+						runs = append(runs, &run{name: "exact " + r.String(), c: e})
+					}
+				}
+				var wg sync.WaitGroup
+				sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+				for _, r := range runs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						sem <- struct{}{}
+						defer func() { <-sem }()
+						r.res = simulate(seq, nids, r.c)
+					}()
+				}
+				wg.Wait()
+				or, bf, af := runs[0].res, runs[1].res, runs[2].res
+				best := run{name: "exact: none run"}
+				fmt.Printf("%s: %s warm %.2f%% refreshes %d wasted %d of %d\n", w.name, runs[3].name, 100*runs[3].res.warm, runs[3].res.refreshes, runs[3].res.wasted, runs[3].res.judged)
+				for _, r := range runs[4:] {
+					fmt.Printf("%s: %s warm %.2f%% refreshes %d wasted %d of %d\n", w.name, r.name, 100*r.res.warm, r.res.refreshes, r.res.wasted, r.res.judged)
+					if r.res.warm > best.res.warm {
+						best = *r
+					}
+				}
+				line := func(name string, r simResult) string {
+					return fmt.Sprintf("%s warm %.2f%% (%.3f of the oracle, %.3f of the exact ranker) refreshes %d wasted %d of %d (%.3f of the oracle's), mean hot %.0f",
+						name, 100*r.warm, r.warm/or.warm, r.warm/max(best.res.warm, 1e-9), r.refreshes, r.wasted, r.judged,
+						float64(r.wasted)/float64(max(or.wasted, 1)), r.meanHot)
+				}
+				b.Logf("%s (%d reads over %d ids; TTL %.1fs, half-life %.0fs, history_half_life %.0fs):\n  oracle warm %.2f%% refreshes %d wasted %d of %d\n  best %s warm %.2f%% (%.3f of the oracle) wasted %d\n  %s\n  %s",
+					w.name, len(seq), nids, c.ttl, c.halfLife, after.history, 100*or.warm, or.refreshes, or.wasted, or.judged,
+					best.name, 100*best.res.warm, best.res.warm/or.warm, best.res.wasted, line("before", bf), line("after", af))
+				b.ReportMetric(100*af.warm, "warm%")
+				b.ReportMetric(af.warm/or.warm, "warm/oracle")
+				if best.res.warm > 0 {
+					b.ReportMetric(af.warm/best.res.warm, "warm/exact")
+				}
+				b.ReportMetric(float64(af.wasted)/float64(max(or.wasted, 1)), "wasted/oracle")
+				b.ReportMetric(100*(af.warm-bf.warm), "after-before_pt")
 			}
 		})
 	}
