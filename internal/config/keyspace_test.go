@@ -50,6 +50,7 @@ func TestKeyspaceFieldBounds(t *testing.T) {
 		"max_value_bytes":        `max_value_bytes = 536870913`,
 		"max_tracked":            `max_tracked = 999`, // below the default top_n, 1000
 		"decay_half_life":        `decay_half_life = "9000h"`,
+		"history_half_life":      `history_half_life = "1m"`, // below the default decay_half_life, 10m
 		"on_change":              `on_change = "later"`,
 		"fed_by":                 `fed_by = [{ table = "track" }]`,
 		"reconcile_budget":       `reconcile_budget = -1`,
@@ -106,6 +107,7 @@ min_score = 0
 max_value_bytes = 0
 max_tracked = 20
 decay_half_life = "1m"
+history_half_life = "5m"
 lfu = true
 on_change = "invalidate"
 fed_by = [{ table = "track", id = "track_id" }]
