@@ -597,7 +597,7 @@ func (firstGetHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (firstGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		noteFirstGet(ctx, cmd)
+		noteFirstGet(ctx, cmd, err)
 		return err
 	}
 }
@@ -605,27 +605,28 @@ func (firstGetHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (firstGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
-		noteFirstGet(ctx, cmds...)
+		for _, cmd := range cmds {
+			if cmd.Name() == "get" {
+				noteFirstGet(ctx, cmd, cmd.Err())
+				break
+			}
+		}
 		return err
 	}
 }
 
-func noteFirstGet(ctx context.Context, cmds ...redis.Cmder) {
+// noteFirstGet records cmd's outcome err in ctx's readState if cmd is a GET and the read's first. A single
+// command's error is the one its hook returned: go-redis sets cmd.Err() only after the hooks have run.
+func noteFirstGet(ctx context.Context, cmd redis.Cmder, err error) {
 	rs, _ := ctx.Value(readStateKey{}).(*readState)
-	if rs == nil || rs.first.Load() != firstGetNone {
+	if rs == nil || rs.first.Load() != firstGetNone || cmd.Name() != "get" {
 		return
 	}
-	for _, cmd := range cmds {
-		if cmd.Name() != "get" {
-			continue
-		}
-		state := int32(firstGetMissing)
-		if cmd.Err() == nil {
-			state = firstGetFound
-		}
-		rs.first.CompareAndSwap(firstGetNone, state)
-		return
+	state := int32(firstGetMissing)
+	if err == nil {
+		state = firstGetFound
 	}
+	rs.first.CompareAndSwap(firstGetNone, state)
 }
 
 // runCell runs one strategy with n instances: warm-up, measured window, clean-up.
