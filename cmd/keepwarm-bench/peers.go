@@ -910,6 +910,9 @@ read end − the origin query's clock_timestamp().
 		}
 	}
 	if best != nil {
+		if rep.Duration < 2*rep.TTL {
+			fmt.Fprintf(w, "\n(the window, %v, is shorter than two TTLs: the per-TTL figures below do not mean much)", rep.Duration)
+		}
 		rt := ratio(best.HotLatency.P99, best.Baseline.P99)
 		fmt.Fprintf(w, "\nkeepwarm targets at N = %d: origin queries per hot key per TTL %.3f (want <= 1.05) %s; hot-key misses %d (want 0) %s; hot p99 %s vs plain-hit p99 %s: ratio %.2f (want <= 1.2) %s\n",
 			best.Instances, best.PerHotKeyPerTTL, mark(best.PerHotKeyPerTTL <= 1.05), best.HotMisses, mark(best.HotMisses == 0),
