@@ -1,6 +1,6 @@
 // Command keepwarm-bench measures keepwarm on the local services: `load` drives the demo keyspaces through the
 // lockstep client with Zipf-distributed ids and reports hits, misses and latency per keyspace; `stampede`,
-// `trace`, `zipf` and `scale` are the benchmarks recorded in docs/benchmarks.md.
+// `trace`, `zipf`, `scale`, `meta` and `peers` are the benchmarks recorded in docs/benchmarks.md.
 package main
 
 import (

@@ -793,13 +793,20 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 	heapPer := (float64(ms.HeapAlloc) - float64(heapBefore)) / float64(n)
 	daemon := setup.finish()
 	setup.release()
-	// Let every origin query (sturdyc's background refreshes run after their read returned) end before
-	// PostgreSQL's count is read.
-	for deadline := time.Now().Add(10 * time.Second); o.inflight.Load() > 0 && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond)
+	// Let every origin query end (sturdyc's background refreshes start in goroutines after their read returned),
+	// then read the wrapper's count and PostgreSQL's together: again if a query ran in between.
+	var cellQueries, pgssAfter int64
+	for try := 0; try < 5; try++ {
+		for deadline := time.Now().Add(10 * time.Second); o.inflight.Load() > 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		cellQueries = o.cellQueries.Load()
+		pgssAfter = e.pgssCalls(bg, st.name)
+		if o.inflight.Load() == 0 && o.cellQueries.Load() == cellQueries {
+			break
+		}
 	}
-	time.Sleep(100 * time.Millisecond)
-	pgssAfter := e.pgssCalls(bg, st.name)
 
 	res := &peersResult{Strategy: st.name, Instances: n, Window: [2]time.Time{winStart, winEnd}, Daemon: daemon,
 		HeapPerInstance: heapPer, BaselineGets: baseGets.Load()}
@@ -834,7 +841,7 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 	for i := range o.perHot {
 		res.MaxPerHotKeyPerTTL = max(res.MaxPerHotKeyPerTTL, float64(o.perHot[i].Load())/periods)
 	}
-	res.CellQueries = o.cellQueries.Load()
+	res.CellQueries = cellQueries
 	res.CellPGSS = -1
 	if pgssBefore >= 0 && pgssAfter >= 0 {
 		res.CellPGSS = pgssAfter - pgssBefore
