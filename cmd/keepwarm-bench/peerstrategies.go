@@ -135,26 +135,33 @@ func (r *peerRun) appLoader(pool *pgxpool.Pool) (lockstep.Loader, error) {
 
 // --- sturdyc -----------------------------------------------------------------------------------------------------
 
-// sturdycKnobs maps the TTL onto sturdyc's knobs so that no value is served much older than about the TTL,
-// following the README's "Distributed storage early refreshes" section: values live in memory for ttl; a read
-// after ttl×[0.4, 0.5) since the last refresh schedules a background refresh, which reads Redis first and goes to
-// the origin only when Redis's copy is older than ttl/2 (refreshAfter); a read after ttl refreshes synchronously.
-func sturdycKnobs(ttl time.Duration) (minAsync, maxAsync, sync, refreshAfter time.Duration) {
-	return ttl * 4 / 10, ttl / 2, ttl, ttl / 2
+// sturdycKnobs maps the TTL onto sturdyc's knobs in the proportions of the README's "Distributed storage early
+// refreshes" example (records refreshed from the origin once Redis's copy is older than refreshAfter = 1 minute,
+// Redis TTL "something like an hour", in-memory ttl 5 minutes, in-memory refreshes every 2-4 s, synchronous
+// after 30 s), with refreshAfter = the TTL: the origin is asked when the shared copy is a TTL old, as a Redis TTL
+// would make the other strategies ask. In memory: a read after [ttl/10, ttl/5) since the last refresh schedules
+// a background refresh (from Redis, or from the origin when Redis's copy is older than refreshAfter); a read
+// after ttl/2 refreshes synchronously; an unread record leaves memory after 5×ttl. Redis keeps records 60×ttl.
+type sturdycKnobs struct {
+	memTTL, minAsync, maxAsync, sync, refreshAfter, storageTTL time.Duration
+}
+
+func sturdycKnobsFor(ttl time.Duration) sturdycKnobs {
+	return sturdycKnobs{memTTL: 5 * ttl, minAsync: ttl / 10, maxAsync: ttl / 5, sync: ttl / 2, refreshAfter: ttl, storageTTL: 60 * ttl}
 }
 
 func sturdycConfig(c peersConfig) string {
-	minA, maxA, syncR, after := sturdycKnobs(c.ttl)
+	k := sturdycKnobsFor(c.ttl)
 	return fmt.Sprintf("sturdyc.New[[]byte](capacity %d (every id), 10 shards, ttl %v, evict 10%%, WithEarlyRefreshes(%v, %v, sync %v, retry 100ms), "+
-		"WithDistributedStorageEarlyRefreshes(Redis GET/SET PX ttl×(1+U·%g), MGET, pipelined SET, DEL; refreshAfter %v), WithNoContinuousEvictions "+
+		"WithDistributedStorageEarlyRefreshes(Redis GET/SET PX %v×(1+U·%g), MGET, pipelined SET, DEL; refreshAfter %v), WithNoContinuousEvictions "+
 		"(capacity is never reached; without it each client's eviction goroutine never exits)); GetOrFetch per read; "+
-		"values live in process memory, Redis holds sturdyc's JSON record {created_at, value}",
-		c.keys, c.ttl, minA, maxA, syncR, c.jitter, after)
+		"values live in process memory, Redis holds sturdyc's JSON record {created_at, value}; no cross-process lock",
+		c.keys, k.memTTL, k.minAsync, k.maxAsync, k.sync, k.storageTTL, c.jitter, k.refreshAfter)
 }
 
 func sturdycStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 	c := r.c
-	minA, maxA, syncR, after := sturdycKnobs(c.ttl)
+	k := sturdycKnobsFor(c.ttl)
 	return r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
 		rdb, pool, err := r.conns(ctx, s)
 		if err != nil {
@@ -164,10 +171,10 @@ func sturdycStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 		if err != nil {
 			return peerInstance{}, err
 		}
-		storage := &sturdycRedis{rdb: rdb, ttl: c.ttl, jitter: c.jitter}
-		cache := sturdyc.New[[]byte](c.keys, 10, c.ttl, 10,
-			sturdyc.WithEarlyRefreshes(minA, maxA, syncR, 100*time.Millisecond),
-			sturdyc.WithDistributedStorageEarlyRefreshes(storage, after),
+		storage := &sturdycRedis{rdb: rdb, ttl: k.storageTTL, jitter: c.jitter}
+		cache := sturdyc.New[[]byte](c.keys, 10, k.memTTL, 10,
+			sturdyc.WithEarlyRefreshes(k.minAsync, k.maxAsync, k.sync, 100*time.Millisecond),
+			sturdyc.WithDistributedStorageEarlyRefreshes(storage, k.refreshAfter),
 			sturdyc.WithNoContinuousEvictions(),
 			sturdyc.WithLog(&sturdyc.NoopLogger{}))
 		prefix := r.prefix
@@ -178,7 +185,7 @@ func sturdycStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 }
 
 // sturdycRedis is sturdyc's DistributedStorageWithDeletions on one instance's Redis client. sturdyc leaves TTLs
-// to the storage: every write gets the cell's TTL with jitter. Errors other than a missing key count as a miss of
+// to the storage: every write gets ttl with jitter. Errors other than a missing key count as a miss of
 // the storage, as the interface has no error results.
 type sturdycRedis struct {
 	rdb    *redis.Client
