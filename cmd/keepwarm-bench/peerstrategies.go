@@ -376,8 +376,10 @@ func lockedStrategy(newLocker func(*redis.Client) locker) func(context.Context, 
 
 // --- lockstep, alone and with the daemon ----------------------------------------------------------------------
 
-// lockstepOptions are the README's ("Using lockstep in an application"): jitter, a stale copy of 10 minutes,
-// XFetch β = 1, and with the daemon access recording (at 1, not the README's 0.1: the counts are batched per id per flush, so sampling saves little Redis work here, and unsampled counts let the daemon learn the hot set within a few polls rather than a few TTLs).
+// lockstepConfig describes the README's options ("Using lockstep in an application"): jitter, a stale copy of 10
+// minutes, XFetch β = 1, and with the daemon access recording, at 1 rather than the README's 0.1: the counts are
+// batched per id per flush, so sampling saves little Redis work here, and full counts let the daemon learn the
+// hot set within a few polls rather than a few TTLs.
 func lockstepConfig(daemon bool) func(c peersConfig) string {
 	return func(c peersConfig) string {
 		s := fmt.Sprintf("lockstep.New(client, keyspace, keys, load, ttl %v, WithJitter(%g), WithStale(10m), WithXFetch(1), WithLockTTL(%v)", c.ttl, c.jitter, c.lockTTL)
