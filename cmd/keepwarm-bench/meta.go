@@ -424,13 +424,35 @@ const (
 	clientCPU = "1"
 )
 
-// pinPID sets the CPU affinity of every thread of process pid to cpus (taskset -a -p -c), or returns why not.
+// pinPID sets the CPU affinity of every thread of process pid to cpus (taskset -a -p -c), then checks what
+// /proc says the process may use now (taskset -a succeeds for a pid with no threads); it returns why not.
 func pinPID(ctx context.Context, pid int, cpus string) error {
 	out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", cpus, strconv.Itoa(pid)).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("pin process %d to CPU %s (taskset, from util-linux): %w\n%s", pid, cpus, err, out)
 	}
+	got, err := allowedCPUs(pid)
+	if err != nil {
+		return fmt.Errorf("pin process %d to CPU %s: %w", pid, cpus, err)
+	}
+	if got != cpus {
+		return fmt.Errorf("pin process %d to CPU %s: it may still run on CPUs %s", pid, cpus, got)
+	}
 	return nil
+}
+
+// allowedCPUs returns the Cpus_allowed_list of process pid's main thread, e.g. "0" or "0-1".
+func allowedCPUs(pid int) (string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("no Cpus_allowed_list in /proc/%d/status", pid)
 }
 
 func pinNote(pinned bool) string {
