@@ -529,12 +529,10 @@ func (s countedSource) Fetch(ctx context.Context, ids []string) (map[string][]by
 	return vals, missing, err
 }
 
-// source returns strategy's counted PostgreSQL source on pool.
+// source returns strategy's counted PostgreSQL source on pool, as an app instance's (statement timeout: half the
+// lock TTL). The daemon's is built from its config file (peerRun.daemon).
 func (e *peersEnv) source(pool *pgxpool.Pool, o *originCounter, strategy string, daemon bool) (countedSource, error) {
 	cfg := postgres.Config{Keyspace: "peers", Query: e.originQuery(strategy, daemon), StatementTimeout: e.c.lockTTL / 2}
-	if daemon {
-		cfg.StatementTimeout, cfg.PoolWaitTimeout = daemonStatementTimeout, daemonPoolWait
-	}
 	src, err := postgres.New(pool, cfg)
 	if err != nil {
 		return countedSource{}, err
@@ -542,8 +540,9 @@ func (e *peersEnv) source(pool *pgxpool.Pool, o *originCounter, strategy string,
 	return countedSource{o: o, src: src, daemon: daemon}, nil
 }
 
-// The daemon's origin bounds in this scenario: the warmer's lead is never less than their sum, so they are kept
-// short (the query takes about --cost) to let refresh_ahead set the lead.
+// The daemon's origin bounds in this scenario ([postgres] statement_timeout and pool_wait_timeout of its config
+// file): the warmer's lead is never less than their sum, so they are kept short (the query takes about --cost)
+// to let refresh_ahead set the lead.
 const (
 	daemonStatementTimeout = 300 * time.Millisecond
 	daemonPoolWait         = 100 * time.Millisecond

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -14,6 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/viccon/sturdyc"
 
+	"github.com/keepwarm/keepwarm/internal/assemble"
+	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/warmer"
 )
@@ -386,16 +391,17 @@ func lockstepConfig(daemon bool) func(c peersConfig) string {
 		if !daemon {
 			return s + "); nothing in process memory"
 		}
-		return s + fmt.Sprintf(", WithAccessRecording(1): counts are batched per flush, so sampling saves little, and the daemon learns the hot set within a few polls); the warmer in-process on its own client and pool (%d conns): top_n %d, min_score 1, poll 1s, "+
-			"refresh_ahead %v, statement_timeout %v, pool wait %v, lock_ttl %v, stale_ttl 10m, notifications on, the other settings the daemon's defaults",
-			c.pgConns, 2*c.hot, c.refreshAhead, daemonStatementTimeout, daemonPoolWait, c.lockTTL)
+		return s + ", WithAccessRecording(1): counts are batched per flush, so sampling saves little, and the daemon learns the hot set within a few polls); " +
+			"the daemon's warmer in-process, built by internal/config and internal/assemble from this config file, as `keepwarm run` builds it: " +
+			strings.Join(strings.Fields(daemonTOML(c, "<cell>", "<cell prefix>v:${id}", "<redis url>", "<postgres url>", "<the origin query on peers_v_keepwarm_daemon>", "auto")), " ")
 	}
 }
 
 func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, error) {
 	return func(ctx context.Context, r *peerRun) (*peerSetup, error) {
 		c := r.c
-		keys, err := lockstep.NewKeys(r.prefix+"v:${id}", "", lockstep.DefaultStaleTemplate, "")
+		keyTemplate := r.prefix + "v:${id}"
+		keys, err := lockstep.NewKeys(keyTemplate, "", lockstep.DefaultStaleTemplate, "")
 		if err != nil {
 			return nil, err
 		}
@@ -433,22 +439,7 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 		if !daemon {
 			return s, nil
 		}
-		rdb, pool, err := r.conns(ctx, s)
-		if err != nil {
-			s.release()
-			return nil, err
-		}
-		src, err := r.source(pool, r.origin, r.name, true)
-		if err != nil {
-			s.release()
-			return nil, err
-		}
-		w, err := warmer.New(rdb, warmer.Config{Logger: r.log, Notifications: true, AutoNotifyFlags: r.private,
-			Keyspaces: []warmer.KeyspaceConfig{{
-				Name: ksName, Keys: keys, Src: src, TTL: c.ttl, Jitter: c.jitter, RefreshAhead: c.refreshAhead,
-				StatementTimeout: daemonStatementTimeout, PoolWaitTimeout: daemonPoolWait, LockTTL: c.lockTTL,
-				StaleTTL: 10 * time.Minute, TopN: 2 * c.hot, MinScore: 1, PollInterval: time.Second,
-			}}})
+		w, err := r.daemon(ctx, s, ksName, keyTemplate)
 		if err != nil {
 			s.release()
 			return nil, err
@@ -464,4 +455,83 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 		}
 		return s, nil
 	}
+}
+
+// daemonTOML is the keepwarm config file of the keepwarm strategy's daemon: keyspace ks with cache key template
+// key (the apps'), Redis url, PostgreSQL dsn, the origin query, notifications mode.
+// refresh_ahead and statement_timeout are short on purpose (docs/benchmarks.md §12): the lead is never less than
+// either, and it sets how often a hot key is refreshed.
+func daemonTOML(c peersConfig, ks, key, url, dsn, query, notifications string) string {
+	return fmt.Sprintf(`[redis]
+url = %q
+notifications = %q
+
+[postgres]
+dsn = %q
+max_conns = %d
+statement_timeout = %q
+pool_wait_timeout = %q
+
+[[keyspace]]
+name = %q
+key = %q
+stale = "stale:${key}"
+stale_ttl = "10m"
+ttl = %q
+jitter = %g
+refresh_ahead = %q
+lock_ttl = %q
+top_n = %d
+min_score = 1.0
+query = """
+%s
+"""
+`, url, notifications, dsn, c.pgConns, daemonStatementTimeout.String(), daemonPoolWait.String(), ks, key,
+		c.ttl.String(), c.jitter, c.refreshAhead.String(), c.lockTTL.String(), 2*c.hot, query)
+}
+
+// daemon writes the cell's config file, loads it as `keepwarm run` does (config.LoadEnv, without the
+// environment, so that KEEPWARM_* variables cannot point it elsewhere), and builds the warmer from it with
+// internal/assemble, on its own Redis client and PostgreSQL pool; its source goes through the counting wrapper.
+func (r *peerRun) daemon(ctx context.Context, s *peerSetup, ksName, key string) (*warmer.Warmer, error) {
+	notify := config.NotificationsOn
+	if r.private {
+		notify = config.NotificationsAuto
+	}
+	dir, err := os.MkdirTemp("", "kwbench-peers-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "keepwarm.toml")
+	toml := daemonTOML(r.c, ksName, key, r.url, r.c.postgresURL, r.originQuery(r.name, true), notify)
+	if err := os.WriteFile(path, []byte(toml), 0o600); err != nil {
+		return nil, err
+	}
+	cfg, err := config.LoadEnv(path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("the daemon's config: %w", err)
+	}
+	rdb, err := assemble.Redis(ctx, cfg, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, func() { _ = rdb.Close() })
+	pool, err := assemble.Postgres(ctx, cfg, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, pool.Close)
+	srcs, err := assemble.Sources(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ks := cfg.Keyspace(ksName)
+	if ks == nil {
+		return nil, fmt.Errorf("the daemon's config has no keyspace %q", ksName)
+	}
+	src := countedSource{o: r.origin, src: srcs[ksName], daemon: true}
+	return warmer.New(rdb, warmer.Config{Logger: r.log, Keyspaces: []warmer.KeyspaceConfig{assemble.Keyspace(cfg, ks, src)},
+		Notifications:   cfg.Redis.Notifications != config.NotificationsOff,
+		AutoNotifyFlags: cfg.Redis.Notifications == config.NotificationsAuto, DB: cfg.Redis.DB})
 }
