@@ -881,8 +881,8 @@ func printPeers(w io.Writer, rep *peersReport) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, `
 origin/hot key/TTL: origin fetches of hot ids in the window ÷ (hot ids × window ÷ TTL); worst hot key: the same for
-the hot id fetched most. misses: reads that returned a value produced by an origin query that ran after the read
-began (they waited for it). cell queries: origin queries the wrapper counted from before the first instance
+the hot id fetched most. misses: reads that returned a value produced by an origin query that ended after the read
+began, unless their first Redis GET found a value (they waited for it). cell queries: origin queries the wrapper counted from before the first instance
 started to after the last stopped, against pg_stat_statements' calls over the same span. p50..p99.9: every read;
 hot p99: reads of hot ids, over the plain-hit p99 of the same window. cmds/read: INFO commandstats calls in the
 window (scripts' inner calls included; the daemon's included; the baseline's GETs and INFO taken out) per read.
