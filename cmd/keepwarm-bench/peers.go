@@ -95,7 +95,7 @@ func peersFlagSet(c *peersConfig, stderr io.Writer) (*flag.FlagSet, *string, *st
 	fs.DurationVar(&c.lockTTL, "lock-ttl", 5*time.Second, "lock TTL of every locking strategy (lockstep, redislock, redsync)")
 	fs.DurationVar(&c.refreshAhead, "refresh-ahead", 500*time.Millisecond, "the daemon's refresh_ahead (its lead is never less than 3× the rebuild p95, nor than statement_timeout 300ms + pool wait 100ms)")
 	fs.IntVar(&c.pgConns, "pg-conns", 4, "PostgreSQL connections per instance pool (and the daemon's)")
-	fs.BoolVar(&c.quick, "quick", false, "the short variant, 18 cells in about 12.5 minutes at the defaults: --duration 30s --warmup 10s (flags given explicitly win)")
+	fs.BoolVar(&c.quick, "quick", false, "the short variant, 18 cells in about 12 minutes at the defaults: --duration 30s --warmup 10s (flags given explicitly win)")
 	fs.StringVar(&c.svg, "svg", "", "write the plot (origin queries per hot key per TTL, hot p99 ratio, against N) to this SVG file")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.Uint64Var(&c.seed, "seed", 1, "random seed of the readers' ids and pacing")
