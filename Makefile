@@ -112,3 +112,11 @@ bench: services
 	set -o pipefail; $(BENCH_OUT)/keepwarm-bench trace --svg docs/trace.svg --json $(BENCH_OUT)/trace.json | tee $(BENCH_OUT)/trace.txt
 	set -o pipefail; $(BENCH_OUT)/keepwarm-bench zipf --svg docs/zipf.svg --json $(BENCH_OUT)/zipf.json | tee $(BENCH_OUT)/zipf.txt
 	set -o pipefail; $(BENCH_OUT)/keepwarm-bench scale --svg docs/scale.svg --json $(BENCH_OUT)/scale.json --cpuprofile $(BENCH_OUT)/idle.pprof | tee $(BENCH_OUT)/scale.txt
+
+# The peer libraries side by side (issue 24, docs/benchmarks.md §12): 18 cells of 40 s (about 12 minutes); plot to
+# docs/peers.svg, raw results to .run/bench/.
+.PHONY: bench-peers
+bench-peers: services
+	mkdir -p $(BENCH_OUT)
+	$(GO) build -o $(BENCH_OUT)/keepwarm-bench ./cmd/keepwarm-bench
+	set -o pipefail; $(BENCH_OUT)/keepwarm-bench peers --quick --svg docs/peers.svg --json $(BENCH_OUT)/peers.json | tee $(BENCH_OUT)/peers.txt

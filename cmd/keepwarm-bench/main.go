@@ -1,6 +1,6 @@
 // Command keepwarm-bench measures keepwarm on the local services: `load` drives the demo keyspaces through the
 // lockstep client with Zipf-distributed ids and reports hits, misses and latency per keyspace; `stampede`,
-// `trace`, `zipf` and `scale` are the benchmarks recorded in docs/benchmarks.md.
+// `trace`, `zipf`, `scale`, `meta` and `peers` are the benchmarks recorded in docs/benchmarks.md.
 package main
 
 import (
@@ -40,6 +40,7 @@ commands:
   warmup    keepwarm warmup --query over 1,000,000 generated rows vs a naive warmer and the machine's limits
   scale     the warmer itself: memory per tracked key, refresh throughput, Redis commands per refresh, idle CPU
   changes   update track rows at a rate; time commit-to-Redis; check cached keys against the origin
+  peers     sturdyc, go-redis/cache, redislock, redsync, lockstep and keepwarm side by side: N app instances, Zipf reads
   meta      Redis memory, CPU and warmup keys/s per cached key, meta hash on and off, vs a plain SET and redis-benchmark
   soak      a fleet of 3 daemons under load, row updates and a randomized nemesis; an independent miss observer
             checks the SLO counter, and the end checks orphaned locks, stale values and peak RSS
@@ -68,6 +69,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runScale(ctx, args[1:], stdout, stderr)
 	case "changes":
 		return runChanges(ctx, args[1:], stdout, stderr)
+	case "peers":
+		return runPeers(ctx, args[1:], stdout, stderr)
 	case "meta":
 		return runMeta(ctx, args[1:], stdout, stderr)
 	case "soak":

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +36,7 @@ type metaConfig struct {
 	batch      int
 	conc       int
 	jsonPath   string
+	pin        bool
 }
 
 func runMeta(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -47,8 +50,12 @@ func runMeta(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&c.batch, "batch-size", 1000, "the warmup keyspace's batch_size")
 	fs.IntVar(&c.conc, "concurrency", 4, "the warmup keyspace's max_origin_concurrency")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results as JSON to this file")
+	fs.BoolVar(&c.pin, "pin", false, "pin the private redis-server to CPU 0 and the client side (this process's threads, redis-benchmark) to CPU 1 with taskset, so that neither competes with Redis for its core")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if c.pin && runtime.NumCPU() < 2 {
+		return usageError{fmt.Errorf("--pin needs 2 CPUs, this machine has %d", runtime.NumCPU())}
 	}
 	if c.keys < 1 || c.valueBytes < 1 {
 		return usageError{fmt.Errorf("--keys and --value-bytes must be positive")}
@@ -76,6 +83,8 @@ type metaReport struct {
 	Machine machine    `json:"machine"`
 	Sides   []metaSide `json:"sides"`
 	Ceiling []metaSide `json:"redis_benchmark"`
+	// Pinned: the redis-server ran on CPU 0, the warmer's process and redis-benchmark on CPU 1 (--pin).
+	Pinned bool `json:"pinned"`
 }
 
 // ceilingScripts do, per key, what a keepwarm warmup makes Redis do: take the lock, then lockstep's publish
@@ -105,13 +114,27 @@ func metaBench(ctx context.Context, c metaConfig, stdout, stderr io.Writer) (*me
 	}
 	defer srv.Stop()
 	fmt.Fprintf(stderr, "meta: private redis-server at %s\n", srv.URL)
+	if c.pin {
+		// taskset -a sets every thread's mask; threads created later inherit their creator's, so the whole Go
+		// process stays on CPU 1 from here on.
+		if err := pinPID(ctx, srv.Process.Pid, serverCPU); err != nil {
+			return nil, err
+		}
+		if err := pinPID(ctx, os.Getpid(), clientCPU); err != nil {
+			return nil, err
+		}
+	}
 	rdb, err := newRedis(ctx, srv.URL, 8)
 	if err != nil {
 		return nil, err
 	}
 	defer rdb.Close()
-	rep := &metaReport{Machine: describeMachine(ctx, rdb, nil)}
+	rep := &metaReport{Machine: describeMachine(ctx, rdb, nil), Pinned: c.pin}
 	fmt.Fprintln(stdout, rep.Machine, "(PostgreSQL not used: the Source is in memory)")
+	if c.pin {
+		fmt.Fprintf(stdout, "pinned: redis-server on CPU %s; keepwarm-bench's threads (GOMAXPROCS %d) and redis-benchmark on CPU %s\n",
+			serverCPU, runtime.GOMAXPROCS(0), clientCPU)
+	}
 
 	ids := make([]string, c.keys)
 	for i := range ids {
@@ -354,9 +377,13 @@ func ceilingRun(ctx context.Context, rdb *redis.Client, url, script string, c me
 	// -n 3×keys over -r keys keys: nearly every key is written at least once (1 − e^-3 = 95%); rewrites cost the
 	// same Redis-side work, so the rate is per script call.
 	n := 3 * c.keys
-	out, err := exec.CommandContext(ctx, "redis-benchmark", "-h", host, "-p", port, "-P", "64", "-n", strconv.Itoa(n),
+	argv := []string{"redis-benchmark", "-h", host, "-p", port, "-P", "64", "-n", strconv.Itoa(n),
 		"-r", strconv.Itoa(c.keys), "-q", "EVALSHA", sha, "1", "mb:__rand_int__", "token", value,
-		strconv.FormatInt(c.ttl.Milliseconds(), 10)).CombinedOutput()
+		strconv.FormatInt(c.ttl.Milliseconds(), 10)}
+	if c.pin {
+		argv = append([]string{"taskset", "-c", clientCPU}, argv...)
+	}
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("redis-benchmark (apt-get install redis-tools): %w\n%s", err, out)
 	}
@@ -380,12 +407,57 @@ func printMeta(w io.Writer, c metaConfig, rep *metaReport) {
 	fmt.Fprintln(w)
 	for i, name := range []string{"meta off", "meta on"} {
 		if len(rep.Sides) > i+1 && len(rep.Ceiling) > i {
-			fmt.Fprintf(w, "  warmup throughput, %s: %.0f keys/s = %.0f%% of redis-benchmark's %.0f script calls/s (target >= 50%%)\n",
-				name, rep.Sides[i+1].KeysPerSec, 100*rep.Sides[i+1].KeysPerSec/rep.Ceiling[i].KeysPerSec, rep.Ceiling[i].KeysPerSec)
+			fmt.Fprintf(w, "  warmup throughput, %s: %.0f keys/s ÷ redis-benchmark's %.0f script calls/s = %.2f (target >= 0.50)%s\n",
+				name, rep.Sides[i+1].KeysPerSec, rep.Ceiling[i].KeysPerSec, rep.Sides[i+1].KeysPerSec/rep.Ceiling[i].KeysPerSec, pinNote(rep.Pinned))
 		}
 	}
 	fmt.Fprintf(w, "  memory per cached key, meta off: %.2fx a plain SET (target <= 1.10x); meta on: %.2fx\n",
 		rep.Sides[1].MemPerKey/base, rep.Sides[2].MemPerKey/base)
 	fmt.Fprintf(w, "  Redis CPU per warmed key, meta off: %.2fx a plain SET; meta on: %.2fx\n",
 		rep.Sides[1].CPUUsecPerKey/rep.Sides[0].CPUUsecPerKey, rep.Sides[2].CPUUsecPerKey/rep.Sides[0].CPUUsecPerKey)
+}
+
+// The CPUs of --pin: Redis alone on one, the client side (the warmer or redis-benchmark, never both at once) on
+// the other.
+const (
+	serverCPU = "0"
+	clientCPU = "1"
+)
+
+// pinPID sets the CPU affinity of every thread of process pid to cpus (taskset -a -p -c), then checks what
+// /proc says the process may use now (taskset -a succeeds for a pid with no threads); it returns why not.
+func pinPID(ctx context.Context, pid int, cpus string) error {
+	out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", cpus, strconv.Itoa(pid)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("pin process %d to CPU %s (taskset, from util-linux): %w\n%s", pid, cpus, err, out)
+	}
+	got, err := allowedCPUs(pid)
+	if err != nil {
+		return fmt.Errorf("pin process %d to CPU %s: %w", pid, cpus, err)
+	}
+	if got != cpus {
+		return fmt.Errorf("pin process %d to CPU %s: it may still run on CPUs %s", pid, cpus, got)
+	}
+	return nil
+}
+
+// allowedCPUs returns the Cpus_allowed_list of process pid's main thread, e.g. "0" or "0-1".
+func allowedCPUs(pid int) (string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("no Cpus_allowed_list in /proc/%d/status", pid)
+}
+
+func pinNote(pinned bool) string {
+	if pinned {
+		return "; Redis on CPU " + serverCPU + ", the client side on CPU " + clientCPU
+	}
+	return "; not pinned: the client side and Redis share the cores"
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"maps"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -63,5 +64,32 @@ func TestCeilingScripts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPinPID: pinPID sets every thread of a process to the given CPUs, as /proc reports them afterwards. CPU 0
+// exists on every machine; --pin itself needs two.
+func TestPinPID(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start sleep: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if err := pinPID(context.Background(), cmd.Process.Pid, "0"); err != nil {
+		t.Fatalf("pinPID: %v", err)
+	}
+	got, err := allowedCPUs(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != "0" {
+		t.Errorf("Cpus_allowed_list after pinning to CPU 0: got %q, want %q", got, "0")
+	}
+	if err := pinPID(context.Background(), 1<<30, "0"); err == nil {
+		t.Error("pinPID of a process that does not exist: got no error")
 	}
 }

@@ -15,7 +15,7 @@ import (
 func runPlot(_ context.Context, args []string, _, stderr io.Writer) error {
 	fs := flag.NewFlagSet("plot", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	kind := fs.String("kind", "", "which benchmark wrote the JSON: stampede, trace (also zipf) or scale")
+	kind := fs.String("kind", "", "which benchmark wrote the JSON: stampede, trace (also zipf), scale or peers")
 	in := fs.String("json", "", "the JSON results file")
 	out := fs.String("svg", "", "the SVG file to write")
 	if err := parse(fs, args); err != nil {
@@ -40,13 +40,18 @@ func runPlot(_ context.Context, args []string, _, stderr io.Writer) error {
 		if err = json.Unmarshal(b, &r); err == nil {
 			svg = replaySVG(&r)
 		}
+	case "peers":
+		var r peersReport
+		if err = json.Unmarshal(b, &r); err == nil {
+			svg = peersSVG(&r)
+		}
 	case "scale":
 		var r scaleReport
 		if err = json.Unmarshal(b, &r); err == nil {
 			svg = scaleSVG(&r)
 		}
 	default:
-		return usageError{fmt.Errorf("--kind %q: want stampede, trace, zipf or scale", *kind)}
+		return usageError{fmt.Errorf("--kind %q: want stampede, trace, zipf, scale or peers", *kind)}
 	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", *in, err)

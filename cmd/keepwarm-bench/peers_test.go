@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+)
+
+// TestParsePeers: defaults, --quick and its explicit overrides, and every bad input a usage error naming the flag.
+func TestParsePeers(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		args    []string
+		wantErr string // "" means it parses
+		check   func(t *testing.T, c peersConfig)
+	}{
+		{name: "defaults", check: func(t *testing.T, c peersConfig) {
+			if got, want := c.instances, []int{1, 4, 16}; !slices.Equal(got, want) {
+				t.Errorf("instances: got %v, want %v", got, want)
+			}
+			if got, want := len(c.strategies), len(peerStrategies); got != want {
+				t.Errorf("strategies: got %d, want all %d", got, want)
+			}
+			if c.ttl != 10*time.Second || c.jitter != 0.1 || c.skew != 1.1 || c.duration != 2*time.Minute {
+				t.Errorf("ttl %v jitter %g skew %g duration %v: want 10s, 0.1, 1.1, 2m", c.ttl, c.jitter, c.skew, c.duration)
+			}
+		}},
+		{name: "quick", args: []string{"--quick"}, check: func(t *testing.T, c peersConfig) {
+			if c.duration != 30*time.Second || c.warmup != 10*time.Second {
+				t.Errorf("duration %v warmup %v: want 30s and 10s", c.duration, c.warmup)
+			}
+		}},
+		{name: "quick, explicit duration wins", args: []string{"--quick", "--duration", "7s"}, check: func(t *testing.T, c peersConfig) {
+			if c.duration != 7*time.Second || c.warmup != 10*time.Second {
+				t.Errorf("duration %v warmup %v: want 7s and 10s", c.duration, c.warmup)
+			}
+		}},
+		{name: "strategies in the order given", args: []string{"--strategies", "keepwarm, sturdyc", "--instances", "16,2"}, check: func(t *testing.T, c peersConfig) {
+			var names []string
+			for _, st := range c.strategies {
+				names = append(names, st.name)
+			}
+			if want := []string{"keepwarm", "sturdyc"}; !slices.Equal(names, want) {
+				t.Errorf("strategies: got %v, want %v", names, want)
+			}
+			if want := []int{16, 2}; !slices.Equal(c.instances, want) {
+				t.Errorf("instances: got %v, want %v", c.instances, want)
+			}
+		}},
+		{name: "unknown strategy", args: []string{"--strategies", "sturdyc,ristretto"}, wantErr: `unknown strategy "ristretto"`},
+		{name: "strategy twice", args: []string{"--strategies", "redsync,redsync"}, wantErr: `"redsync" listed twice`},
+		{name: "instances zero", args: []string{"--instances", "0"}, wantErr: `--instances: "0"`},
+		{name: "instances not a number", args: []string{"--instances", "1,four"}, wantErr: `--instances: "four"`},
+		{name: "instances twice", args: []string{"--instances", "4,4"}, wantErr: "--instances: 4 listed twice"},
+		{name: "more instances than workers", args: []string{"--instances", "16", "--workers", "8"}, wantErr: "more instances than --workers"},
+		{name: "skew 1", args: []string{"--skew", "1"}, wantErr: "--skew must be > 1"},
+		{name: "ttl too short", args: []string{"--ttl", "500ms"}, wantErr: "--ttl must be >= 1s"},
+		{name: "jitter above 1", args: []string{"--jitter", "1.5"}, wantErr: "--jitter must be in [0, 1]"},
+		{name: "hot above keys", args: []string{"--keys", "10", "--hot", "11"}, wantErr: "--hot must be in [1, --keys]"},
+		{name: "rate zero", args: []string{"--rate", "0"}, wantErr: "--rate must be > 0"},
+		{name: "refresh-ahead past half the TTL", args: []string{"--refresh-ahead", "5s"}, wantErr: "--refresh-ahead must be in (0, ttl/2)"},
+		{name: "several problems at once", args: []string{"--rate", "-1", "--pg-conns", "0"}, wantErr: "--rate must be > 0; --pg-conns must be >= 1"},
+		{name: "not a duration", args: []string{"--duration", "5x"}, wantErr: `invalid value "5x"`},
+		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := parsePeers(tt.args, new(testWriter))
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("parse %q: %v", tt.args, err)
+				}
+				tt.check(t, c)
+				return
+			}
+			var u usageError
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("parse %q: got error %v, want one containing %q", tt.args, err, tt.wantErr)
+			}
+			if !asUsage(err, &u) {
+				t.Errorf("parse %q: got %T, want a usageError (exit code 2)", tt.args, err)
+			}
+		})
+	}
+}
+
+func asUsage(err error, u *usageError) bool {
+	v, ok := err.(usageError)
+	if ok {
+		*u = v
+	}
+	return ok
+}
+
+// TestPeerTable: every peer strategy has a unique name, a library, a configuration text and a start, and its
+// view name is a plain identifier.
+func TestPeerTable(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	c, err := parsePeers(nil, new(testWriter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range peerStrategies {
+		if st.name == "" || st.library == "" || st.config == nil || st.start == nil || st.config(c) == "" {
+			t.Errorf("strategy %q: want a name, a library, a configuration and a start", st.name)
+		}
+		if seen[st.name] {
+			t.Errorf("strategy %q listed twice", st.name)
+		}
+		seen[st.name] = true
+		if v := peerView(st.name, true); strings.Trim(v, "abcdefghijklmnopqrstuvwxyz_") != "" {
+			t.Errorf("view %q: want lower-case letters and underscores only", v)
+		}
+	}
+}
+
+func TestFetchedAt(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in     string
+		want   int64
+		wantOK bool
+	}{
+		{`1764650000123456 {"id": 1}`, 1764650000123456, true},
+		{`{"id": 1}`, 0, false},
+		{` {"id": 1}`, 0, false},
+		{`12x4 {}`, 0, false},
+		{``, 0, false},
+	} {
+		got, ok := fetchedAt([]byte(tt.in))
+		if got != tt.want || ok != tt.wantOK {
+			t.Errorf("fetchedAt(%q): got %d, %v; want %d, %v", tt.in, got, ok, tt.want, tt.wantOK)
+		}
+	}
+}
+
+func TestZipfShare(t *testing.T) {
+	t.Parallel()
+	if got := zipfShare(1.1, 100, 100); math.Abs(got-1) > 1e-12 {
+		t.Errorf("every id hot: got share %g, want 1", got)
+	}
+	// Ranks 1 and 2 of 2 with s = 2: 1 / (1 + 1/4) = 0.8.
+	if got := zipfShare(2, 2, 1); math.Abs(got-0.8) > 1e-12 {
+		t.Errorf("zipfShare(2, 2, 1): got %g, want 0.8", got)
+	}
+	if a, b := zipfShare(1.1, 10000, 100), zipfShare(1.1, 10000, 200); !(a < b && b < 1) {
+		t.Errorf("share of the top 100, 200 of 10000: got %g, %g; want increasing and below 1", a, b)
+	}
+}
+
+// TestFirstGetHook: the hook records whether a read's first GET found a value, alone or in a pipeline, and only
+// the first: a later GET of the same read changes nothing.
+func TestFirstGetHook(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Prefix(t, rdb)
+	rdb.AddHook(firstGetHook{})
+	ctx := context.Background()
+	if err := rdb.Set(ctx, prefix+"there", "v", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		read func(ctx context.Context)
+		want int32
+	}{
+		{"GET of a missing key", func(ctx context.Context) { rdb.Get(ctx, prefix+"absent") }, firstGetMissing},
+		{"GET of a present key", func(ctx context.Context) { rdb.Get(ctx, prefix+"there") }, firstGetFound},
+		{"pipeline PTTL then GET, present", func(ctx context.Context) {
+			_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				p.PTTL(ctx, prefix+"there")
+				p.Get(ctx, prefix+"there")
+				return nil
+			})
+		}, firstGetFound},
+		{"pipeline GET, missing", func(ctx context.Context) {
+			_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error { p.Get(ctx, prefix+"absent"); return nil })
+		}, firstGetMissing},
+		{"missing, then present: the first counts", func(ctx context.Context) {
+			rdb.Get(ctx, prefix+"absent")
+			rdb.Get(ctx, prefix+"there")
+		}, firstGetMissing},
+		{"no GET at all", func(ctx context.Context) { rdb.PTTL(ctx, prefix+"there") }, firstGetNone},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rctx, rs := withReadState(ctx)
+			tt.read(rctx)
+			if got := rs.first.Load(); got != tt.want {
+				t.Errorf("state: got %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestPeersRuns runs the peers scenario for a few seconds with N = 1 and 2, every strategy, on a private
+// redis-server and the shared PostgreSQL (its own schema), and checks that every cell read, that its counters are
+// consistent with one another, and that the wrapper's origin count equals pg_stat_statements' over the cell.
+func TestPeersRuns(t *testing.T) {
+	testenv.Redis(t) // the shared services must be up; this test's Redis is a private redis-server
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	var stdout, stderr bytes.Buffer
+	c, err := parsePeers([]string{"--instances", "1,2", "--duration", "2s", "--warmup", "1s", "--rate", "400",
+		"--workers", "8", "--keys", "300", "--hot", "10", "--cost", "1ms", "--schema", schema,
+		"--postgres", testenv.PostgresURL()}, &stderr)
+	if err != nil {
+		t.Fatalf("parse flags: %v", err)
+	}
+	rep, err := peers(context.Background(), c, &stdout, &stderr)
+	t.Logf("\n%s", stdout.String())
+	if err != nil {
+		t.Fatalf("peers: %v\n%s", err, stderr.String())
+	}
+	if got, want := len(rep.Results), len(peerStrategies)*2; got != want {
+		t.Fatalf("got %d cells, want %d (every strategy × N = 1, 2)", got, want)
+	}
+	if len(rep.Configs) != len(peerStrategies) {
+		t.Errorf("got %d configurations printed, want %d", len(rep.Configs), len(peerStrategies))
+	}
+	for _, r := range rep.Results {
+		t.Run(r.Strategy+"/"+strings.Repeat("N", r.Instances), func(t *testing.T) {
+			if r.Reads == 0 || r.Latency.N == 0 || r.Baseline.N == 0 {
+				t.Fatalf("reads %d, latency samples %d, baseline samples %d: want all > 0", r.Reads, r.Latency.N, r.Baseline.N)
+			}
+			if r.Errors != 0 {
+				t.Errorf("errors: got %d (first: %s), want 0", r.Errors, r.FirstError)
+			}
+			// Each cell starts from an empty cache: its first reads cannot all be hits. (The 1 s warm-up over 300
+			// ids at 400 reads/s leaves many ids unread.)
+			if r.Misses < 1 || r.Misses > r.Reads || r.HotMisses > r.Misses || r.HotReads > r.Reads || r.HotMisses > r.HotReads {
+				t.Errorf("misses %d, hot misses %d, hot reads %d, reads %d: want 1 <= misses <= reads, hot misses <= misses and <= hot reads <= reads",
+					r.Misses, r.HotMisses, r.HotReads, r.Reads)
+			}
+			if r.OriginQueries < 1 || r.OriginFetches < r.OriginQueries || r.OriginHotFetches > r.OriginFetches || r.DaemonQueries > r.OriginQueries {
+				t.Errorf("origin queries %d, fetches %d, hot fetches %d, daemon queries %d: want 1 <= queries <= fetches, hot <= fetches, daemon <= queries",
+					r.OriginQueries, r.OriginFetches, r.OriginHotFetches, r.DaemonQueries)
+			}
+			if r.CellPGSS < 0 {
+				t.Fatalf("pg_stat_statements is not available in the test database")
+			}
+			if r.CellQueries != r.CellPGSS {
+				t.Errorf("origin queries over the cell: the wrapper counted %d, pg_stat_statements %d; want equal", r.CellQueries, r.CellPGSS)
+			}
+			if r.RedisCommands < 1 || r.CommandsPerRead <= 0 {
+				t.Errorf("Redis commands %d (%.2f per read): want some (every strategy writes what it fetched to Redis)", r.RedisCommands, r.CommandsPerRead)
+			}
+			if r.Age.N != r.Latency.N || r.Age.Max <= 0 {
+				t.Errorf("value ages: %d samples for %d reads, max %v; want one per read, positive", r.Age.N, r.Latency.N, r.Age.Max)
+			}
+			if (r.Strategy == "keepwarm") != (r.Daemon != nil) {
+				t.Errorf("daemon refreshes %v: want them for keepwarm only", r.Daemon)
+			}
+		})
+	}
+}
