@@ -133,8 +133,9 @@ func (t *tracker) observeLFU(id string, f uint8, now int64) {
 // key-value traces, and this order was the only one that did not lose warm fraction on any of them
 // (docs/benchmarks.md §13).
 //
-// score is what min_score and the refresh feedback's expected gap between reads use: the larger of the two
-// estimates of the read rate, so that the sketch's saturation never hides a hot id under a high min_score.
+// The refresh feedback estimates an id's expected gap between reads from key, its long-run rate: an id read in
+// one burst is judged by the reads it had over the history, not by the burst. min_score applies to score, the
+// larger of the two estimates, so that the sketch's saturation never hides a hot id under a high min_score.
 func (t *tracker) rank(id string, e *entry, now int64) (key, tie, score float64) {
 	r := e.score + float64(e.lfu)
 	if age := now - e.seen; age > 0 && t.halfLife > 0 {
@@ -171,7 +172,7 @@ func (t *tracker) refreshed(id string, e *entry, now int64, period time.Duration
 		return true, true
 	}
 	unread := float64(e.wasted) * period.Seconds()
-	if _, _, r := t.rank(id, e, now); r <= 0 || unread > patience*t.halfLife.Seconds()/(r*math.Ln2) {
+	if r, _, _ := t.rank(id, e, now); r <= 0 || unread > patience*t.halfLife.Seconds()/(r*math.Ln2) {
 		e.setReads(0)
 		e.wasted = 0
 	}
