@@ -379,7 +379,7 @@ func (t *tracker) resize(maxTracked int, historyHalfLife time.Duration, now int6
 	switch {
 	case historyHalfLife <= 0:
 		t.sketch = nil
-	case t.sketch == nil || len(t.sketch.table) != len(newFrequencySketch(maxTracked, 0, 0).table):
+	case t.sketch == nil || t.sketch.mask+1 != sketchWidth(maxTracked):
 		t.sketch = newFrequencySketch(maxTracked, historyHalfLife, now)
 	default:
 		t.sketch.halfLife = historyHalfLife

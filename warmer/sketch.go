@@ -44,7 +44,7 @@ type frequencySketch struct {
 // newFrequencySketch returns a sketch sized for maxTracked ids (8 bytes per id, at least 4 KiB), ageing with the
 // given half-life, its clock started at unix second now.
 func newFrequencySketch(maxTracked int, halfLife time.Duration, now int64) *frequencySketch {
-	width := uint64(1) << bits.Len64(uint64(max(maxTracked*sketchWidthPerID, 1024))-1)
+	width := sketchWidth(maxTracked)
 	return &frequencySketch{
 		table:    make([]uint8, sketchDepth*width),
 		mask:     width - 1,
@@ -52,6 +52,12 @@ func newFrequencySketch(maxTracked int, halfLife time.Duration, now int64) *freq
 		halfLife: halfLife,
 		halvedAt: now,
 	}
+}
+
+// sketchWidth is the counters per row of a sketch for maxTracked ids: sketchWidthPerID per id, rounded up to a
+// power of two, at least 1024.
+func sketchWidth(maxTracked int) uint64 {
+	return uint64(1) << bits.Len64(uint64(max(maxTracked*sketchWidthPerID, 1024))-1)
 }
 
 // bytes is the sketch's table size, for the memory bound.

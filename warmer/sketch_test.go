@@ -167,3 +167,22 @@ func TestSketchMemoryPerTrackedID(t *testing.T) {
 		}
 	}
 }
+
+// TestResizeKeepsHistoryWhenItCan: a reload that changes history_half_life keeps the counts; one that changes
+// max_tracked enough to change the sketch's width starts them again; history_half_life 0 turns the sketch off.
+func TestResizeKeepsHistoryWhenItCan(t *testing.T) {
+	t.Parallel()
+	tr := newTracker(10000, time.Minute, time.Hour, 0)
+	tr.sketch.add("a", 3)
+	tr.resize(10000, 2*time.Hour, 0)
+	if got := tr.sketch.estimate("a"); got != 3 || tr.sketch.halfLife != 2*time.Hour {
+		t.Errorf("after a history_half_life change: estimate %d (want 3), half-life %v (want 2h)", got, tr.sketch.halfLife)
+	}
+	tr.resize(100000, 2*time.Hour, 0)
+	if got := tr.sketch.estimate("a"); got != 0 || tr.sketch.bytes() != 4*int(sketchWidth(100000)) {
+		t.Errorf("after a max_tracked change: estimate %d (want 0), %d bytes", got, tr.sketch.bytes())
+	}
+	if tr.resize(100000, 0, 0); tr.sketch != nil {
+		t.Error("history_half_life 0 left the sketch on")
+	}
+}
