@@ -129,9 +129,9 @@ func (t *tracker) observeLFU(id string, f uint8, now int64) {
 // (frequencySketch.rate) and tie is that faded score. So ids are ranked by the reads of the last few
 // history_half_lives, and ids whose counts are equal (the sketch's counters saturate at 255, so the hottest
 // all are) by their recent reads. An id read once a minute keeps the rank its reads earn between them instead of
-// decaying to nothing; issue 25 measured the alternatives (the larger of the two, their sum) on the ARC and
-// key-value traces, and this order was the only one that did not lose warm fraction on any of them
-// (docs/benchmarks.md §13).
+// decaying to nothing. Issue 25 simulated the alternatives on the ARC and key-value traces: the larger of the two
+// gained nothing, their sum gained on the disk traces and lost 0.3 points on Zipf; this order gained 0.05 to 0.95
+// points on every trace (docs/benchmarks.md §13).
 //
 // The refresh feedback estimates an id's expected gap between reads from key, its long-run rate: an id read in
 // one burst is judged by the reads it had over the history, not by the burst. min_score applies to score, the
