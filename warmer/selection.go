@@ -203,18 +203,22 @@ func (t *tracker) selectHot(candidates []string, topN int, minScore float64, now
 	t.gen++
 	cs := make([]cand, 0, len(candidates)+len(t.risen))
 	risen := t.risen
-	t.risen = t.risen[:0]
-	for _, id := range slices.Concat(candidates, risen) {
-		e := t.entries[id]
-		if e == nil || e.mark == t.gen || e.pinned {
-			continue
-		}
-		e.mark = t.gen
-		if e.flags.reads() < admitReads {
-			continue
-		}
-		if key, tie, score := t.rank(id, e, now); score >= minScore && score > 0 {
-			cs = append(cs, cand{id, key, tie})
+	// Not kept for the next poll: a full sync can name every tracked id, and a slice that size would stay
+	// allocated for good (16 B per tracked id at 1M ids).
+	t.risen = nil
+	for _, ids := range [][]string{candidates, risen} {
+		for _, id := range ids {
+			e := t.entries[id]
+			if e == nil || e.mark == t.gen || e.pinned {
+				continue
+			}
+			e.mark = t.gen
+			if e.flags.reads() < admitReads {
+				continue
+			}
+			if key, tie, score := t.rank(id, e, now); score >= minScore && score > 0 {
+				cs = append(cs, cand{id, key, tie})
+			}
 		}
 	}
 	slices.SortFunc(cs, func(a, b cand) int {
@@ -369,7 +373,7 @@ func (t *tracker) age(now int64) {
 	}
 	// A poll that did not select (the hot set is frozen during an origin outage) leaves its risen ids behind:
 	// dropped here, so that they cannot pile up for the length of the outage.
-	t.risen = t.risen[:0]
+	t.risen = nil
 }
 
 // resize applies max_tracked and history_half_life (from a reload). The sketch keeps its counts unless its
