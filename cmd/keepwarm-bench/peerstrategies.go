@@ -138,6 +138,20 @@ func (r *peerRun) appLoader(pool *pgxpool.Pool) (lockstep.Loader, error) {
 	return loaderOf(src), nil
 }
 
+// app is one app instance's connections and origin: its own Redis client and pool (conns), and the loader that
+// queries the origin through that pool (appLoader).
+func (r *peerRun) app(ctx context.Context, s *peerSetup) (*redis.Client, lockstep.Loader, error) {
+	rdb, pool, err := r.conns(ctx, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	load, err := r.appLoader(pool)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rdb, load, nil
+}
+
 // --- sturdyc -----------------------------------------------------------------------------------------------------
 
 // sturdycKnobs maps the TTL onto sturdyc's knobs in the proportions of the README's "Distributed storage early
@@ -168,11 +182,7 @@ func sturdycStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 	c := r.c
 	k := sturdycKnobsFor(c.ttl)
 	return r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
-		rdb, pool, err := r.conns(ctx, s)
-		if err != nil {
-			return peerInstance{}, err
-		}
-		load, err := r.appLoader(pool)
+		rdb, load, err := r.app(ctx, s)
 		if err != nil {
 			return peerInstance{}, err
 		}
@@ -250,11 +260,7 @@ func goRedisCacheConfig(c peersConfig) string {
 func goRedisCacheStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 	c := r.c
 	return r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
-		rdb, pool, err := r.conns(ctx, s)
-		if err != nil {
-			return peerInstance{}, err
-		}
-		load, err := r.appLoader(pool)
+		rdb, load, err := r.app(ctx, s)
 		if err != nil {
 			return peerInstance{}, err
 		}
@@ -326,11 +332,7 @@ func lockedStrategy(newLocker func(*redis.Client) locker) func(context.Context, 
 	return func(ctx context.Context, r *peerRun) (*peerSetup, error) {
 		c := r.c
 		return r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
-			rdb, pool, err := r.conns(ctx, s)
-			if err != nil {
-				return peerInstance{}, err
-			}
-			load, err := r.appLoader(pool)
+			rdb, load, err := r.app(ctx, s)
 			if err != nil {
 				return peerInstance{}, err
 			}
@@ -407,11 +409,7 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 		}
 		ksName := "kwbench-peers-" + r.run + "-" + r.name + "-" + fmt.Sprint(r.n)
 		s, err := r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
-			rdb, pool, err := r.conns(ctx, s)
-			if err != nil {
-				return peerInstance{}, err
-			}
-			load, err := r.appLoader(pool)
+			rdb, load, err := r.app(ctx, s)
 			if err != nil {
 				return peerInstance{}, err
 			}
