@@ -51,6 +51,9 @@ const (
 	// DefaultMaxTracked).
 	DefaultMaxTrackedFactor = 10
 	DefaultMaxTracked       = 10000
+	// MaxTracked bounds MaxTracked: the tracker's frequency sketch is allocated for it at start (8 to 16 bytes
+	// per id, 128 MiB at this bound), and the entries cost about 120 bytes per id more (docs/benchmarks.md §13).
+	MaxTrackedLimit = 10_000_000
 	// MaxTopN bounds TopN (and so MaxTracked's default): hot sets are read and sorted in full each poll.
 	MaxTopN              = 1_000_000
 	DefaultDecayHalfLife = 10 * time.Minute
@@ -129,8 +132,8 @@ type KeyspaceConfig struct {
 	DecayHalfLife time.Duration // access scores halve every DecayHalfLife; default DefaultDecayHalfLife
 	// HistoryHalfLife is how fast the selection's long memory of reads fades: the frequency sketch's counts
 	// (sketch.go) halve every HistoryHalfLife. It lets ids re-read at gaps longer than DecayHalfLife keep their
-	// admission and rank between reads. Default DefaultHistoryFactor × DecayHalfLife (at most MaxDuration); at
-	// least DecayHalfLife.
+	// admission and rank between reads. Default DefaultHistoryFactor × DecayHalfLife (at least 1s, at most
+	// MaxDuration); a set value must be at least DecayHalfLife and 1s.
 	HistoryHalfLife time.Duration
 	LFU             bool // also read Redis LFU counters (OBJECT FREQ) when maxmemory-policy is LFU
 	LFUScanCount    int  // keys one poll's SCAN step asks for (the LFU signal's rate limit); default 1000
@@ -295,7 +298,9 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 		if !ok || h > MaxDuration {
 			h = MaxDuration // a long memory as long as allowed: clamped, since a valid decay_half_life must stay valid
 		}
-		c.HistoryHalfLife = h
+		c.HistoryHalfLife = max(h, time.Second)
+	} else if c.HistoryHalfLife < time.Second {
+		bad("history_half_life", "%v is below 1s: the long memory of reads ages in whole seconds", c.HistoryHalfLife)
 	} else if c.HistoryHalfLife < c.DecayHalfLife {
 		bad("history_half_life", "%v is below decay_half_life (%v): the long memory of reads must fade slower than the access scores",
 			c.HistoryHalfLife, c.DecayHalfLife)
@@ -370,6 +375,9 @@ func (c KeyspaceConfig) Resolve() (KeyspaceConfig, error) {
 	switch {
 	case c.MaxTracked < 0:
 		bad("max_tracked", "%d is negative", c.MaxTracked)
+	case c.MaxTracked > MaxTrackedLimit:
+		bad("max_tracked", "%d is above the limit of %d (the selection's memory is allocated for max_tracked ids at start)",
+			c.MaxTracked, MaxTrackedLimit)
 	case topNOK && c.MaxTracked < c.TopN:
 		bad("max_tracked", "%d must be at least top_n (%d) and 1", c.MaxTracked, c.TopN)
 	case c.MaxTracked < c.TopN+len(c.Pinned):

@@ -132,6 +132,12 @@ func TestResolveBounds(t *testing.T) {
 		{"top_n", func(c *warmer.KeyspaceConfig) { c.TopN = warmer.MaxTopN + 1 }, `keyspace "a": top_n: 1000001 is not in [0, 1000000]`},
 		// One owner of max_tracked ≥ top_n: an error here (it was silently raised), as in the config file.
 		{"max_tracked below top_n", func(c *warmer.KeyspaceConfig) { c.TopN, c.MaxTracked = 100, 50 }, `keyspace "a": max_tracked: 50 must be at least top_n (100)`},
+		// Issue 25: the sketch is allocated for max_tracked at start, and ages in whole seconds.
+		{"max_tracked above the limit", func(c *warmer.KeyspaceConfig) { c.MaxTracked = warmer.MaxTrackedLimit + 1 }, `keyspace "a": max_tracked: 10000001 is above the limit of 10000000`},
+		{"history below decay", func(c *warmer.KeyspaceConfig) { c.DecayHalfLife, c.HistoryHalfLife = time.Hour, time.Minute }, `keyspace "a": history_half_life: 1m0s is below decay_half_life (1h0m0s)`},
+		{"history below 1s", func(c *warmer.KeyspaceConfig) {
+			c.DecayHalfLife, c.HistoryHalfLife = 100*time.Millisecond, 900*time.Millisecond
+		}, `keyspace "a": history_half_life: 900ms is below 1s`},
 		{"refresh_ahead fraction", func(c *warmer.KeyspaceConfig) { c.RefreshAheadFraction = 1 }, `keyspace "a": refresh_ahead: 1 is not a fraction of the ttl in (0, 1)`},
 		{"missing", func(c *warmer.KeyspaceConfig) { c.Missing = "drop" }, `keyspace "a": missing: "drop" is not a policy: want "delete", "keep" or "tombstone"`},
 		// Issue 22: the derived 10 × ttl was bounded only when set, so validate showed 8790h and run refused it.
@@ -181,4 +187,24 @@ func nostale(t *testing.T) *lockstep.Keys {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// TestHistoryHalfLifeDefault: 6 × decay_half_life, at least 1s (the sketch ages in whole seconds), at most
+// MaxDuration (a decay_half_life that is valid stays valid).
+func TestHistoryHalfLifeDefault(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ decay, want time.Duration }{
+		{0, 6 * warmer.DefaultDecayHalfLife},
+		{33 * time.Second, 198 * time.Second},
+		{100 * time.Millisecond, time.Second},
+		{warmer.MaxDuration, warmer.MaxDuration},
+	} {
+		c, err := warmer.KeyspaceConfig{Name: "a", Keys: nostale(t), TTL: time.Minute, DecayHalfLife: tc.decay}.Resolve()
+		if err != nil {
+			t.Fatalf("decay_half_life %v: %v", tc.decay, err)
+		}
+		if c.HistoryHalfLife != tc.want {
+			t.Errorf("decay_half_life %v: history_half_life %v, want %v", tc.decay, c.HistoryHalfLife, tc.want)
+		}
+	}
 }

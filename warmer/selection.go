@@ -78,12 +78,14 @@ func (e *entry) noteRead(n int) {
 // admitReads), so an id whose entry was trimmed between two reads is admitted at its next read as if the entry
 // had stayed; and every rise is counted in the sketch, rounded, at least 1.
 func (t *tracker) observe(id string, score float64, now int64) *entry {
-	e := t.lookup(id)
+	e, remembered := t.lookup(id)
 	if score > e.score {
 		rise := score - e.score
 		e.noteRead(min(max(int(rise), 1), admitReads))
 		if t.sketch != nil {
-			t.sketch.add(id, max(int(math.Round(rise)), 1))
+			// A re-created entry starts at score 0, so its first rise is the id's whole access score, part of
+			// which the sketch already counted before the entry was trimmed: only the reads beyond those go in.
+			t.sketch.add(id, max(int(math.Round(rise))-int(remembered), 1))
 			t.risen = append(t.risen, id)
 		}
 	}
@@ -93,17 +95,19 @@ func (t *tracker) observe(id string, score float64, now int64) *entry {
 	return e
 }
 
-// lookup returns id's entry, creating it, with the reads the frequency sketch remembers, when there is none.
-func (t *tracker) lookup(id string) *entry {
-	e := t.entries[id]
+// lookup returns id's entry, creating it, with the reads the frequency sketch remembers, when there is none;
+// remembered is that estimate for a new entry, 0 for an existing one.
+func (t *tracker) lookup(id string) (e *entry, remembered uint8) {
+	e = t.entries[id]
 	if e == nil {
 		e = &entry{}
 		if t.sketch != nil {
-			e.setReads(min(int(t.sketch.estimate(id)), admitReads))
+			remembered = t.sketch.estimate(id)
+			e.setReads(min(int(remembered), admitReads))
 		}
 		t.entries[id] = e
 	}
-	return e
+	return e, remembered
 }
 
 // observeLFU records id's LFU counter above lfuInitVal, f > 0. It passes the same doorkeeper as the access set: a
@@ -112,7 +116,7 @@ func (t *tracker) lookup(id string) *entry {
 // counter above lfuInitVal admitted: 1,000 keys read once took every spare hot slot). Rises go into the frequency
 // sketch as one read each: the counter is logarithmic, so a rise says "read again", not how often.
 func (t *tracker) observeLFU(id string, f uint8, now int64) {
-	e := t.lookup(id)
+	e, _ := t.lookup(id)
 	if f > e.lfu {
 		e.noteRead(min(int(f-e.lfu), admitReads))
 		if t.sketch != nil {
@@ -172,7 +176,11 @@ func (t *tracker) refreshed(id string, e *entry, now int64, period time.Duration
 		return true, true
 	}
 	unread := float64(e.wasted) * period.Seconds()
-	if r, _, _ := t.rank(id, e, now); r <= 0 || unread > patience*t.halfLife.Seconds()/(r*math.Ln2) {
+	r, _, score := t.rank(id, e, now)
+	if r <= 0 {
+		r = score // the sketch has no count for it (a new sketch after a reload, or a count halved to 0)
+	}
+	if r <= 0 || unread > patience*t.halfLife.Seconds()/(r*math.Ln2) {
 		e.setReads(0)
 		e.wasted = 0
 	}

@@ -26,8 +26,8 @@ import (
 // sketchDepth is the number of rows (hash functions). Four is TinyLFU's and Caffeine's choice.
 const sketchDepth = 4
 
-// sketchWidthPerID is the counters per row per tracked id (rounded up to a power of two): 4 rows × 2 × 1 byte
-// is 8 bytes per tracked id, inside the 200 B per tracked id bound, and keeps a full table's false "read before"
+// sketchWidthPerID is the counters per row per tracked id, before the width is rounded up to a power of two: 4
+// rows × 2 × 1 byte is 8 to 16 bytes per tracked id, inside the 200 B per tracked id bound, and keeps a full table's false "read before"
 // answers for an id never seen (every row's counter non-zero) to a few per cent on the scan-heavy traces.
 const sketchWidthPerID = 2
 
@@ -41,7 +41,7 @@ type frequencySketch struct {
 	halvedAt int64 // unix seconds of the last halving
 }
 
-// newFrequencySketch returns a sketch sized for maxTracked ids (8 bytes per id, at least 4 KiB), ageing with the
+// newFrequencySketch returns a sketch sized for maxTracked ids (8 to 16 bytes per id, at least 4 KiB), ageing with the
 // given half-life, its clock started at unix second now.
 func newFrequencySketch(maxTracked int, halfLife time.Duration, now int64) *frequencySketch {
 	width := sketchWidth(maxTracked)
@@ -93,8 +93,8 @@ func (s *frequencySketch) add(id string, n int) {
 	}
 }
 
-// estimate returns id's aged read count: never below the true count since the last halvings, above it by what
-// colliding ids added.
+// estimate returns id's aged read count: never below the true count since the last halvings (up to the 255 a
+// counter saturates at), above it by what colliding ids added.
 func (s *frequencySketch) estimate(id string) uint8 { return s.min(s.index(id)) }
 
 func (s *frequencySketch) min(idx [sketchDepth]uint64) uint8 {
@@ -105,10 +105,15 @@ func (s *frequencySketch) min(idx [sketchDepth]uint64) uint8 {
 	return m
 }
 
+// period is the half-life in whole seconds (the tracker's clock), rounded, at least 1.
+func (s *frequencySketch) period() int64 {
+	return max(1, int64((s.halfLife+time.Second/2)/time.Second))
+}
+
 // age halves every counter once for each full half-life since the last halving, as of unix second now.
 func (s *frequencySketch) age(now int64) {
-	hl := int64(s.halfLife / time.Second)
-	if hl <= 0 || now-s.halvedAt < hl {
+	hl := s.period()
+	if now-s.halvedAt < hl {
 		return
 	}
 	shift := min((now-s.halvedAt)/hl, 8)
@@ -123,9 +128,9 @@ func (s *frequencySketch) age(now int64) {
 // by the time since the last halving, holds about λ·h; so the estimate is scaled by decay/(h·ln 2) and that fade.
 func (s *frequencySketch) rate(id string, now int64, decay time.Duration) float64 {
 	c := s.estimate(id)
-	if c == 0 || s.halfLife <= 0 {
+	if c == 0 {
 		return 0
 	}
-	hl := s.halfLife.Seconds()
+	hl := float64(s.period())
 	return float64(c) * math.Exp2(-float64(now-s.halvedAt)/hl) * decay.Seconds() / (hl * math.Ln2)
 }

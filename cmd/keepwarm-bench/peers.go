@@ -882,7 +882,10 @@ func printPeers(w io.Writer, rep *peersReport) {
 	fmt.Fprintf(w, `
 origin/hot key/TTL: origin fetches of hot ids in the window ÷ (hot ids × window ÷ TTL); worst hot key: the same for
 the hot id fetched most. misses: reads that returned a value produced by an origin query that ended after the read
-began, unless their first Redis GET found a value (they waited for it). cell queries: origin queries the wrapper counted from before the first instance
+began, unless their first Redis GET found a value (they waited for it); hot reads, hot misses: the same for hot ids;
+errors: reads that returned an error. simultaneous hot: fetches of a hot id that started while another fetch of
+it was in flight. origin queries (daemon): origin queries in the window, the daemon's share in parentheses.
+cell queries: origin queries the wrapper counted from before the first instance
 started to after the last stopped, against pg_stat_statements' calls over the same span. p50..p99.9: every read;
 hot p99: reads of hot ids, over the plain-hit p99 of the same window. cmds/read: INFO commandstats calls in the
 window (scripts' inner calls included; the daemon's included; the baseline's GETs and INFO taken out) per read.
@@ -917,7 +920,8 @@ read end − the origin query's clock_timestamp().
 	}
 	if best != nil {
 		if rep.Duration < 2*rep.TTL {
-			fmt.Fprintf(w, "\n(the window, %v, is shorter than two TTLs: the per-TTL figures below do not mean much)", rep.Duration)
+			fmt.Fprintf(w, "\nkeepwarm targets: not judged: the window, %v, is shorter than two TTLs, so few hot keys expired in it and the per-TTL figures above mean little\n", rep.Duration)
+			return
 		}
 		rt := ratio(best.HotLatency.P99, best.Baseline.P99)
 		fmt.Fprintf(w, "\nkeepwarm targets at N = %d: origin queries per hot key per TTL %.3f (want <= 1.05) %s; hot-key misses %d (want 0) %s; hot p99 %s vs plain-hit p99 %s: ratio %.2f (want <= 1.2) %s\n",
