@@ -134,7 +134,7 @@ func (t *tracker) observeLFU(id string, f uint8, now int64) {
 // history_half_lives, and ids whose counts are equal (the sketch's counters saturate at 255, so the hottest
 // all are) by their recent reads. An id read once a minute keeps the rank its reads earn between them instead of
 // decaying to nothing. Issue 25 simulated the alternatives on the ARC and key-value traces: the larger of the two
-// gained nothing, their sum gained on the disk traces and lost 0.3 points on Zipf; this order gained 0.05 to 0.95
+// gained nothing, their sum gained on the disk traces and lost 0.3 points on Zipf; this order gained 0.06 to 0.97
 // points on every trace (docs/benchmarks.md §13).
 //
 // The refresh feedback estimates an id's expected gap between reads from key, its long-run rate: an id read in
