@@ -51,7 +51,7 @@ const (
 	// DefaultMaxTracked).
 	DefaultMaxTrackedFactor = 10
 	DefaultMaxTracked       = 10000
-	// MaxTracked bounds MaxTracked: the tracker's frequency sketch is allocated for it at start (8 to 16 bytes
+	// MaxTrackedLimit bounds MaxTracked: the tracker's frequency sketch is allocated for it at start (8 to 16 bytes
 	// per id, 128 MiB at this bound), and the entries cost about 120 bytes per id more (docs/benchmarks.md §13).
 	MaxTrackedLimit = 10_000_000
 	// MaxTopN bounds TopN (and so MaxTracked's default): hot sets are read and sorted in full each poll.
