@@ -52,9 +52,9 @@ func TestValidateDemoConfig(t *testing.T) {
 	}
 	for _, want := range []string{
 		"ok: ../../config.toml: 4 keyspaces, 2 hotkeys lists, 1 schedule\n",
-		"KEYSPACE     KEY                TTL  JITTER  REFRESH AHEAD  LOCK TTL  STALE TTL  TOP N  MAX TRACKED  PINNED  SCHEDULES\n",
-		"track        track:${id}        10s  0.1     20% (2s)       10s       10m0s      500    5000         9       -\n",
-		"chart-genre  chart:genre:${id}  10s  0.1     25% (2.5s)     10s       -          25     10000        0       charts-before-work\n",
+		"KEYSPACE     KEY                TTL  JITTER  REFRESH AHEAD  LOCK TTL  STALE TTL  TOP N  MAX TRACKED  DECAY  HISTORY  PINNED  SCHEDULES\n",
+		"track        track:${id}        10s  0.1     20% (2s)       10s       10m0s      500    5000         10m0s  1h0m0s   9       -\n",
+		"chart-genre  chart:genre:${id}  10s  0.1     25% (2.5s)     10s       -          25     10000        10m0s  1h0m0s   0       charts-before-work\n",
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("validate: got\n%s\nwant it to contain\n%s", stdout, want)
