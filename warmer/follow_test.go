@@ -70,7 +70,8 @@ func TestHotSetShrinksWhenTheAccessSetIsLost(t *testing.T) {
 		advance  time.Duration // how far the clock jumps after the access set is lost
 		within   time.Duration
 	}{
-		// The daemon's default min_score 1: the in-memory scores fade below it on their own (here 30 half-lives).
+		// The daemon's default min_score 1: the in-memory scores fade below it on their own (here 30 half-lives of
+		// the access scores, and 10 of the long memory, whose counts saturate at 255 = 2^8 - 1: both reach 0).
 		{"scores fade below min_score", 1, 30 * time.Minute, 3 * time.Second},
 		// min_score 0: the refresh feedback finds every refresh unread and demotes the keys.
 		{"unread refreshes demote", 0, 0, 15 * time.Second},
@@ -79,7 +80,7 @@ func TestHotSetShrinksWhenTheAccessSetIsLost(t *testing.T) {
 			f := newFixture(t, 10)
 			ctx := context.Background()
 			cfg := f.config()
-			cfg.TopN, cfg.MinScore, cfg.DecayHalfLife = 5, tc.minScore, time.Minute
+			cfg.TopN, cfg.MinScore, cfg.DecayHalfLife, cfg.HistoryHalfLife = 5, tc.minScore, time.Minute, 3*time.Minute
 			var clock offsetClock
 			stopReads := reader(t, f, cfg.AccessKey, "1", "2", "3")
 			w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Now: clock.now})
