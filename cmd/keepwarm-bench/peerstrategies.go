@@ -280,9 +280,6 @@ func goRedisCacheStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 // locker takes a key's lock once, without waiting: unlock releases it; ok false means another holder has it.
 type locker func(ctx context.Context, key string, ttl time.Duration) (unlock func(), ok bool, err error)
 
-// lockPoll is how long a reader that found the lock held sleeps before it reads the value again (the stampede
-// benchmark's locked strategy uses the same 10 ms).
-const lockPoll = 10 * time.Millisecond
 
 func lockedConfig(lib string) func(c peersConfig) string {
 	return func(c peersConfig) string {

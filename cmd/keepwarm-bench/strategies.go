@@ -35,6 +35,10 @@ var stampedeStrategies = []stampedeStrategy{
 	{"keepwarm", "the lockstep client (token lock, stale copy, access recording) with the warmer running in-process", lockstepStrategy(true)},
 }
 
+// lockPoll is how long a reader that found the lock held sleeps before it reads the value again: the locked
+// reference strategies here and the lock-based peers (redislock, redsync) of `keepwarm-bench peers` alike.
+const lockPoll = 10 * time.Millisecond
+
 // strategyByName returns the strategy called name.
 func strategyByName(name string) (stampedeStrategy, bool) {
 	for _, st := range stampedeStrategies {
@@ -229,7 +233,6 @@ func (e *stampedeEnv) referenceReader(name, sp string, xf, locked bool, recomput
 	c := e.c
 	rdb := e.app
 	key, lock, deltaKey := sp+"value", sp+"lock", sp+"delta"
-	const retry = 10 * time.Millisecond
 	deadline := func() time.Time { return time.Now().Add(c.lockTTL + 30*time.Second) }
 	read := func(ctx context.Context) (v []byte, pttl time.Duration, delta time.Duration, err error) {
 		var g *redis.StringCmd
@@ -342,7 +345,7 @@ func (e *stampedeEnv) referenceReader(name, sp string, xf, locked bool, recomput
 				o.ducked = true
 				return o
 			}
-			time.Sleep(retry)
+			time.Sleep(lockPoll)
 			if v, o.err = reread(ctx); o.err != nil || v != nil {
 				return o
 			}
