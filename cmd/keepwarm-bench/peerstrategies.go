@@ -280,7 +280,6 @@ func goRedisCacheStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 // locker takes a key's lock once, without waiting: unlock releases it; ok false means another holder has it.
 type locker func(ctx context.Context, key string, ttl time.Duration) (unlock func(), ok bool, err error)
 
-
 func lockedConfig(lib string) func(c peersConfig) string {
 	return func(c peersConfig) string {
 		how := "redislock.New(client).Obtain(ctx, lock key, lock TTL, nil) (one try: the default NoRetry), Release"
