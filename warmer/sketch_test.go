@@ -219,3 +219,20 @@ func TestNewSketchDoesNotDemote(t *testing.T) {
 		t.Error("demoted after two unread refreshes 0.1 s apart: the empty sketch was read as no reads at all")
 	}
 }
+
+// TestRisenIDsDoNotPileUp: the ids read since the last selection are candidates once; a poll that does not
+// select (the hot set is frozen during an origin outage) drops them at the next poll's start, so an outage of
+// any length cannot grow the list.
+func TestRisenIDsDoNotPileUp(t *testing.T) {
+	t.Parallel()
+	tr := newTracker(1000, time.Minute, time.Hour, 0)
+	for now := int64(1); now <= 50; now++ { // 50 polls that read signals and never select
+		tr.age(now)
+		for i := range 100 {
+			tr.observe(strconv.Itoa(i), float64(now), now)
+		}
+	}
+	if got := len(tr.risen); got > 100 {
+		t.Errorf("risen holds %d ids after 50 polls without a selection, want at most one poll's 100", got)
+	}
+}
