@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/internal/redisserver"
+	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 )
 
@@ -548,9 +549,10 @@ const (
 	daemonPoolWait         = 100 * time.Millisecond
 )
 
-// jitterTTL returns a TTL drawn from [ttl, ttl×(1+jitter)), as lockstep and the warmer write them.
+// jitterTTL returns a TTL drawn from [ttl, ttl×(1+jitter)) with lockstep.Jitter, the formula lockstep and the
+// warmer write TTLs with.
 func jitterTTL(ttl time.Duration, jitter float64) time.Duration {
-	return ttl + time.Duration(rand.Float64()*jitter*float64(ttl))
+	return lockstep.Jitter(ttl, jitter, rand.Float64())
 }
 
 // peerWorker is one reading goroutine's tallies; only its goroutine writes them until the cell's readers stop.
