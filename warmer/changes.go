@@ -27,8 +27,14 @@ const (
 	OnChangeInvalidate = "invalidate"
 )
 
-// DefaultReplayTimeout bounds the wait for a read replica to replay a commit before its changes are refreshed.
-const DefaultReplayTimeout = 2 * time.Second
+// Defaults of ChangesConfig.
+const (
+	// DefaultVisibilityTimeout bounds the wait for a batch's commits to become visible before its changes are
+	// refreshed (ChangesConfig.VisibilityTimeout).
+	DefaultVisibilityTimeout = 10 * time.Second
+	// DefaultFreshness is the freshness SLO's bound (ChangesConfig.Freshness).
+	DefaultFreshness = time.Second
+)
 
 // Feed says that changes to a table change a keyspace's ids: the id is the value of Column in the changed row.
 // An UPDATE that moves a row from one id to another (track.album_id 1 → 2) changes both ids, which needs the old
@@ -55,23 +61,32 @@ type RowChange struct {
 // Txn is one committed transaction's row changes.
 type Txn struct {
 	LSN     uint64    // the LSN just past its commit record: a replica that replayed it sees the change
+	Xid     uint32    // its transaction id, for VisibilityWaiter (0: not known, not waited for)
 	Commit  time.Time // commit time on the origin's clock, for the commit-to-Redis latency
 	Changes []RowChange
 }
 
-// ReplayWaiter is implemented by a Source that may read from a replica (postgres.Source): WaitReplay returns once
-// the server it reads from has replayed lsn (at once on a primary), or ctx's error.
-type ReplayWaiter interface {
-	WaitReplay(ctx context.Context, lsn uint64) error
+// VisibilityWaiter is implemented by a Source that can tell when committed transactions are visible to its
+// queries (postgres.Source): WaitVisible returns once every transaction xids[i], whose commit record ends at
+// ends[i], is visible on the server the source reads from, with the last time each was seen not visible (zero:
+// visible at the first look), or ctx's error. A change is refreshed only after it: a refresh that reads the row
+// before the commit is visible writes the old row and acknowledges the change.
+type VisibilityWaiter interface {
+	WaitVisible(ctx context.Context, xids []uint32, ends []uint64) ([]time.Time, error)
 }
 
 // ChangesConfig configures Changes.
 type ChangesConfig struct {
 	Keyspaces []ChangeKeyspace
-	// ReplayTimeout bounds the wait for a replica to replay a batch's last commit (read-your-commit); on timeout
-	// the batch fails and is retried (counted in keepwarm_changes_replay_timeouts_total). Default
-	// DefaultReplayTimeout.
-	ReplayTimeout time.Duration
+	// VisibilityTimeout bounds the wait for a batch's commits to become visible on the server a keyspace reads
+	// (VisibilityWaiter: released by a synchronous standby on a primary, replayed on a replica); on timeout the
+	// batch fails and is retried, not acknowledged (counted in keepwarm_changes_visibility_timeouts_total).
+	// Default DefaultVisibilityTimeout.
+	VisibilityTimeout time.Duration
+	// Freshness is the freshness SLO's bound: a changed key published (or invalidated) more than Freshness after
+	// its commit became visible is counted late (keepwarm_changes_late_total, keepwarm_changes_stale_seconds_total).
+	// Default DefaultFreshness.
+	Freshness time.Duration
 	// Registerer receives the metrics (nil: none); Logger defaults to the Warmer's.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -96,6 +111,21 @@ type Changes struct {
 	mu     sync.Mutex
 	byTbl  map[string][]feedOf // table → feeds
 	spaces []ChangeKeyspace
+
+	// unseen remembers, across the retries of a batch, the last time each of its transactions was seen not
+	// visible by a keyspace's source: a retry that finds it visible at once must not date its visibility back to
+	// the commit. Entries go when their batch is applied (and all at once past maxUnseen, after a reset).
+	unseenMu sync.Mutex
+	unseen   map[unseenKey]time.Time
+}
+
+// maxUnseen bounds Changes.unseen: entries of batches never applied (a slot recreated meanwhile) do not pile up.
+const maxUnseen = 100_000
+
+type unseenKey struct {
+	keyspace string
+	xid      uint32
+	lsn      uint64
 }
 
 type feedOf struct {
@@ -105,8 +135,11 @@ type feedOf struct {
 
 // NewChanges validates cfg against w's keyspaces and returns Changes. Errors name the keyspace and field.
 func NewChanges(w *Warmer, cfg ChangesConfig) (*Changes, error) {
-	if cfg.ReplayTimeout <= 0 {
-		cfg.ReplayTimeout = DefaultReplayTimeout
+	if cfg.VisibilityTimeout <= 0 {
+		cfg.VisibilityTimeout = DefaultVisibilityTimeout
+	}
+	if cfg.Freshness <= 0 {
+		cfg.Freshness = DefaultFreshness
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = w.log
@@ -115,7 +148,7 @@ func NewChanges(w *Warmer, cfg ChangesConfig) (*Changes, error) {
 	if err != nil {
 		return nil, fmt.Errorf("warmer: changes: register metrics: %w", err)
 	}
-	c := &Changes{w: w, cfg: cfg, log: cfg.Logger, m: m}
+	c := &Changes{w: w, cfg: cfg, log: cfg.Logger, m: m, unseen: map[unseenKey]time.Time{}}
 	if err := c.Update(cfg.Keyspaces); err != nil {
 		return nil, err
 	}
@@ -170,31 +203,42 @@ func (c *Changes) Tables() []string {
 
 // IDs maps txns to the changed ids of each fed keyspace, deduplicated, in first-seen order. A row's old and new
 // values of the id column both count (an UPDATE that moves it changes both ids).
-func (c *Changes) IDs(txns []Txn) map[string][]string {
+func (c *Changes) IDs(txns []Txn) map[string][]string { return c.changed(txns).ids }
+
+// changedIDs is what a batch of transactions changes, per fed keyspace.
+type changedIDs struct {
+	ids   map[string][]string       // keyspace → changed ids, in first-seen order
+	first map[string]map[string]int // keyspace → id → index of the first transaction that changed it
+	txns  map[string][]int          // keyspace → indexes of the transactions that changed it, ascending
+}
+
+func (c *Changes) changed(txns []Txn) changedIDs {
 	c.mu.Lock()
 	by := c.byTbl
 	c.mu.Unlock()
-	out := map[string][]string{}
-	seen := map[string]map[string]bool{}
-	add := func(ks, id string) {
-		s := seen[ks]
-		if s == nil {
-			s = map[string]bool{}
-			seen[ks] = s
+	out := changedIDs{ids: map[string][]string{}, first: map[string]map[string]int{}, txns: map[string][]int{}}
+	add := func(ks, id string, t int) {
+		f := out.first[ks]
+		if f == nil {
+			f = map[string]int{}
+			out.first[ks] = f
 		}
-		if !s[id] {
-			s[id] = true
-			out[ks] = append(out[ks], id)
+		if tx := out.txns[ks]; len(tx) == 0 || tx[len(tx)-1] != t {
+			out.txns[ks] = append(tx, t)
+		}
+		if _, ok := f[id]; !ok {
+			f[id] = t
+			out.ids[ks] = append(out.ids[ks], id)
 		}
 	}
-	for _, t := range txns {
-		for _, ch := range t.Changes {
+	for t, txn := range txns {
+		for _, ch := range txn.Changes {
 			for _, f := range by[ch.Table] {
 				if v, ok := ch.Old[f.column]; ok {
-					add(f.keyspace, v)
+					add(f.keyspace, v, t)
 				}
 				if v, ok := ch.New[f.column]; ok {
-					add(f.keyspace, v)
+					add(f.keyspace, v, t)
 				}
 			}
 		}
@@ -203,30 +247,42 @@ func (c *Changes) IDs(txns []Txn) map[string][]string {
 }
 
 // Apply applies a batch of committed transactions, in commit order, and returns nil once every changed id of
-// every fed keyspace is published (or invalidated, or known not cached). It returns an error when anything
-// failed (origin, Redis, a replica that did not replay the commit in time); the caller retries the batch and
-// does not acknowledge it meanwhile.
+// every fed keyspace is published (or invalidated, or known not cached). Each keyspace first waits, at most
+// VisibilityTimeout, until the transactions that changed it are visible on the server it reads from
+// (VisibilityWaiter), so that no refresh reads a row from before the commit. It returns an error when anything
+// failed (origin, Redis, a commit that did not become visible in time); the caller retries the batch and does not
+// acknowledge it meanwhile.
 func (c *Changes) Apply(ctx context.Context, txns []Txn) error {
 	if len(txns) == 0 {
 		return nil
 	}
-	ids := c.IDs(txns)
+	ch := c.changed(txns)
 	n := 0
 	for _, t := range txns {
 		n += len(t.Changes)
 	}
 	c.m.rows.Add(float64(n))
-	lsn := txns[len(txns)-1].LSN
-	err := c.applyIDs(ctx, ids, lsn)
+	visible, err := c.applyIDs(ctx, ch, txns)
 	if err != nil {
 		return err
 	}
+	c.forgetUnseen(txns)
 	now := time.Now()
-	for _, t := range txns {
+	for i, t := range txns {
 		c.m.commitToRedis.Observe(max(now.Sub(t.Commit), 0).Seconds())
+		c.m.visibleToRedis.Observe(max(now.Sub(visibleBound(t, visible[i])), 0).Seconds())
 	}
 	c.m.txns.Add(float64(len(txns)))
 	return nil
+}
+
+// visibleBound is a lower bound of the moment a transaction became visible: its commit time, or the last time it
+// was seen not visible when that is later.
+func visibleBound(t Txn, lastInvisible time.Time) time.Time {
+	if lastInvisible.After(t.Commit) {
+		return lastInvisible
+	}
+	return t.Commit
 }
 
 // Resync refreshes every hot key of every fed keyspace once, through the same path as a change: after the stream
@@ -270,7 +326,7 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 		c.log.Warn("resync: refreshing every hot key of the fed keyspaces once; cold keys changed meanwhile keep their TTL",
 			"reason", reason, "hot_keys", total)
 	}
-	if err := c.applyIDs(ctx, ids, 0); err != nil {
+	if _, err := c.applyIDs(ctx, changedIDs{ids: ids}, nil); err != nil {
 		return err
 	}
 	c.m.resyncKeys.Add(float64(total))
@@ -329,7 +385,7 @@ func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
 				if err := lim.WaitN(ctx, len(chunk)); err != nil {
 					return err
 				}
-				if err := c.invalidate(ctx, k, chunk); err != nil {
+				if _, err := c.invalidate(ctx, k, chunk); err != nil {
 					return err
 				}
 				n += len(chunk)
@@ -358,15 +414,19 @@ func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
 	return nil
 }
 
-// applyIDs refreshes or invalidates ids per keyspace, the keyspaces in parallel.
-func (c *Changes) applyIDs(ctx context.Context, ids map[string][]string, lsn uint64) error {
+// applyIDs refreshes or invalidates the changed ids per keyspace, the keyspaces in parallel. With txns (nil for a
+// resync), each keyspace first waits for the transactions that changed it to be visible (waitVisible), and counts
+// the changed keys it published later than Freshness after that (the freshness SLO). It returns, per transaction,
+// the last time any keyspace saw it not visible.
+func (c *Changes) applyIDs(ctx context.Context, ch changedIDs, txns []Txn) ([]time.Time, error) {
 	c.mu.Lock()
 	spaces := slices.Clone(c.spaces)
 	c.mu.Unlock()
 	var wg sync.WaitGroup
 	errs := make([]error, len(spaces))
+	seen := make([][]time.Time, len(spaces)) // per keyspace: per transaction, last seen not visible
 	for i, s := range spaces {
-		list := ids[s.Keyspace]
+		list := ch.ids[s.Keyspace]
 		k := c.w.keyspace(s.Keyspace)
 		if len(list) == 0 || k == nil {
 			continue
@@ -375,37 +435,151 @@ func (c *Changes) applyIDs(ctx context.Context, ids map[string][]string, lsn uin
 		go func() {
 			defer wg.Done()
 			var err error
-			if s.OnChange == OnChangeInvalidate {
-				err = c.invalidate(ctx, k, list)
-			} else {
-				err = c.refresh(ctx, k, list, lsn)
+			if txns != nil {
+				seen[i], err = c.waitVisible(ctx, k, txns, ch.txns[s.Keyspace])
+			}
+			var done []string
+			if err == nil {
+				if s.OnChange == OnChangeInvalidate {
+					done, err = c.invalidate(ctx, k, list)
+				} else {
+					done, err = c.refresh(ctx, k, list)
+				}
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("keyspace %q: %w", s.Keyspace, err)
+				return
+			}
+			if txns != nil {
+				c.noteFreshness(k.name, done, ch.first[s.Keyspace], txns, seen[i], time.Now())
 			}
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	out := make([]time.Time, len(txns))
+	for _, per := range seen {
+		for t, at := range per {
+			if at.After(out[t]) {
+				out[t] = at
+			}
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
-// invalidate deletes the keys, meta hashes and locks of ids (lockstep.Invalidate), pipelined.
-func (c *Changes) invalidate(ctx context.Context, k *keyspace, ids []string) error {
+// waitVisible waits, at most VisibilityTimeout, until the transactions txns[idx] are visible on the server k's
+// source reads from (VisibilityWaiter; a source that is not one is taken to read the primary directly after the
+// commit). It returns, per transaction of txns, the last time it was seen not visible.
+func (c *Changes) waitVisible(ctx context.Context, k *keyspace, txns []Txn, idx []int) ([]time.Time, error) {
+	out := make([]time.Time, len(txns))
+	vw, ok := k.config().Src.(VisibilityWaiter)
+	if !ok {
+		return out, nil
+	}
+	xids := make([]uint32, 0, len(idx))
+	ends := make([]uint64, 0, len(idx))
+	var asked []int
+	for _, t := range idx {
+		if txns[t].Xid != 0 {
+			xids, ends, asked = append(xids, txns[t].Xid), append(ends, txns[t].LSN), append(asked, t)
+		}
+	}
+	if len(xids) == 0 {
+		return out, nil
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, c.cfg.VisibilityTimeout)
+	last, err := vw.WaitVisible(wctx, xids, ends)
+	cancel()
+	c.m.visibleWait.WithLabelValues(k.name).Observe(time.Since(start).Seconds())
+	c.unseenMu.Lock()
+	if len(c.unseen) > maxUnseen {
+		clear(c.unseen)
+	}
+	for j, t := range asked {
+		key := unseenKey{k.name, xids[j], ends[j]}
+		at := c.unseen[key]
+		if j < len(last) && last[j].After(at) {
+			at = last[j]
+		}
+		if !at.IsZero() {
+			c.unseen[key] = at
+		}
+		out[t] = at
+	}
+	c.unseenMu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			c.m.visibleTimeout.WithLabelValues(k.name).Inc()
+			return out, fmt.Errorf("%d commits (last LSN %X/%X) not visible within visibility_timeout %v (a synchronous standby not confirming, or a replica behind): %w",
+				len(xids), ends[len(ends)-1]>>32, uint32(ends[len(ends)-1]), c.cfg.VisibilityTimeout, err)
+		}
+		return out, fmt.Errorf("wait for commits to be visible: %w", err)
+	}
+	return out, nil
+}
+
+// forgetUnseen drops what waitVisible remembered of txns, once they are applied.
+func (c *Changes) forgetUnseen(txns []Txn) {
+	c.unseenMu.Lock()
+	defer c.unseenMu.Unlock()
+	if len(c.unseen) == 0 {
+		return
+	}
+	c.mu.Lock()
+	spaces := slices.Clone(c.spaces)
+	c.mu.Unlock()
+	for _, t := range txns {
+		for _, s := range spaces {
+			delete(c.unseen, unseenKey{s.Keyspace, t.Xid, t.LSN})
+		}
+	}
+}
+
+// noteFreshness counts the keys of keyspace ks that a batch published (or invalidated) at published more than
+// Freshness after the first transaction that changed them became visible (visibleBound: never earlier than it
+// really did, so a late key is never missed; a change delivered again after a crash counts again).
+func (c *Changes) noteFreshness(ks string, done []string, first map[string]int, txns []Txn, seen []time.Time, published time.Time) {
+	var late, stale float64
+	for _, id := range done {
+		t, ok := first[id]
+		if !ok {
+			continue
+		}
+		var last time.Time
+		if t < len(seen) {
+			last = seen[t]
+		}
+		if age := published.Sub(visibleBound(txns[t], last)); age > c.cfg.Freshness {
+			late++
+			stale += age.Seconds()
+		}
+	}
+	if late > 0 {
+		c.m.late.WithLabelValues(ks).Add(late)
+		c.m.staleSeconds.WithLabelValues(ks).Add(stale)
+	}
+}
+
+// invalidate deletes the keys, meta hashes and locks of ids (lockstep.Invalidate), pipelined, and returns the ids
+// it invalidated.
+func (c *Changes) invalidate(ctx context.Context, k *keyspace, ids []string) ([]string, error) {
 	cfg := k.config()
 	sets := make([]lockstep.KeySet, 0, len(ids))
+	done := make([]string, 0, len(ids))
 	for _, id := range ids {
 		ks, err := cfg.Keys.For(id)
 		if err != nil {
 			c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Inc()
 			continue
 		}
-		sets = append(sets, ks)
+		sets, done = append(sets, ks), append(done, id)
 	}
 	if err := c.dropKeys(ctx, sets); err != nil {
-		return err
+		return nil, err
 	}
 	c.m.applied.WithLabelValues(k.name, ChangeInvalidated).Add(float64(len(sets)))
-	return nil
+	return done, nil
 }
 
 // dropKeys deletes the keys, meta hashes and locks of sets (lockstep.Invalidate), pipelined, without counting.
@@ -431,21 +605,10 @@ func (c *Changes) dropKeys(ctx context.Context, sets []lockstep.KeySet) error {
 // or an app's invalidation, in the same moment) before it gives up and lets the stream retry the batch.
 const maxRevokeRounds = 5
 
-// refresh rebuilds the ids of k that are hot, cached or being rebuilt, after revoking their locks.
-func (c *Changes) refresh(ctx context.Context, k *keyspace, ids []string, lsn uint64) error {
+// refresh rebuilds the ids of k that are hot, cached or being rebuilt, after revoking their locks, and returns
+// the ids whose key it published (written, or the missing policy applied) or invalidated.
+func (c *Changes) refresh(ctx context.Context, k *keyspace, ids []string) ([]string, error) {
 	cfg := k.config()
-	if rw, ok := cfg.Src.(ReplayWaiter); ok && lsn > 0 {
-		wctx, cancel := context.WithTimeout(ctx, c.cfg.ReplayTimeout)
-		err := rw.WaitReplay(wctx, lsn)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-				c.m.replayTimeouts.WithLabelValues(k.name).Inc()
-				return fmt.Errorf("replica did not replay LSN %X/%X within %v: %w", lsn>>32, uint32(lsn), c.cfg.ReplayTimeout, err)
-			}
-			return fmt.Errorf("wait for replay: %w", err)
-		}
-	}
 	items, invalid := warmItems(cfg, ids)
 	if len(invalid) > 0 {
 		c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Add(float64(len(invalid)))
@@ -453,24 +616,26 @@ func (c *Changes) refresh(ctx context.Context, k *keyspace, ids []string, lsn ui
 	}
 	items, err := c.revoke(ctx, k, items)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var done []string
 	for round := 0; len(items) > 0; round++ {
 		if round == maxRevokeRounds {
-			return fmt.Errorf("%d keys lost their lock %d times in a row", len(items), maxRevokeRounds)
+			return nil, fmt.Errorf("%d keys lost their lock %d times in a row", len(items), maxRevokeRounds)
 		}
 		var again []*item
 		for start := 0; start < len(items); start += cfg.BatchSize {
 			batch := items[start:min(start+cfg.BatchSize, len(items))]
-			redo, err := c.refreshBatch(ctx, k, cfg, batch)
+			redo, published, err := c.refreshBatch(ctx, k, cfg, batch)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			again = append(again, redo...)
+			done = append(done, published...)
 		}
 		items = again
 	}
-	return nil
+	return done, nil
 }
 
 // revoke deletes the locks of items, and returns those worth refreshing: hot, cached (EXISTS), or with a lock
@@ -502,25 +667,27 @@ func (c *Changes) revoke(ctx context.Context, k *keyspace, items []*item) ([]*it
 	return out, err
 }
 
-// refreshBatch runs one batch through the pipeline and returns the items to run again (lock revoked under it).
-func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceConfig, batch []*item) ([]*item, error) {
+// refreshBatch runs one batch through the pipeline and returns the items to run again (lock revoked under it) and
+// the ids whose key it published or invalidated.
+func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceConfig, batch []*item) (again []*item, done []string, err error) {
 	if err := k.slots.acquire(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	p := k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
-	err := p.run(ctx, batch)
+	err = p.run(ctx, batch)
 	k.slots.release()
 	k.poke() // a refresh batch may be waiting for the slot
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var again, large []*item
+	var large []*item
 	var bad []lockstep.KeySet
 	var failed error
 	for _, it := range batch {
 		switch it.result {
 		case ResultOK, ResultMissing:
 			c.m.applied.WithLabelValues(k.name, it.result).Inc()
+			done = append(done, it.id)
 		case ResultLocked:
 			// Taken after the revocation: that rebuild reads the committed row.
 			c.m.applied.WithLabelValues(k.name, ResultLocked).Inc()
@@ -534,6 +701,7 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 				// retrying the change would fail the same way, forever. The cached value is stale: drop it.
 				c.m.applied.WithLabelValues(k.name, ChangeInvalidID).Inc()
 				bad = append(bad, it.ks)
+				done = append(done, it.id)
 				continue
 			}
 			if failed == nil {
@@ -546,7 +714,7 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 		}
 	}
 	if failed != nil {
-		return nil, failed
+		return nil, nil, failed
 	}
 	if len(large) > 0 {
 		// The old value is known to be stale and the new one may not be written: drop it.
@@ -555,15 +723,17 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 			sets[i] = it.ks
 			c.log.Warn("changed value exceeds max_value_bytes; invalidating the key", "key", it.ks.Cache, "error", it.err)
 		}
-		if err := c.invalidate(ctx, k, idsOf(large)); err != nil {
-			return nil, err
+		dropped, err := c.invalidate(ctx, k, idsOf(large))
+		if err != nil {
+			return nil, nil, err
 		}
+		done = append(done, dropped...)
 	}
 	if err := c.dropKeys(ctx, bad); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c.noteRefreshed(k, p, batch)
-	return again, nil
+	return again, done, nil
 }
 
 func idsOf(items []*item) []string {

@@ -25,7 +25,11 @@ type changeMetrics struct {
 	txns           prometheus.Counter
 	applied        *prometheus.CounterVec // keyspace, result
 	commitToRedis  prometheus.Histogram
-	replayTimeouts *prometheus.CounterVec // keyspace
+	visibleToRedis prometheus.Histogram
+	visibleWait    *prometheus.HistogramVec // keyspace
+	visibleTimeout *prometheus.CounterVec   // keyspace
+	late           *prometheus.CounterVec   // keyspace
+	staleSeconds   *prometheus.CounterVec   // keyspace
 	resyncKeys     prometheus.Counter
 }
 
@@ -48,9 +52,27 @@ func newChangeMetrics(reg prometheus.Registerer) (*changeMetrics, error) {
 			Help:    "Time from a transaction's commit (origin clock) until every key it changed was published to Redis.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 5, 10, 30},
 		}),
-		replayTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keepwarm_changes_replay_timeouts_total",
-			Help: "Batches whose replica did not replay the commit within replay_timeout (retried, not acknowledged).",
+		visibleToRedis: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "keepwarm_changes_visible_to_redis_seconds",
+			Help:    "Time from a transaction's commit becoming visible (at the latest look that found it not visible, else its commit time) until every key it changed was published to Redis.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .15, .2, .3, .5, .75, 1, 1.5, 2, 5, 10, 30},
+		}),
+		visibleWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "keepwarm_changes_visibility_wait_seconds",
+			Help:    "Time a batch waited for its commits to become visible on the server its keyspace reads (a synchronous standby's confirmation on a primary, replay on a replica), by keyspace.",
+			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"keyspace"}),
+		visibleTimeout: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_changes_visibility_timeouts_total",
+			Help: "Batches whose commits did not become visible within visibility_timeout (retried, not acknowledged), by keyspace.",
+		}, []string{"keyspace"}),
+		late: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_changes_late_total",
+			Help: "Changed keys published (or invalidated) later than the freshness bound after their commit became visible: the freshness SLO counter, by keyspace.",
+		}, []string{"keyspace"}),
+		staleSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_changes_stale_seconds_total",
+			Help: "Sum, over late changed keys, of the time from the commit becoming visible until the key was published, by keyspace.",
 		}, []string{"keyspace"}),
 		resyncKeys: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keepwarm_changes_resync_keys_total",
@@ -61,7 +83,8 @@ func newChangeMetrics(reg prometheus.Registerer) (*changeMetrics, error) {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.rows, m.txns, m.applied, m.commitToRedis, m.replayTimeouts, m.resyncKeys} {
+	for _, c := range []prometheus.Collector{m.rows, m.txns, m.applied, m.commitToRedis, m.visibleToRedis, m.visibleWait,
+		m.visibleTimeout, m.late, m.staleSeconds, m.resyncKeys} {
 		errs = append(errs, reg.Register(c))
 	}
 	return m, errors.Join(errs...)

@@ -308,3 +308,35 @@ func TestResyncAfterTruncateInvalidatesColdKeys(t *testing.T) {
 	cancel()
 	<-runDone
 }
+
+// TestChangesCountLateKeys: the freshness SLO counts a changed key published more than Freshness after its commit
+// became visible (here the commit time: the fixture's source does not wait for visibility), once per key, with
+// its staleness; a key published in time, and an id that is not cached, are not counted.
+func TestChangesCountLateKeys(t *testing.T) {
+	t.Parallel()
+	_, w, c, reg := changesFixture(t, "")
+	ctx := context.Background()
+	if _, err := w.Warmup(ctx, "items", warmer.SliceIDs([]string{"1", "2", "3"}), warmer.WarmupOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	txns := []warmer.Txn{
+		{Commit: now.Add(-5 * time.Second), Changes: []warmer.RowChange{rowChange("1"), rowChange("4")}}, // 4: not cached
+		{Commit: now.Add(-4 * time.Second), Changes: []warmer.RowChange{rowChange("1"), rowChange("2")}},
+		{Commit: now, Changes: []warmer.RowChange{rowChange("3")}},
+	}
+	if err := c.Apply(ctx, txns); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if got := counter(t, reg, "keepwarm_changes_late_total", map[string]string{"keyspace": "items"}); got != 2 {
+		t.Errorf("late keys: got %v, want 2 (ids 1 and 2; 3 was in time, 4 not cached)", got)
+	}
+	// id 1 is dated from the first transaction that changed it (5 s ago), id 2 from 4 s ago.
+	stale := counter(t, reg, "keepwarm_changes_stale_seconds_total", map[string]string{"keyspace": "items"})
+	if elapsed := time.Since(now).Seconds(); stale < 9 || stale > 9+2*elapsed {
+		t.Errorf("stale seconds: got %.3f, want 9 to %.3f", stale, 9+2*elapsed)
+	}
+	if got := counter(t, reg, "keepwarm_changes_visible_to_redis_seconds", nil); got != 3 {
+		t.Errorf("visible-to-Redis observations: got %v, want 3 (one per transaction)", got)
+	}
+}

@@ -58,7 +58,7 @@ func newChangeStream(cfg *config.Config, w *warmer.Warmer, rdb redis.UniversalCl
 		return nil, nil
 	}
 	changes, err := warmer.NewChanges(w, warmer.ChangesConfig{Keyspaces: cfg.ChangeKeyspaces(),
-		ReplayTimeout: cfg.Changes.ReplayTimeout, Registerer: reg, Logger: log.With("component", "changes")})
+		VisibilityTimeout: cfg.Changes.VisibilityTimeout, Freshness: cfg.Changes.Freshness, Registerer: reg, Logger: log.With("component", "changes")})
 	if err != nil {
 		return nil, err
 	}

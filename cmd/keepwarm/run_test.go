@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keepwarm/keepwarm/internal/pgserver"
 	"github.com/keepwarm/keepwarm/internal/testenv"
 )
 
@@ -26,6 +27,21 @@ type syncBuffer = testenv.LogBuffer
 type daemonFixture struct {
 	dir, path, prefix, table string
 	port                     int
+	dsn                      string // the PostgreSQL the config names; "" is the shared one (testenv.PostgresURL)
+}
+
+// newPrivateDaemonFixture is newDaemonFixture on a private PostgreSQL cluster (testenv.PrivatePostgres): its
+// items table is public.items there, with a primary key (a replica identity).
+func newPrivateDaemonFixture(t *testing.T, pg *pgserver.Server) *daemonFixture {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	f := &daemonFixture{dir: t.TempDir(), prefix: testenv.Prefix(t, rdb), dsn: pg.DSN("postgres"), table: "public.items"}
+	f.path = filepath.Join(f.dir, "keepwarm.toml")
+	if err := pg.Exec(context.Background(), "postgres", "create table public.items (id text primary key, body jsonb); "+
+		"insert into public.items select i::text, format('{\"id\": %s}', i)::jsonb from generate_series(1, 20) i"); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 func newDaemonFixture(t *testing.T) *daemonFixture {
@@ -74,7 +90,14 @@ query = 'select id, body from %s where id = any($1)'
 name = "pins"
 keyspace = "items"
 ids = [%s]
-`, testenv.RedisURL(), testenv.PostgresURL(), f.prefix, f.table, extra, pinned)
+`, testenv.RedisURL(), f.postgresURL(), f.prefix, f.table, extra, pinned)
+}
+
+func (f *daemonFixture) postgresURL() string {
+	if f.dsn != "" {
+		return f.dsn
+	}
+	return testenv.PostgresURL()
 }
 
 // writeText writes cfg to a temp file and renames it over the config, as editors and deploy tools do.

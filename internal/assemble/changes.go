@@ -14,7 +14,7 @@ func Txns(in []postgres.Txn) []warmer.Txn {
 		for j, c := range t.Changes {
 			rows[j] = warmer.RowChange{Table: c.Table, Old: c.Old, New: c.New}
 		}
-		out[i] = warmer.Txn{LSN: t.End, Commit: t.Commit, Changes: rows}
+		out[i] = warmer.Txn{LSN: t.End, Xid: t.Xid, Commit: t.Commit, Changes: rows}
 	}
 	return out
 }

@@ -19,11 +19,17 @@ type Changes struct {
 	// a read replica (then every refresh first waits for the replica to replay the commit). Keep a password in
 	// KEEPWARM_CHANGES_DSN.
 	DSN               string
-	Slot              string        // the permanent replication slot keepwarm owns; default postgres.DefaultSlot
-	Publication       string        // default postgres.DefaultPublication
-	CreatePublication bool          // create the publication, or add missing tables, at start; default true
-	ReplayTimeout     time.Duration // read-your-commit bound on a replica; default warmer.DefaultReplayTimeout
-	LeaseTTL          time.Duration // the fleet's stream lease; default warmer.DefaultLeaseTTL
+	Slot              string // the permanent replication slot keepwarm owns; default postgres.DefaultSlot
+	Publication       string // default postgres.DefaultPublication
+	CreatePublication bool   // create the publication, or add missing tables, at start; default true
+	// VisibilityTimeout bounds the wait for a batch's commits to become visible before they are refreshed
+	// (warmer.ChangesConfig.VisibilityTimeout); default warmer.DefaultVisibilityTimeout, in (0, 1m]. The key's old
+	// name, replay_timeout, is still read.
+	VisibilityTimeout time.Duration
+	// Freshness is the freshness SLO's bound (warmer.ChangesConfig.Freshness); default warmer.DefaultFreshness,
+	// in [100ms, 1m].
+	Freshness time.Duration
+	LeaseTTL  time.Duration // the fleet's stream lease; default warmer.DefaultLeaseTTL
 	// Gather is how long the first transaction of a batch waits for more before the batch is applied, so that
 	// bursts of updates of one row coalesce into one rebuild; default postgres.DefaultGather.
 	Gather time.Duration
@@ -125,14 +131,24 @@ func (c *Config) ChangeKeyspaces() []warmer.ChangeKeyspace {
 
 func decodeChanges(t *table, c *Changes) {
 	c.Slot, c.Publication, c.CreatePublication = pgsource.DefaultSlot, pgsource.DefaultPublication, true
-	c.ReplayTimeout, c.LeaseTTL, c.Gather = warmer.DefaultReplayTimeout, warmer.DefaultLeaseTTL, pgsource.DefaultGather
+	c.VisibilityTimeout, c.Freshness = warmer.DefaultVisibilityTimeout, warmer.DefaultFreshness
+	c.LeaseTTL, c.Gather = warmer.DefaultLeaseTTL, pgsource.DefaultGather
 	c.StatusInterval, c.MaxTxnChanges = pgsource.DefaultStatusInterval, pgsource.DefaultMaxTxnChanges
 	t.boolean("enabled", &c.Enabled)
 	t.str("dsn", &c.DSN)
 	t.str("slot", &c.Slot)
 	t.str("publication", &c.Publication)
 	t.boolean("create_publication", &c.CreatePublication)
-	t.duration("replay_timeout", &c.ReplayTimeout)
+	if t.has("replay_timeout") {
+		t.duration("replay_timeout", &c.VisibilityTimeout)
+		if t.has("visibility_timeout") {
+			t.problem("replay_timeout", "is the old name of visibility_timeout: set only visibility_timeout")
+		} else {
+			t.d.notes = append(t.d.notes, "changes: replay_timeout is now called visibility_timeout (it also bounds the wait for a synchronous standby); rename it")
+		}
+	}
+	t.duration("visibility_timeout", &c.VisibilityTimeout)
+	t.duration("freshness", &c.Freshness)
 	t.duration("lease_ttl", &c.LeaseTTL)
 	t.duration("gather", &c.Gather)
 	t.duration("status_interval", &c.StatusInterval)
@@ -152,8 +168,11 @@ func decodeChanges(t *table, c *Changes) {
 			t.problem("dsn", "cannot parse: %v", err)
 		}
 	}
-	if c.ReplayTimeout <= 0 || c.ReplayTimeout > time.Minute {
-		t.problem("replay_timeout", "%s is not in (0, 1m]", c.ReplayTimeout)
+	if c.VisibilityTimeout <= 0 || c.VisibilityTimeout > time.Minute {
+		t.problem("visibility_timeout", "%s is not in (0, 1m]", c.VisibilityTimeout)
+	}
+	if c.Freshness < 100*time.Millisecond || c.Freshness > time.Minute {
+		t.problem("freshness", "%s is not in [100ms, 1m]", c.Freshness)
 	}
 	if c.LeaseTTL < time.Second || c.LeaseTTL > time.Minute {
 		t.problem("lease_ttl", "%s is not in [1s, 1m]: a standby takes over within about lease_ttl", c.LeaseTTL)

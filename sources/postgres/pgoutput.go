@@ -20,8 +20,11 @@ type Change struct {
 
 // Txn is one committed transaction's changes to feeding tables, in the order they were made.
 type Txn struct {
-	End     uint64    // the LSN just past the commit record: acknowledged once applied
-	Commit  time.Time // the commit time, on the primary's clock
+	End    uint64    // the LSN just past the commit record: acknowledged once applied
+	Commit time.Time // the commit time, on the primary's clock
+	// Xid is the transaction's id (32 bits, as pgoutput's Begin message sends it): WaitVisible asks whether it is
+	// visible to a new snapshot yet.
+	Xid     uint32
 	Changes []Change
 	// Truncated lists the feeding tables the transaction truncated (Resync is called for them).
 	Truncated []string
@@ -113,11 +116,11 @@ func (d *decoder) decode(msg []byte) (txn *Txn, overflowed bool, err error) {
 	case msgBegin:
 		r.u64() // the transaction's final LSN: its Commit carries the end LSN that is acknowledged
 		commit := r.time()
-		r.u32() // xid
+		xid := r.u32()
 		if r.err != nil {
 			return nil, false, r.fail("Begin")
 		}
-		d.cur = &Txn{Commit: commit}
+		d.cur = &Txn{Commit: commit, Xid: xid}
 	case msgCommit:
 		r.u8()  // flags, unused
 		r.u64() // the commit record's LSN
