@@ -5,8 +5,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/keepwarm/keepwarm/internal/config"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // TestDemoConfigFeeds: the shipped config feeds track, album and chart-genre as the issue describes.
@@ -55,6 +57,14 @@ fed_by = [{ table = "app.track", id = "track_id" }, { table = "album", id = "alb
 	if s := c.Changes.String(); strings.Contains(s, "secret") {
 		t.Errorf("Changes.String() shows the password: %s", s)
 	}
+	if c.Changes.VisibilityTimeout != warmer.DefaultVisibilityTimeout || c.Changes.Freshness != warmer.DefaultFreshness {
+		t.Errorf("visibility_timeout %v, freshness %v: want the defaults", c.Changes.VisibilityTimeout, c.Changes.Freshness)
+	}
+	// The old name of visibility_timeout is still read, with a note.
+	c = mustLoad(t, cfg(map[string]string{"KEYSPACE": feeds, "REST": "[changes]\nenabled = true\nreplay_timeout = \"3s\""}), nil)
+	if c.Changes.VisibilityTimeout != 3*time.Second || !slices.ContainsFunc(c.Notes, func(n string) bool { return strings.Contains(n, "replay_timeout is now called visibility_timeout") }) {
+		t.Errorf("replay_timeout = 3s: visibility_timeout %v, notes %q", c.Changes.VisibilityTimeout, c.Notes)
+	}
 }
 
 func TestBadChangesConfigs(t *testing.T) {
@@ -71,6 +81,9 @@ func TestBadChangesConfigs(t *testing.T) {
 		{"lease too short", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nlease_ttl = \"100ms\"", `changes: lease_ttl: 100ms is not in [1s, 1m]`},
 		{"status interval above wal_sender_timeout's half", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nstatus_interval = \"1m\"", `changes: status_interval: 1m0s is not in [100ms, 30s]`},
 		{"status interval zero", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nstatus_interval = \"0s\"", `changes: status_interval: must be more than 0`},
+		{"visibility timeout too long", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nvisibility_timeout = \"2m\"", `changes: visibility_timeout: 2m0s is not in (0, 1m]`},
+		{"old and new name", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nvisibility_timeout = \"5s\"\nreplay_timeout = \"2s\"", `changes: replay_timeout: is the old name of visibility_timeout`},
+		{"freshness too short", `fed_by = [{ table = "t", id = "id" }]`, "[changes]\nenabled = true\nfreshness = \"10ms\"", `changes: freshness: 10ms is not in [100ms, 1m]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
