@@ -285,11 +285,12 @@ func visibleBound(t Txn, lastInvisible time.Time) time.Time {
 	return t.Commit
 }
 
-// Resync refreshes every hot key of every fed keyspace once, through the same path as a change: after the stream
-// lost changes (a recreated slot), whatever is hot is rebuilt from the origin. Cold keys that changed meanwhile
-// keep their value until their TTL ends. It first waits for each keyspace's first poll of its hot-key signals
-// (the warmer must be running), so that a resync at start-up sees the hot set; it returns ctx's error if ctx
-// ends first.
+// Resync makes the fed keyspaces consistent again after the stream could not deliver some changes: it refreshes
+// every hot key of every fed keyspace once, through the same path as a change, and then, unless reason is
+// ResyncCreated (a first start: nothing was missed that keepwarm was following), invalidates every other cached
+// key of them (invalidateCold), since any of them may hold a row changed meanwhile. It first waits for each
+// keyspace's first poll of its hot-key signals (the warmer must be running), so that a resync at start-up sees
+// the hot set; it returns ctx's error if ctx ends first.
 func (c *Changes) Resync(ctx context.Context, reason string) error {
 	c.mu.Lock()
 	spaces := slices.Clone(c.spaces)
@@ -302,7 +303,7 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 			continue
 		}
 		// A resync at start-up (a slot created or lost while the daemon was down) runs alongside the warmer's
-		// first poll: taken before it, the hot set is empty and the resync covers nothing (issue 21: 0 keys).
+		// first poll: taken before it, the hot set is empty and the resync covers nothing.
 		select {
 		case <-k.polled:
 		case <-ctx.Done():
@@ -319,18 +320,19 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 		ids[s.Keyspace] = hot
 		total += len(ids[s.Keyspace])
 	}
-	if reason == ResyncTruncate {
-		c.log.Warn("resync after a TRUNCATE: refreshing every hot key of the fed keyspaces, then invalidating every other cached key of them",
-			"hot_keys", total)
+	cold := reason != ResyncCreated
+	if cold {
+		c.log.Warn("resync: refreshing every hot key of the fed keyspaces, then invalidating every other cached key of them",
+			"reason", reason, "hot_keys", total)
 	} else {
-		c.log.Warn("resync: refreshing every hot key of the fed keyspaces once; cold keys changed meanwhile keep their TTL",
+		c.log.Warn("resync of a new replication slot: refreshing every hot key of the fed keyspaces once",
 			"reason", reason, "hot_keys", total)
 	}
 	if _, err := c.applyIDs(ctx, changedIDs{ids: ids}, nil); err != nil {
 		return err
 	}
 	c.m.resyncKeys.Add(float64(total))
-	if reason != ResyncTruncate {
+	if !cold {
 		return nil
 	}
 	for _, s := range spaces {
@@ -343,11 +345,16 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 	return nil
 }
 
-// ResyncTruncate is the resync reason of a TRUNCATE of a feeding table (the change stream's, sources/postgres):
-// every cached key of the fed keyspaces is known wrong, hot or not.
-const ResyncTruncate = "truncate"
+// Resync reasons the warmer tells apart (the change stream's, sources/postgres).
+const (
+	// ResyncTruncate is a TRUNCATE of a feeding table: every cached key of the fed keyspaces is known wrong.
+	ResyncTruncate = "truncate"
+	// ResyncCreated is a replication slot created where none was ever streamed from: a first start, which
+	// missed nothing keepwarm was following; only hot keys are refreshed.
+	ResyncCreated = "created"
+)
 
-// truncateScanRate bounds the cold keys a TRUNCATE's resync invalidates per second, so that a keyspace of
+// truncateScanRate bounds the cold keys a resync invalidates per second, so that a keyspace of
 // millions of cached keys does not monopolise Redis: 20,000/s, in SCAN pages of 1,000.
 const (
 	truncateScanRate  = 20000
@@ -355,7 +362,8 @@ const (
 )
 
 // invalidateCold invalidates (lockstep.Invalidate) every cached key of k that is not hot, found with SCAN of its
-// key template on every master, at most truncateScanRate keys a second. Hot keys were just refreshed.
+// key template on every master, at most truncateScanRate keys a second. Hot keys were just refreshed. It logs how
+// many it invalidated.
 func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
 	if k.match == nil {
 		return nil // a template without exactly one ${id}: its keys cannot be told apart from others'
@@ -408,9 +416,9 @@ func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
 		err = scan(ctx, c.w.rdb)
 	}
 	if err != nil {
-		return fmt.Errorf("keyspace %q: invalidate cold keys after a TRUNCATE: %w", k.name, err)
+		return fmt.Errorf("keyspace %q: invalidate cold keys after a resync: %w", k.name, err)
 	}
-	c.log.Warn("resync after a TRUNCATE: cold cached keys invalidated", "keyspace", k.name, "keys", n)
+	c.log.Warn("resync: cold cached keys invalidated", "keyspace", k.name, "keys", n)
 	return nil
 }
 

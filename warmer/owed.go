@@ -13,14 +13,35 @@ import (
 // and the end of its resync leaves the resync to the next holder of the lease (issue 21: 60 of 60 updated hot
 // tracks kept their old values after such a kill -9). It implements postgres.OwedStore. The key has no TTL: it
 // is removed when nothing is owed.
+//
+// It also implements postgres.SlotHistory, with a second key (key + ":streamed", no TTL) set once the slot has
+// been streamed from: a slot found missing afterwards was lost, not never created.
 type OwedResyncs struct {
-	rdb redis.UniversalClient
-	key string
+	rdb      redis.UniversalClient
+	key      string
+	streamed string
 }
 
 // NewOwedResyncs returns the store of the resyncs owed under key.
 func NewOwedResyncs(rdb redis.UniversalClient, key string) *OwedResyncs {
-	return &OwedResyncs{rdb: rdb, key: key}
+	return &OwedResyncs{rdb: rdb, key: key, streamed: key + ":streamed"}
+}
+
+// Streamed reports whether MarkStreamed was ever called for this store's slot.
+func (o *OwedResyncs) Streamed(ctx context.Context) (bool, error) {
+	n, err := o.rdb.Exists(ctx, o.streamed).Result()
+	if err != nil {
+		return false, fmt.Errorf("read %q: %w", o.streamed, err)
+	}
+	return n > 0, nil
+}
+
+// MarkStreamed records that the slot has been streamed from.
+func (o *OwedResyncs) MarkStreamed(ctx context.Context) error {
+	if err := o.rdb.Set(ctx, o.streamed, "1", 0).Err(); err != nil {
+		return fmt.Errorf("write %q: %w", o.streamed, err)
+	}
+	return nil
 }
 
 // Load returns the reasons owed, sorted; none when the key is absent. Errors are Redis's, wrapped with the key.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +16,22 @@ import (
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
 )
+
+// healthStatus is what /debug/health returns and `keepwarm status` prints first: /readyz's verdict and the
+// degradations.
+type healthStatus struct {
+	Ready    string        `json:"ready"` // "ready", or "not ready: ..."
+	Degraded []degradation `json:"degraded,omitempty"`
+}
+
+// printHealth prints the daemon's health for `keepwarm status`.
+func printHealth(w io.Writer, h healthStatus) {
+	fmt.Fprintf(w, "health: %s\n", h.Ready)
+	for _, g := range h.Degraded {
+		fmt.Fprintf(w, "  degraded (%s): %s\n", g.Check, g.Detail)
+	}
+	fmt.Fprintln(w)
+}
 
 // streamStatus is what /debug/stream returns and `keepwarm status` prints.
 type streamStatus struct {
@@ -35,12 +50,15 @@ type changeStream struct {
 
 // checkFeeds checks the fed_by tables and columns against the catalog and logs replica identity gaps; a no-op
 // when [changes] is off.
-func (d *daemon) checkFeeds(ctx context.Context) error {
-	if !d.cfg.Streamed() {
+func (d *daemon) checkFeeds(ctx context.Context) error { return d.checkFeedsOf(ctx, d.cfg) }
+
+// checkFeedsOf is checkFeeds for cfg (a reload checks the new config's feeds before applying them).
+func (d *daemon) checkFeedsOf(ctx context.Context, cfg *config.Config) error {
+	if !cfg.Streamed() {
 		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	warnings, err := postgres.CheckFeeds(cctx, d.pool, assemble.FeedColumns(d.cfg))
+	warnings, err := postgres.CheckFeeds(cctx, d.pool, assemble.FeedColumns(cfg))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("changes: %w", err)
@@ -118,8 +136,7 @@ func printStream(w io.Writer, st streamStatus) {
 	if s.LastError != "" {
 		fmt.Fprintf(w, "  last error: %s\n", s.LastError)
 	}
-	if len(s.Unpublished) > 0 {
-		fmt.Fprintf(w, "  the publication lacks feeding tables %s: their changes do not arrive (keepwarm migrate up)\n",
-			strings.Join(s.Unpublished, ", "))
+	for _, p := range s.Problems {
+		fmt.Fprintf(w, "  problem (%s): %s\n", p.Kind, p)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -123,11 +122,11 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 		Name: "keepwarm_config_reloads_total",
 		Help: "Config reloads (SIGHUP or file change), by result (ok, error). On error the last good config stays.",
 	}, []string{"result"})
-	d.reg.MustRegister(d.reloads)
+	d.reg.MustRegister(d.reloads, newDegradedCollector(d))
 	d.skipped = newSkippedIDs(d.reg, log)
 	var err error
 	if d.srv, err = server.New(server.Config{
-		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz, Live: d.livez,
+		Addr: cfg.Daemon.Listen, Gatherer: d.reg, Logger: log, Ready: d.readyz, Live: d.livez, Degraded: d.degradedStrings,
 		Hotkeys: func(limit int) any {
 			w := d.readyWarmer()
 			if w == nil {
@@ -160,8 +159,18 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 					}
 					return d.changes.page()
 				},
-				Ready: d.readyz, Version: version, Logger: log,
+				Ready: d.readyz, Degraded: d.degradedStrings, Version: version, Logger: log,
 			}))
+			mux.HandleFunc("GET /debug/health", func(w http.ResponseWriter, r *http.Request) {
+				ctx, cancel := context.WithTimeout(r.Context(), server.ReadyTimeout)
+				defer cancel()
+				h := healthStatus{Ready: "ready", Degraded: d.degradations(time.Now())}
+				if err := d.readyz(ctx); err != nil {
+					h.Ready = "not ready: " + err.Error()
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(h)
+			})
 			mux.HandleFunc("GET /debug/stream", func(w http.ResponseWriter, _ *http.Request) {
 				st := streamStatus{}
 				if d.readyWarmer() != nil {
@@ -283,12 +292,6 @@ func (d *daemon) readyz(ctx context.Context) error {
 	for _, f := range d.w.Failing() {
 		errs = append(errs, fmt.Errorf("keyspace %q: check failing since %s (%d attempts, next at %s): %s", f.Keyspace,
 			f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error))
-	}
-	if d.changes != nil {
-		if st := d.changes.stream.Status(); len(st.Unpublished) > 0 {
-			errs = append(errs, fmt.Errorf("change stream: publication %q lacks feeding tables %s: their changes do not arrive, their keys follow their TTL only (keepwarm migrate up)",
-				st.Publication, strings.Join(st.Unpublished, ", ")))
-		}
 	}
 	return errors.Join(errs...)
 }
@@ -516,7 +519,13 @@ func (d *daemon) reload(reason string, final bool) error {
 		err = d.cron.Update(assemble.Schedules(cfg, srcs))
 	}
 	if err == nil && d.changes != nil {
-		err = d.changes.changes.Update(cfg.ChangeKeyspaces()) // [changes] itself takes effect after a restart
+		// [changes] itself takes effect after a restart; fed_by takes effect now, on the stream too.
+		if err = d.checkFeedsOf(context.Background(), cfg); err == nil {
+			err = d.changes.changes.Update(cfg.ChangeKeyspaces())
+		}
+		if err == nil {
+			err = d.changes.stream.Reconfigure(cfg.FeedingTables(), cfg.FeedColumns())
+		}
 	}
 	if err != nil {
 		d.reloads.WithLabelValues("error").Inc()

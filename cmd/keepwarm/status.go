@@ -49,6 +49,10 @@ func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	var fleet warmer.FleetStatus
 	fleetErr := getJSON(ctx, fmt.Sprintf("http://%s/debug/fleet", target), &fleet) // a daemon before /debug/fleet: 404
+	var health healthStatus
+	if err := getJSON(ctx, fmt.Sprintf("http://%s/debug/health", target), &health); err == nil { // 404 before it
+		printHealth(stdout, health)
+	}
 	now := time.Now()
 	if fleetErr == nil {
 		printFleet(stdout, fleet)

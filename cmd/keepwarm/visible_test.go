@@ -42,6 +42,7 @@ func TestChangeWaitsUntilItsCommitIsVisible(t *testing.T) {
 	f := newPrivateDaemonFixture(t, pg)
 	rdb := testenv.Redis(t)
 	name := fmt.Sprintf("kwvis_%d", time.Now().UnixNano()%1e12)
+	dropStreamKeys(t, name)
 	f.write(t, `"1"`, fmt.Sprintf(`fed_by = [{ table = "public.items", id = "id" }]
 [changes]
 enabled = true

@@ -35,6 +35,9 @@ type Config struct {
 	Addr     string                      // listen address; default DefaultAddr
 	Gatherer prometheus.Gatherer         // served on /metrics; required
 	Ready    func(context.Context) error // nil error means ready; called per /readyz with a ReadyTimeout deadline
+	// Degraded lists the parts of the job not being done while the daemon is otherwise ready (a change stream
+	// that is down, say): /readyz still answers 200, and names them. It must not do I/O or block. nil: none.
+	Degraded func() []string
 	// Live reports whether the process and its scheduler loop are alive: nil means alive. Called per /livez; it
 	// must not do I/O or block. nil Live means always alive.
 	Live    func() error
@@ -78,16 +81,32 @@ func New(cfg Config) (*Server, error) {
 	}
 	mux.HandleFunc("GET /livez", livez)
 	mux.HandleFunc("GET /healthz", livez) // the old name, kept for existing checks
+	// /readyz follows Kubernetes' convention: 503 only when this replica cannot do its job (a restart or another
+	// replica would serve better), 200 otherwise; a degraded state is reported in the body, never by the code.
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		var degraded string
+		if cfg.Degraded != nil {
+			if d := cfg.Degraded(); len(d) > 0 {
+				degraded = "degraded: " + oneLine(errors.New(strings.Join(d, "; ")))
+			}
+		}
 		if cfg.Ready != nil {
 			ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
 			defer cancel()
 			if err := cfg.Ready(ctx); err != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
-				_, _ = w.Write([]byte("not ready: " + oneLine(err) + "\n"))
+				body := "not ready: " + oneLine(err)
+				if degraded != "" {
+					body += "; " + degraded
+				}
+				_, _ = w.Write([]byte(body + "\n"))
 				return
 			}
+		}
+		if degraded != "" {
+			_, _ = w.Write([]byte("ready, " + degraded + "\n"))
+			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})

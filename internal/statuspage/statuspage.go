@@ -63,6 +63,9 @@ type Config struct {
 	// Ready reports whether the daemon is ready (the /readyz check); nil omits the line. Called with a 2 s
 	// deadline.
 	Ready func(context.Context) error
+	// Degraded lists the parts of the job not being done while the daemon is ready (the same list /readyz
+	// reports); nil or empty omits the section. It must not do I/O.
+	Degraded func() []string
 	// Schedules returns the cron schedules; nil omits the section.
 	Schedules func() []Schedule
 	// Stream returns the change stream's state (change-driven refresh); nil, or a nil result, omits the section.
@@ -144,6 +147,7 @@ type page struct {
 	Starting   bool
 	Ready      string // "" when cfg.Ready is nil
 	ReadyOK    bool
+	Degraded   []string
 	Keyspaces  []keyspaceView
 	HotExpired int64 // sum over keyspaces
 	Schedules  []scheduleView
@@ -192,6 +196,9 @@ func (h *Handler) build(ctx context.Context) page {
 		if err != nil {
 			p.Ready = "not ready: " + err.Error()
 		}
+	}
+	if h.cfg.Degraded != nil {
+		p.Degraded = h.cfg.Degraded()
 	}
 	spaces := h.cfg.Status(h.cfg.HistogramKeys)
 	p.Starting = spaces == nil

@@ -19,7 +19,10 @@ type FeedColumn struct {
 
 // CheckFeeds checks feeds against the catalog of pool's database: every table must exist, be an ordinary or
 // partitioned table, and have a replica identity (PostgreSQL refuses UPDATE and DELETE on a published table
-// without one), and every column must exist in it; the error lists every problem, each naming the keyspace.
+// without one), and every column must exist in it and be one logical replication sends: not a generated column
+// before PostgreSQL 18, never a virtual one (from 18, a stored one is sent once the publication has
+// publish_generated_columns = stored, which the stream sets with create_publication). The error lists every
+// problem, each naming the keyspace.
 // It also returns warnings for columns an UPDATE may change whose old value PostgreSQL does not send: a column that
 // is not part of the table's replica identity, unless the table has REPLICA IDENTITY FULL. Then an UPDATE that
 // moves a row from one id to another refreshes only the new id (docs/operations.md, "REPLICA IDENTITY").
@@ -30,9 +33,14 @@ func CheckFeeds(ctx context.Context, pool *pgxpool.Pool, feeds []FeedColumn) (wa
 		kind   string // relkind
 		replid string // relreplident: d default, f full, i index, n nothing
 		cols   map[string]bool
-		idCols map[string]bool // columns of the replica identity
+		idCols map[string]bool   // columns of the replica identity
+		gen    map[string]string // generated columns: attgenerated (s stored, v virtual)
 	}
 	tables := map[string]*ident{}
+	var version int
+	if err := pool.QueryRow(ctx, "select current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return nil, fmt.Errorf("postgres: read server version: %w", err)
+	}
 	for _, f := range feeds {
 		if _, ok := tables[f.Table]; ok {
 			continue
@@ -74,21 +82,25 @@ func CheckFeeds(ctx context.Context, pool *pgxpool.Pool, feeds []FeedColumn) (wa
 		}
 		rows, err := pool.Query(ctx, `select a.attname::text,
 				exists (select 1 from pg_index i where i.indrelid = a.attrelid and a.attnum = any(i.indkey) and
-					((c.relreplident = 'd' and i.indisprimary) or (c.relreplident = 'i' and i.indisreplident)))
+					((c.relreplident = 'd' and i.indisprimary) or (c.relreplident = 'i' and i.indisreplident))),
+				a.attgenerated::text
 			from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace
 			where n.nspname = $1 and c.relname = $2 and a.attnum > 0 and not a.attisdropped`, schema, name)
 		if err != nil {
 			return nil, fmt.Errorf("postgres: read columns of %s: %w", f.Table, err)
 		}
-		id.cols, id.idCols = map[string]bool{}, map[string]bool{}
+		id.cols, id.idCols, id.gen = map[string]bool{}, map[string]bool{}, map[string]string{}
 		for rows.Next() {
-			var col string
+			var col, gen string
 			var inID bool
-			if err := rows.Scan(&col, &inID); err != nil {
+			if err := rows.Scan(&col, &inID, &gen); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("postgres: read columns of %s: %w", f.Table, err)
 			}
 			id.cols[col], id.idCols[col] = true, inID
+			if gen != "" {
+				id.gen[col] = gen
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -103,6 +115,11 @@ func CheckFeeds(ctx context.Context, pool *pgxpool.Pool, feeds []FeedColumn) (wa
 		}
 		if !id.cols[f.Column] {
 			errs = append(errs, fmt.Errorf("keyspace %q: fed_by: table %s has no column %q", f.Keyspace, f.Table, f.Column))
+			continue
+		}
+		if g := id.gen[f.Column]; g == "v" || (g == "s" && version < 180000) {
+			errs = append(errs, fmt.Errorf("keyspace %q: fed_by: %s.%s: %s", f.Keyspace, f.Table, f.Column,
+				generatedDetail("", f.Column, g[0], version)))
 			continue
 		}
 		if id.replid != "f" && !id.idCols[f.Column] {

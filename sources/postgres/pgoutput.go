@@ -31,6 +31,10 @@ type Txn struct {
 	// Overflowed is set when the transaction changed more rows than StreamConfig.MaxTxnChanges: Changes is
 	// empty, and Resync was called for it (ResyncLargeTransaction).
 	Overflowed bool
+	// OldUnknown counts the UPDATEs of a feeding table whose old values of kept columns PostgreSQL did not send
+	// (a kept column outside the table's replica identity, which is not FULL): if such an UPDATE moved the row
+	// from one id to another, only the new id is known.
+	OldUnknown int
 	rows       int // row changes received, kept or not
 
 	received time.Time
@@ -71,14 +75,34 @@ var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
 type decoder struct {
 	relations map[uint32]relation
 	keep      map[string]map[string]bool // "schema.table" → columns kept; no entry: all
-	max       int
-	cur       *Txn // the transaction in progress: between its Begin and its Commit
+	// rename maps a partition ("schema.table") to the partitioned table it belongs to: with
+	// publish_via_partition_root off, a partition's changes arrive under its own name.
+	rename map[string]string
+	// onRelation, when set, sees every Relation message decoded, after renaming.
+	onRelation func(Relation)
+	max        int
+	cur        *Txn // the transaction in progress: between its Begin and its Commit
 }
 
 // relation is what the decoder keeps of a Relation message.
 type relation struct {
-	table   string   // "schema.table" (the namespace is empty for pg_catalog)
+	table   string   // "schema.table" (the namespace is empty for pg_catalog), after rename
 	columns []string // column names, in the order of the row's columns in tuple data
+	// oldGap: the table is a feeding table (keep has it), its replica identity is not FULL, and a kept column is
+	// not part of it, so an UPDATE sends no old value of that column.
+	oldGap bool
+}
+
+// Relation is what a pgoutput Relation message says of a table: sent before the table's first change of a
+// session, and again after its definition changed (a column added, dropped or renamed, its replica identity
+// altered).
+type Relation struct {
+	OID      uint32
+	Table    string   // "schema.table", after renaming a partition to its partitioned table
+	Sent     string   // "schema.table" as sent
+	Identity byte     // REPLICA IDENTITY: 'd' default (primary key), 'f' full, 'i' index, 'n' nothing
+	Columns  []string // the columns published, in order
+	Key      []bool   // Key[i]: Columns[i] is part of the replica identity
 }
 
 // newDecoder returns a decoder keeping only columns (StreamConfig.Columns: table, qualified or not, → column
@@ -138,19 +162,28 @@ func (d *decoder) decode(msg []byte) (txn *Txn, overflowed bool, err error) {
 	case msgRelation:
 		id := r.u32()
 		ns, name := r.str(), r.str()
-		r.u8() // replica identity setting
+		identity := r.u8()
 		n := int(r.u16())
 		var cols []string
+		var key []bool
 		for i := 0; i < n && r.err == nil; i++ {
-			r.u8() // flags: 1 marks a key column
+			flags := r.u8() // 1 marks a key column
 			cols = append(cols, r.str())
+			key = append(key, flags&1 == 1)
 			r.u32() // type OID
 			r.u32() // type modifier
 		}
 		if r.err != nil {
 			return nil, false, r.fail("Relation")
 		}
-		d.relations[id] = relation{table: ns + "." + name, columns: cols}
+		rel := Relation{OID: id, Sent: ns + "." + name, Table: ns + "." + name, Identity: identity, Columns: cols, Key: key}
+		if root, ok := d.rename[rel.Sent]; ok {
+			rel.Table = root
+		}
+		d.relations[id] = relation{table: rel.Table, columns: cols, oldGap: d.oldGap(rel)}
+		if d.onRelation != nil {
+			d.onRelation(rel)
+		}
 	case msgInsert:
 		id := r.u32()
 		r.expect('N')
@@ -238,8 +271,26 @@ func (d *decoder) add(id uint32, op byte, old, new tupleRow) (overflowed bool) {
 		c.Table = rel.table
 		keep := d.keep[c.Table]
 		c.Old, c.New = rel.values(keep, old), rel.values(keep, new)
+		if op == 'U' && old == nil && rel.oldGap {
+			d.cur.OldUnknown++
+		}
 	}
 	d.cur.Changes = append(d.cur.Changes, c)
+	return false
+}
+
+// oldGap reports whether rel is a feeding table (keep names its columns) whose UPDATEs send no old value of some
+// kept column: its replica identity is not FULL and the column is not part of it.
+func (d *decoder) oldGap(rel Relation) bool {
+	keep, ok := d.keep[rel.Table]
+	if !ok || rel.Identity == 'f' {
+		return false
+	}
+	for i, c := range rel.Columns {
+		if keep[c] && !rel.Key[i] {
+			return true
+		}
+	}
 	return false
 }
 

@@ -90,6 +90,7 @@ func TestDecoder(t *testing.T) {
 		name    string
 		msgs    []string // hex
 		columns map[string][]string
+		rename  map[string]string
 		max     int
 		want    []Txn // the transactions committed, in order (rows and received are not compared)
 		rows    []int // each transaction's row count, when the test checks it
@@ -97,20 +98,20 @@ func TestDecoder(t *testing.T) {
 		{
 			name: "insert, with a NULL column absent",
 			msgs: []string{capBegin1, capRelItem, capInsertItem, capCommit1},
-			want: []Txn{{End: 0x159274430, Commit: commitTime1, Changes: []Change{
+			want: []Txn{{End: 0x159274430, Xid: 397200, Commit: commitTime1, Changes: []Change{
 				item('I', nil, map[string]string{"id": "1", "grp": "0", "name": "one"})}}},
 		},
 		{
 			name: "update with the old row (REPLICA IDENTITY FULL) and an empty string, then delete",
 			msgs: []string{capRelItem, encBegin(), capUpdateItem, capDeleteItem, encCommit(0x2000)},
-			want: []Txn{{End: 0x2000, Commit: commitTime1, Changes: []Change{
+			want: []Txn{{End: 0x2000, Xid: 9, Commit: commitTime1, Changes: []Change{
 				item('U', map[string]string{"id": "1", "grp": "0", "name": "one"}, map[string]string{"id": "1", "grp": "2", "name": ""}),
 				item('D', map[string]string{"id": "1", "grp": "2", "name": ""}, nil)}}},
 		},
 		{
 			name: "key changes: old key with NULL non-key columns; update without the old row has no Old",
 			msgs: []string{capRelKeyed, encBegin(), capInsertKey, capUpdateKey, capUpdateKeyN, capDeleteKey, encCommit(0x3000)},
-			want: []Txn{{End: 0x3000, Commit: commitTime1, Changes: []Change{
+			want: []Txn{{End: 0x3000, Xid: 9, Commit: commitTime1, Changes: []Change{
 				keyed('I', nil, map[string]string{"id": "7", "name": "seven"}),
 				keyed('U', map[string]string{"id": "7"}, map[string]string{"id": "8", "name": "seven"}),
 				keyed('U', nil, map[string]string{"id": "8", "name": "eight"}),
@@ -119,18 +120,18 @@ func TestDecoder(t *testing.T) {
 		{
 			name: "truncate names the table",
 			msgs: []string{encBegin(), capRelItem, capTruncate, encCommit(0x4000)},
-			want: []Txn{{End: 0x4000, Commit: commitTime1, Truncated: []string{"kwcap_a23.item"}}},
+			want: []Txn{{End: 0x4000, Xid: 9, Commit: commitTime1, Truncated: []string{"kwcap_a23.item"}}},
 		},
 		{
 			name: "truncate of an unknown relation names nothing",
 			msgs: []string{encBegin(), capTruncate, encCommit(0x4000)},
-			want: []Txn{{End: 0x4000, Commit: commitTime1}},
+			want: []Txn{{End: 0x4000, Xid: 9, Commit: commitTime1}},
 		},
 		{
 			name:    "only the kept columns, the table given unqualified",
 			msgs:    []string{capRelKeyed, encBegin(), capUpdateKey, encCommit(0x5000)},
 			columns: map[string][]string{"kwcap_a23.keyed": {"id"}, "item": {"grp"}},
-			want: []Txn{{End: 0x5000, Commit: commitTime1, Changes: []Change{
+			want: []Txn{{End: 0x5000, Xid: 9, Commit: commitTime1, Changes: []Change{
 				keyed('U', map[string]string{"id": "7"}, map[string]string{"id": "8"})}}},
 		},
 		{
@@ -138,7 +139,7 @@ func TestDecoder(t *testing.T) {
 			msgs: []string{capRelItem, encBegin(),
 				hexOf([]byte{'U'}, be32(0x158e3), []byte{'N'}, be16(4), encCol('t', "1"), encCol('b', "\x00\x02"), encCol('t', "x"), encCol('u', "")),
 				encCommit(0x6000)},
-			want: []Txn{{End: 0x6000, Commit: commitTime1, Changes: []Change{
+			want: []Txn{{End: 0x6000, Xid: 9, Commit: commitTime1, Changes: []Change{
 				item('U', nil, map[string]string{"id": "1", "name": "x"})}}},
 		},
 		{
@@ -146,13 +147,13 @@ func TestDecoder(t *testing.T) {
 			msgs: []string{capRelKeyed, encBegin(),
 				hexOf([]byte{'I'}, be32(0x158ea), []byte{'N'}, be16(3), encCol('t', "1"), encCol('t', "a"), encCol('t', "extra")),
 				encCommit(0x6000)},
-			want: []Txn{{End: 0x6000, Commit: commitTime1, Changes: []Change{
+			want: []Txn{{End: 0x6000, Xid: 9, Commit: commitTime1, Changes: []Change{
 				keyed('I', nil, map[string]string{"id": "1", "name": "a"})}}},
 		},
 		{
 			name: "a change of a relation never announced keeps its op only",
 			msgs: []string{encBegin(), capInsertKey, encCommit(0x7000)},
-			want: []Txn{{End: 0x7000, Commit: commitTime1, Changes: []Change{{Op: 'I'}}}},
+			want: []Txn{{End: 0x7000, Xid: 9, Commit: commitTime1, Changes: []Change{{Op: 'I'}}}},
 		},
 		{
 			name: "changes and commits outside a transaction are ignored",
@@ -165,16 +166,39 @@ func TestDecoder(t *testing.T) {
 				hexOf([]byte{'Y'}, be32(16500), []byte("public\x00mood\x00")),
 				hexOf([]byte{'M', 1}, be64(0x10), []byte("prefix\x00"), be32(2), []byte("hi")),
 				capRelItem, capInsertItem, encCommit(0x8000)},
-			want: []Txn{{End: 0x8000, Commit: commitTime1, Changes: []Change{
+			want: []Txn{{End: 0x8000, Xid: 9, Commit: commitTime1, Changes: []Change{
 				item('I', nil, map[string]string{"id": "1", "grp": "0", "name": "one"})}}},
 		},
 		{
 			name: "two transactions",
 			msgs: []string{capRelKeyed, encBegin(), capInsertKey, encCommit(0x9000), encBegin(), capDeleteKey, encCommit(0x9100)},
 			want: []Txn{
-				{End: 0x9000, Commit: commitTime1, Changes: []Change{keyed('I', nil, map[string]string{"id": "7", "name": "seven"})}},
-				{End: 0x9100, Commit: commitTime1, Changes: []Change{keyed('D', map[string]string{"id": "8"}, nil)}},
+				{End: 0x9000, Xid: 9, Commit: commitTime1, Changes: []Change{keyed('I', nil, map[string]string{"id": "7", "name": "seven"})}},
+				{End: 0x9100, Xid: 9, Commit: commitTime1, Changes: []Change{keyed('D', map[string]string{"id": "8"}, nil)}},
 			},
+		},
+		{
+			name:    "a kept column outside a DEFAULT replica identity: an UPDATE without the old row is counted",
+			msgs:    []string{capRelKeyed, encBegin(), capUpdateKey, capUpdateKeyN, encCommit(0xb000)},
+			columns: map[string][]string{"kwcap_a23.keyed": {"id", "name"}},
+			want: []Txn{{End: 0xb000, Xid: 9, Commit: commitTime1, OldUnknown: 1, Changes: []Change{
+				keyed('U', map[string]string{"id": "7"}, map[string]string{"id": "8", "name": "seven"}),
+				keyed('U', nil, map[string]string{"id": "8", "name": "eight"})}}},
+		},
+		{
+			name:    "only key columns kept: nothing is unknown",
+			msgs:    []string{capRelKeyed, encBegin(), capUpdateKeyN, encCommit(0xb100)},
+			columns: map[string][]string{"kwcap_a23.keyed": {"id"}},
+			want: []Txn{{End: 0xb100, Xid: 9, Commit: commitTime1, Changes: []Change{
+				keyed('U', nil, map[string]string{"id": "8"})}}},
+		},
+		{
+			name:    "a partition's changes under its partitioned table's name, with its kept columns",
+			msgs:    []string{capRelKeyed, encBegin(), capInsertKey, encCommit(0xc000)},
+			rename:  map[string]string{"kwcap_a23.keyed": "kwcap_a23.parent"},
+			columns: map[string][]string{"kwcap_a23.parent": {"id"}},
+			want: []Txn{{End: 0xc000, Xid: 9, Commit: commitTime1, Changes: []Change{
+				{Table: "kwcap_a23.parent", Op: 'I', New: map[string]string{"id": "7"}}}}},
 		},
 		{
 			name: "past the cap: no changes kept, every row counted",
@@ -182,8 +206,8 @@ func TestDecoder(t *testing.T) {
 				encBegin(), capInsertKey, capDeleteKey, encCommit(0xa100)},
 			max: 2,
 			want: []Txn{
-				{End: 0xa000, Commit: commitTime1, Overflowed: true},
-				{End: 0xa100, Commit: commitTime1, Changes: []Change{
+				{End: 0xa000, Xid: 9, Commit: commitTime1, Overflowed: true},
+				{End: 0xa100, Xid: 9, Commit: commitTime1, Changes: []Change{
 					keyed('I', nil, map[string]string{"id": "7", "name": "seven"}),
 					keyed('D', map[string]string{"id": "8"}, nil)}},
 			},
@@ -193,6 +217,7 @@ func TestDecoder(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := newDecoder(tt.columns, tt.max)
+			d.rename = tt.rename
 			var got []Txn
 			var rows []int
 			overflows := 0
@@ -235,6 +260,30 @@ func TestDecoder(t *testing.T) {
 				t.Errorf("overflowed reported %d times, want %d (once per overflowing transaction)", overflows, wantOver)
 			}
 		})
+	}
+}
+
+// TestDecoderRelation: a Relation message's replica identity and key columns reach onRelation, with the table's
+// name after renaming a partition.
+func TestDecoderRelation(t *testing.T) {
+	t.Parallel()
+	d := newDecoder(nil, 0)
+	d.rename = map[string]string{"kwcap_a23.item": "kwcap_a23.parent"}
+	var got []Relation
+	d.onRelation = func(r Relation) { got = append(got, r) }
+	for _, m := range []string{capRelItem, capRelKeyed} {
+		if _, _, err := d.decode(unhex(t, m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []Relation{
+		{OID: 0x158e3, Table: "kwcap_a23.parent", Sent: "kwcap_a23.item", Identity: 'f',
+			Columns: []string{"id", "grp", "name", "blob"}, Key: []bool{true, true, true, true}},
+		{OID: 0x158ea, Table: "kwcap_a23.keyed", Sent: "kwcap_a23.keyed", Identity: 'd',
+			Columns: []string{"id", "name"}, Key: []bool{true, false}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("relations:\n got %+v\nwant %+v", got, want)
 	}
 }
 

@@ -12,7 +12,12 @@ import (
 
 // Resync reasons, the values of the "reason" label of keepwarm_stream_resyncs_total.
 const (
-	ResyncCreated     = "created"     // no slot existed: the first start, or the slot was dropped meanwhile
+	// ResyncCreated: no slot existed and none is known to have been streamed from (SlotHistory): a first start.
+	ResyncCreated = "created"
+	// ResyncLost: no slot exists, but one was streamed from before (SlotHistory): it was dropped, or a standby
+	// without it was promoted (PostgreSQL before 17, or a slot that was not synchronized): the changes committed
+	// since its last acknowledged LSN were never seen.
+	ResyncLost        = "lost"
 	ResyncInvalidated = "invalidated" // the slot exists but lost WAL it needs (max_slot_wal_keep_size): recreated
 	ResyncTruncate    = "truncate"    // a TRUNCATE of a feeding table: no row to map to ids
 	// ResyncPublication: a feeding table had left the publication (a migration rebuilt it: create, copy, drop,
@@ -24,7 +29,18 @@ const (
 	// ResyncLargeTransaction: a transaction changed more rows than StreamConfig.MaxTxnChanges; its changes were
 	// dropped as they arrived (bounded memory), and every hot key is refreshed instead.
 	ResyncLargeTransaction = "large_transaction"
+	// ResyncPublicationGap: the publication was dropped and created again under the slot; pgoutput cannot decode
+	// past that point (42704, "publication does not exist"), so the slot was recreated, and changes committed
+	// while the publication was gone were never published.
+	ResyncPublicationGap = "publication_gap"
+	// ResyncReconfigured: the feeds changed (Stream.Reconfigure, a config reload): changes acknowledged under the
+	// old ones may matter to the new ones.
+	ResyncReconfigured = "reconfigured"
 )
+
+// resyncReasons lists every reason, for the metric's label values.
+var resyncReasons = []string{ResyncCreated, ResyncLost, ResyncInvalidated, ResyncTruncate, ResyncPublication, ResyncRebuilt,
+	ResyncLargeTransaction, ResyncPublicationGap, ResyncReconfigured}
 
 // OwedStore persists the reasons of the resyncs a Stream owes (see StreamConfig.Owed). Save replaces the whole
 // list (nil or empty: none owed); Load returns what the last Save left. Both may be called from the stream's
@@ -32,6 +48,20 @@ const (
 type OwedStore interface {
 	Load(ctx context.Context) ([]string, error)
 	Save(ctx context.Context, reasons []string) error
+}
+
+// SlotHistory is implemented by an OwedStore that also remembers that the slot was streamed from
+// (warmer.OwedResyncs does), so that a slot found missing is told apart from a first start (ResyncLost rather
+// than ResyncCreated): the changes a lost slot did not deliver may be in any cached key, not only hot ones.
+type SlotHistory interface {
+	Streamed(ctx context.Context) (bool, error)
+	MarkStreamed(ctx context.Context) error
+}
+
+// slotHistory returns StreamConfig.Owed as a SlotHistory, or nil.
+func (s *Stream) slotHistory() SlotHistory {
+	h, _ := s.cfg.Owed.(SlotHistory)
+	return h
 }
 
 // loadOwed queues the resyncs a previous process owed (StreamConfig.Owed).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -118,11 +119,18 @@ type StreamStatus struct {
 	Pending     int       `json:"transactions_pending"`
 	LastCommit  time.Time `json:"last_commit,omitzero"` // commit time of the last transaction applied
 	Resyncs     int64     `json:"resyncs"`
-	// Unpublished lists the feeding tables ("schema.table") the publication lacked at the last check while
-	// CreatePublication is off: their changes do not arrive, so their keys follow their TTL only.
-	Unpublished []string  `json:"unpublished,omitempty"`
-	LastError   string    `json:"last_error,omitempty"`
-	Since       time.Time `json:"since,omitzero"` // when State last changed
+	// Unpublished lists the feeding tables ("schema.table") the publication lacked at the last check (the
+	// problems of kind ProblemUnpublished): their changes do not arrive, so their keys follow their TTL only.
+	Unpublished []string `json:"unpublished,omitempty"`
+	// Problems lists every known gap between what the keyspaces need and what the stream receives: from the
+	// catalog (each session's start and every PublicationCheck) and from the Relation messages the stream
+	// decodes. Sorted by table, then kind.
+	Problems  []Problem `json:"problems,omitempty"`
+	LastError string    `json:"last_error,omitempty"`
+	Since     time.Time `json:"since,omitzero"` // when State last changed
+	// AckedAt is when the acknowledged LSN last moved (or the session began): a stream whose server is ahead of
+	// it and which has not moved for long is not advancing.
+	AckedAt time.Time `json:"acked_at,omitzero"`
 }
 
 // Stream follows a publication through a permanent logical replication slot with the pgoutput plugin
@@ -148,9 +156,29 @@ type Stream struct {
 	oldest   time.Time // the commit time of the oldest of them
 	appliedN int64     // transactions of this session applied
 	failing  time.Time // when apply began failing in a row; zero while it succeeds
+	ackedAt  time.Time // when acked last moved
 	resync   []string
 	oids     map[string]uint32 // feeding table → its OID at the session's start (0: not found)
+	// tables and columns are the feeds in force (StreamConfig.Tables and Columns, qualified; Reconfigure
+	// replaces them): every feeding table has an entry in columns.
+	tables  []string
+	columns map[string][]string
+	// catalogProblems are the problems of the last catalog read (noteCatalog), relationProblems those of each
+	// feeding table's last Relation message (noteRelation).
+	catalogProblems  []Problem
+	relationProblems map[string][]Problem
+	parts            map[string]string // partition → its feeding table, from the last catalog read
+	pubExists        bool              // the publication existed at the last catalog read
+	// recreate: pgoutput could not find the publication at an LSN it has to decode (it was dropped and created
+	// again): the slot cannot go past that LSN, so the next session drops it and creates it anew.
+	recreate bool
+
+	reconfig chan struct{} // Reconfigure asks the session to end (capacity 1)
+	checkNow chan struct{} // a Relation of an unknown table asks the publication watch to look now (capacity 1)
 }
+
+// errReconfigured ends a session whose feeds were replaced by Reconfigure: the next one starts at once.
+var errReconfigured = errors.New("feeding tables or columns changed")
 
 // NewStream checks cfg and returns a Stream. It does not connect.
 func NewStream(cfg StreamConfig) (*Stream, error) {
@@ -197,10 +225,80 @@ func NewStream(cfg StreamConfig) (*Stream, error) {
 		return nil, fmt.Errorf("postgres: stream: %w", errors.Join(errs...))
 	}
 	m := newStreamMetrics()
-	s := &Stream{cfg: cfg, log: cfg.Logger.With("slot", cfg.Slot), m: m}
+	s := &Stream{cfg: cfg, log: cfg.Logger.With("slot", cfg.Slot), m: m, relationProblems: map[string][]Problem{},
+		reconfig: make(chan struct{}, 1), checkNow: make(chan struct{}, 1)}
+	s.tables, s.columns = qualifyFeeds(cfg.Tables, cfg.Columns)
 	s.st = StreamStatus{State: "stopped", Slot: cfg.Slot, Publication: cfg.Publication, Since: time.Now()}
 	m.register(cfg.Registerer, s)
 	return s, nil
+}
+
+// qualifyFeeds returns tables and the keys of columns qualified ("track" → "public.track"). A table without an
+// entry in columns keeps every column.
+func qualifyFeeds(tables []string, columns map[string][]string) ([]string, map[string][]string) {
+	qt := make([]string, 0, len(tables))
+	for _, t := range tables {
+		if q := QualifiedTable(t); !slices.Contains(qt, q) {
+			qt = append(qt, q)
+		}
+	}
+	qc := make(map[string][]string, len(columns))
+	for t, cols := range columns {
+		qc[QualifiedTable(t)] = slices.Clone(cols)
+	}
+	return qt, qc
+}
+
+// feeds returns copies of the feeding tables and their fed columns in force.
+func (s *Stream) feeds() ([]string, map[string][]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cols := make(map[string][]string, len(s.columns))
+	for t, c := range s.columns {
+		cols[t] = slices.Clone(c)
+	}
+	return slices.Clone(s.tables), cols
+}
+
+// Reconfigure replaces the feeding tables ("schema.table") and their fed columns (a config reload that changed
+// fed_by): the running session ends and the next one, started at once, adds new tables to the publication,
+// decodes with the new columns, and resyncs (ResyncReconfigured) before streaming on, since changes acknowledged
+// under the old feeds may matter to the new ones (a column renamed by a migration, say). Changes not yet
+// acknowledged are sent again by PostgreSQL and decoded with the new columns. Unchanged feeds change nothing. The
+// error names a table name that is not valid; nothing changes then.
+func (s *Stream) Reconfigure(tables []string, columns map[string][]string) error {
+	for _, t := range tables {
+		if _, _, err := SplitTable(t); err != nil {
+			return fmt.Errorf("postgres: stream: %w", err)
+		}
+	}
+	qt, qc := qualifyFeeds(tables, columns)
+	s.mu.Lock()
+	same := slices.Equal(sortedCopy(qt), sortedCopy(s.tables)) && len(qc) == len(s.columns)
+	for t, c := range qc {
+		old, ok := s.columns[t]
+		same = same && ok && slices.Equal(sortedCopy(c), sortedCopy(old))
+	}
+	if !same {
+		s.tables, s.columns = qt, qc
+	}
+	s.mu.Unlock()
+	if same {
+		return nil
+	}
+	s.queueResync(ResyncReconfigured)
+	s.log.Info("change stream: feeds changed; reconnecting with them and resyncing", "tables", qt)
+	select {
+	case s.reconfig <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func sortedCopy(in []string) []string {
+	out := slices.Clone(in)
+	slices.Sort(out)
+	return out
 }
 
 // Status returns the stream's current state.
@@ -211,7 +309,99 @@ func (s *Stream) Status() StreamStatus {
 	st.AckedLSN, st.ServerLSN = s.acked.String(), s.server.String()
 	st.LagBytes, st.LagSeconds = s.lagLocked(time.Now())
 	st.Pending = s.pending
+	st.AckedAt = s.ackedAt
+	st.Problems = s.problemsLocked()
+	st.Unpublished = nil
+	for _, p := range st.Problems {
+		if p.Kind == ProblemUnpublished {
+			st.Unpublished = append(st.Unpublished, p.Table)
+		}
+	}
 	return st
+}
+
+// problemsLocked merges the catalog's problems with the Relation messages' (which are newer for the kinds they
+// report), sorted by table and kind. Called with s.mu held.
+func (s *Stream) problemsLocked() []Problem {
+	var out []Problem
+	fromRel := func(p Problem) bool {
+		return (p.Kind == ProblemColumnMissing || p.Kind == ProblemReplicaIdentity) && s.relationProblems[p.Table] != nil
+	}
+	for _, p := range s.catalogProblems {
+		if !fromRel(p) {
+			out = append(out, p)
+		}
+	}
+	for _, ps := range s.relationProblems {
+		out = append(out, ps...)
+	}
+	slices.SortFunc(out, func(a, b Problem) int {
+		if c := strings.Compare(a.Table, b.Table); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Kind, b.Kind); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Detail, b.Detail)
+	})
+	return slices.CompactFunc(out, func(a, b Problem) bool { return a == b })
+}
+
+// publishProblems sets the problem gauges from the problems known now.
+func (s *Stream) publishProblems() {
+	s.mu.Lock()
+	ps := s.problemsLocked()
+	s.mu.Unlock()
+	counts := map[string]int{}
+	for _, p := range ps {
+		counts[p.Kind]++
+	}
+	for _, k := range problemKinds {
+		s.m.problems.WithLabelValues(k).Set(float64(counts[k]))
+	}
+	s.m.unpublished.Set(float64(counts[ProblemUnpublished]))
+}
+
+// noteRelation checks a Relation message of a feeding table against its fed columns: a fed column missing from
+// the columns sent (renamed or dropped, left out of a column list, generated), or outside a replica identity that
+// is not FULL, is a problem until the next Relation message of the table says otherwise. A Relation of a table
+// that is neither a feeding table nor a known partition of one asks the publication watch to look now: it may be
+// a partition attached since.
+func (s *Stream) noteRelation(rel Relation) {
+	s.mu.Lock()
+	cols, fed := s.columns[rel.Table], slices.Contains(s.tables, rel.Table)
+	_, known := s.parts[rel.Sent]
+	if !fed {
+		s.mu.Unlock()
+		if !known {
+			select {
+			case s.checkNow <- struct{}{}:
+			default:
+			}
+		}
+		return
+	}
+	var ps []Problem
+	for _, c := range cols {
+		i := slices.Index(rel.Columns, c)
+		switch {
+		case i < 0:
+			ps = append(ps, Problem{Kind: ProblemColumnMissing, Table: rel.Table, Detail: fmt.Sprintf(
+				"fed_by column %q is not among the columns the stream receives (%s): renamed or dropped, left out of the publication's column list, or generated; its changes cannot be mapped to ids",
+				c, strings.Join(rel.Columns, ", "))})
+		case rel.Identity != 'f' && !rel.Key[i]:
+			ps = append(ps, identityProblem(rel.Table, c, identName(string(rel.Identity))))
+		}
+	}
+	before := s.problemsLocked()
+	if ps == nil {
+		ps = []Problem{} // known to have none: hides the catalog's older view of these kinds
+	}
+	s.relationProblems[rel.Table] = ps
+	after := s.problemsLocked()
+	s.mu.Unlock()
+	s.logProblemChanges(before, after)
+	s.publishProblems()
 }
 
 func (s *Stream) lagLocked(now time.Time) (int64, float64) {
@@ -265,6 +455,10 @@ func (s *Stream) Run(ctx context.Context, apply func(ctx context.Context, txns [
 		if errors.As(err, &fatal) {
 			s.setState("stopped", err)
 			return err
+		}
+		if errors.Is(err, errReconfigured) {
+			attempt = -1
+			continue
 		}
 		if time.Since(start) > time.Minute {
 			attempt = 0 // it streamed for a while: start the back-off over
@@ -352,18 +546,31 @@ func (s *Stream) session(ctx context.Context, apply func(context.Context, []Txn)
 	if err := s.loadOwed(ctx); err != nil {
 		return err
 	}
-	if err := s.ensurePublication(ctx, conn); err != nil {
+	repaired, err := s.ensurePublication(ctx, conn)
+	if err != nil {
 		return err
+	}
+	s.mu.Lock()
+	exists := s.pubExists
+	s.mu.Unlock()
+	if !exists {
+		return fmt.Errorf("publication %q does not exist and [changes] create_publication is false: run `keepwarm migrate up`",
+			s.cfg.Publication)
+	}
+	if repaired {
+		s.queueResync(ResyncPublication)
 	}
 	if err := s.ensureSlot(ctx, conn); err != nil {
 		return err
 	}
-	oids, err := tableOIDs(ctx, conn, s.cfg.Tables)
+	tables, columns := s.feeds()
+	oids, err := tableOIDs(ctx, conn, tables)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.oids = oids
+	parts := maps.Clone(s.parts)
 	s.mu.Unlock()
 	if err := s.runResyncs(ctx); err != nil {
 		return err
@@ -374,12 +581,19 @@ func (s *Stream) session(ctx context.Context, apply func(context.Context, []Txn)
 	if err != nil {
 		return fmt.Errorf("start replication: %w", err)
 	}
+	if h := s.slotHistory(); h != nil {
+		if err := h.MarkStreamed(ctx); err != nil {
+			return fmt.Errorf("record that the slot is streamed from: %w", err)
+		}
+	}
 	s.setState("streaming", nil)
 	s.mu.Lock()
 	s.st.LastError = ""
 	s.mu.Unlock()
 	s.log.Info("change stream started", "publication", s.cfg.Publication, "from_lsn", s.Status().AckedLSN)
-	return s.stream(ctx, conn, apply)
+	dec := newDecoder(columns, s.cfg.MaxTxnChanges)
+	dec.rename, dec.onRelation = parts, s.noteRelation
+	return s.stream(ctx, conn, dec, apply)
 }
 
 // checkServer checks that the server's wal_level is logical (a *fatalError if not).
@@ -436,17 +650,28 @@ func CheckStream(ctx context.Context, cfg StreamConfig) error {
 	} else if err != nil {
 		return err
 	}
-	if !cfg.CreatePublication {
-		missing, exists, err := publicationMissing(ctx, conn, cfg.Publication, cfg.Tables)
-		switch {
-		case err != nil:
-			return err
-		case !exists:
-			errs = append(errs, fmt.Errorf("postgres: publication %q does not exist and [changes] create_publication is false: run `keepwarm migrate up` or %s",
-				cfg.Publication, PublicationSQL(cfg.Publication, cfg.Tables)))
-		case len(missing) > 0:
-			errs = append(errs, fmt.Errorf("postgres: publication %q lacks feeding tables %s and [changes] create_publication is false: their changes would not arrive (keepwarm migrate up, or ALTER PUBLICATION %s ADD TABLE %s)",
-				cfg.Publication, strings.Join(missing, ", "), cfg.Publication, strings.Join(missing, ", ")))
+	tables, columns := qualifyFeeds(cfg.Tables, cfg.Columns)
+	st, err := readPublication(ctx, conn, cfg.Publication, tables)
+	if err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	switch {
+	case !st.exists && !cfg.CreatePublication:
+		errs = append(errs, fmt.Errorf("postgres: publication %q does not exist and [changes] create_publication is false: run `keepwarm migrate up` or %s",
+			cfg.Publication, PublicationSQL(cfg.Publication, tables)))
+	case st.exists:
+		for _, p := range st.problems(cfg.Publication, tables, columns, nil) {
+			// With create_publication the daemon adds missing tables and actions and publishes stored generated
+			// columns; a replica identity gap is a warning (CheckFeeds), not an error.
+			repairable := p.Kind == ProblemUnpublished || p.Kind == ProblemActions ||
+				(p.Kind == ProblemGenerated && st.version >= 180000 && st.tables[p.Table] != nil && !strings.Contains(p.Detail, "virtual"))
+			if p.Kind == ProblemReplicaIdentity || (cfg.CreatePublication && repairable) {
+				continue
+			}
+			if p.Kind == ProblemUnpublished || p.Kind == ProblemActions {
+				p.Detail += "; [changes] create_publication is false, so keepwarm does not repair it"
+			}
+			errs = append(errs, fmt.Errorf("postgres: change stream: %s", p))
 		}
 	}
 	res, err := conn.Exec(ctx, "select plugin from pg_replication_slots where slot_name = "+quoteLiteral(cfg.Slot)).ReadAll()
@@ -466,12 +691,12 @@ func CheckStream(ctx context.Context, cfg StreamConfig) error {
 // the applier only moves the acknowledged LSN, which the next status update sends. The applier is always ready
 // for the next transaction (it applies on a goroutine of its own), so this loop never waits on apply and keeps
 // answering the server's keepalives however long apply takes.
-func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(context.Context, []Txn) error) error {
+func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, dec *decoder, apply func(context.Context, []Txn) error) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.mu.Lock()
 	s.pending, s.oldest, s.appliedN = 0, time.Time{}, 0 // the server sends again everything after the acknowledged LSN
-	s.failing = time.Time{}
+	s.failing, s.ackedAt = time.Time{}, time.Now()
 	s.mu.Unlock()
 	txns := make(chan Txn) // received, in commit order; the applier owns them from here
 	applied := make(chan error, 1)
@@ -492,12 +717,20 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 			defer applier.Done()
 			t := time.NewTicker(s.cfg.PublicationCheck)
 			defer t.Stop()
+			var last time.Time
 			for {
 				select {
 				case <-sctx.Done():
 					return
 				case <-t.C:
+				case <-s.checkNow:
+					// A table the stream did not know sent its first change: a partition attached since, maybe.
+					// At most one such look a second.
+					if time.Since(last) < time.Second {
+						continue
+					}
 				}
+				last = time.Now()
 				if err := s.checkPublication(sctx); err != nil {
 					watched <- err
 					return
@@ -506,7 +739,6 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		}()
 	}
 
-	dec := newDecoder(s.cfg.Columns, s.cfg.MaxTxnChanges)
 	var sentAck pglogrepl.LSN
 	lastStatus := time.Time{}
 	// A keepalive's WAL end, received outside a transaction when delivered transactions numbered delivered, may
@@ -519,6 +751,8 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 			return err
 		case err := <-watched:
 			return err
+		case <-s.reconfig:
+			return errReconfigured
 		default:
 		}
 		s.mu.Lock()
@@ -529,7 +763,7 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		// Every transaction handed over is applied (appliedN counts this session's, like delivered), and none is
 		// being received: the keepalive's position holds nothing unprocessed.
 		if idleEnd > s.acked && s.appliedN >= idleAt && s.appliedN == delivered && !dec.inTxn() {
-			s.acked = idleEnd
+			s.acked, s.ackedAt = idleEnd, time.Now()
 		}
 		ack := s.acked
 		s.mu.Unlock()
@@ -551,7 +785,18 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 		var data []byte
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("server: %w", pgconn.ErrorResponseToPgError(m))
+			pe := pgconn.ErrorResponseToPgError(m)
+			if pe.Code == "42704" && strings.Contains(pe.Message, "publication") {
+				// pgoutput looks the publication up as of the LSN it decodes: one dropped and created again
+				// (by an operator or a migration tool) does not exist there, and never will. Only a new slot
+				// starts past it; what was committed meanwhile is resynced.
+				s.mu.Lock()
+				s.recreate = true
+				s.mu.Unlock()
+				s.log.Error("the publication was dropped and created again under the slot: recreating the slot and resyncing",
+					"publication", s.cfg.Publication, "error", pe)
+			}
+			return fmt.Errorf("server: %w", pe)
 		case *pgproto3.CopyData:
 			data = m.Data
 		default:
@@ -590,6 +835,9 @@ func (s *Stream) stream(ctx context.Context, conn *pgconn.PgConn, apply func(con
 			}
 			if txn == nil {
 				continue
+			}
+			if txn.OldUnknown > 0 {
+				s.m.oldUnknown.Add(float64(txn.OldUnknown))
 			}
 			txn.received = time.Now()
 			s.m.received.Add(float64(txn.rows))
@@ -695,7 +943,9 @@ func (s *Stream) applyLoop(ctx context.Context, txns <-chan Txn, apply func(cont
 			pending = pending[n:]
 			s.mu.Lock()
 			s.failing = time.Time{}
-			s.acked = max(s.acked, pglogrepl.LSN(last.End))
+			if pglogrepl.LSN(last.End) > s.acked {
+				s.acked, s.ackedAt = pglogrepl.LSN(last.End), time.Now()
+			}
 			s.appliedN += int64(n)
 			s.st.LastCommit = last.Commit
 			publish()

@@ -16,7 +16,9 @@ type streamMetrics struct {
 	applyErrors prometheus.Counter
 	streaming   prometheus.Gauge
 	unpublished prometheus.Gauge
+	problems    *prometheus.GaugeVec // kind
 	overflowed  prometheus.Counter
+	oldUnknown  prometheus.Counter
 }
 
 func newStreamMetrics() *streamMetrics {
@@ -31,7 +33,7 @@ func newStreamMetrics() *streamMetrics {
 		}),
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_stream_resyncs_total",
-			Help: "Resyncs (every hot key refreshed once) by reason: created (slot created or found missing), invalidated (slot lost WAL, recreated), truncate, publication (a feeding table added back to the publication), rebuilt (a feeding table's OID changed), large_transaction (a transaction above max_transaction_changes).",
+			Help: "Resyncs (every hot key refreshed, every other cached key of the fed keyspaces invalidated) by reason: created (slot created or found missing), invalidated (slot lost WAL, recreated), truncate, publication (the publication repaired: a feeding table added back, actions published), rebuilt (a feeding table's OID changed), large_transaction (a transaction above max_transaction_changes), publication_gap (the publication dropped and created again: slot recreated), reconfigured (fed_by changed by a reload).",
 		}, []string{"reason"}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keepwarm_stream_reconnects_total",
@@ -51,11 +53,22 @@ func newStreamMetrics() *streamMetrics {
 		}),
 		unpublished: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keepwarm_stream_tables_unpublished",
-			Help: "Feeding tables the publication lacked at the last check (create_publication off): their changes do not arrive. Should be 0.",
+			Help: "Feeding tables the publication lacked at the last check (create_publication off, or the role may not add them): their changes do not arrive. Should be 0.",
+		}),
+		problems: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "keepwarm_stream_problems",
+			Help: "Known gaps between what the keyspaces need and what the change stream receives, by kind (unpublished, publish_actions, column_list, row_filter, generated_column, column_missing, replica_identity). Should be 0.",
+		}, []string{"kind"}),
+		oldUnknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keepwarm_stream_old_ids_unknown_total",
+			Help: "UPDATEs of a feeding table whose old fed_by values PostgreSQL did not send (the column is outside a replica identity that is not FULL): a row moved to another id left the old id's key stale.",
 		}),
 	}
-	for _, r := range []string{ResyncCreated, ResyncInvalidated, ResyncTruncate, ResyncPublication, ResyncRebuilt, ResyncLargeTransaction} {
+	for _, r := range resyncReasons {
 		m.resyncs.WithLabelValues(r)
+	}
+	for _, k := range problemKinds {
+		m.problems.WithLabelValues(k)
 	}
 	return m
 }
@@ -83,5 +96,6 @@ func (m *streamMetrics) register(reg prometheus.Registerer, s *Stream) {
 		_, secs := s.lagLocked(time.Now())
 		return secs
 	})
-	reg.MustRegister(m.received, m.txns, m.resyncs, m.reconnects, m.applyErrors, m.streaming, m.unpublished, m.overflowed, lagBytes, lagSeconds)
+	reg.MustRegister(m.received, m.txns, m.resyncs, m.reconnects, m.applyErrors, m.streaming, m.unpublished, m.problems, m.overflowed, m.oldUnknown,
+		lagBytes, lagSeconds)
 }
