@@ -14,7 +14,7 @@ export KEEPWARM_REDIS_CLUSTER_ADDRS ?= 127.0.0.1:27001,127.0.0.1:27002,127.0.0.1
 export KEEPWARM_REDIS_SENTINEL_ADDRS ?= 127.0.0.1:27021,127.0.0.1:27022,127.0.0.1:27023
 export KEEPWARM_REDIS_SENTINEL_MASTER_NAME ?= keepwarm
 
-.PHONY: services services-down pgbouncer cluster sentinel test vet build
+.PHONY: services services-down pgbouncer cluster sentinel pg17 test vet build
 
 services:
 	scripts/services up
@@ -28,6 +28,10 @@ cluster:
 sentinel:
 	scripts/services up sentinel
 
+# PostgreSQL 17's binaries, for the failover-slot tests (Debian 12 packages only 15): fetched from npm.
+pg17:
+	scripts/services up pg17
+
 services-down:
 	scripts/services down
 
@@ -37,7 +41,7 @@ build:
 vet:
 	$(GO) vet ./...
 
-test: services pgbouncer cluster sentinel test-deps
+test: services pgbouncer cluster sentinel pg17 test-deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	$(GO) run ./cmd/keepwarm-bench soak --duration 3m --seed 1
