@@ -18,7 +18,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
+	if err != nil && !errors.Is(err, flag.ErrHelp) { // -h: the flag package printed the usage; not a failure
 		fmt.Fprintln(os.Stderr, "keepwarm-bench:", err)
 		var u usageError
 		if errors.As(err, &u) {

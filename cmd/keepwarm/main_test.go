@@ -260,7 +260,11 @@ func TestUsageErrors(t *testing.T) {
 
 func TestHelp(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"help"}, {"validate", "-h"}, {"migrate", "--help"}} {
+	all := [][]string{{"help"}, {"-h"}, {"--help"}, {"migrate", "up", "--help"}}
+	for _, c := range commands() { // every command and subcommand prints its usage and exits 0
+		all = append(all, []string{c.name, "-h"}, []string{c.name, "--help"})
+	}
+	for _, args := range all {
 		_, _, code := keepwarm(t, args...)
 		if code != 0 {
 			t.Errorf("keepwarm %q: exit %d, want 0", args, code)
