@@ -3,8 +3,6 @@ package lockstep_test
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,59 +11,6 @@ import (
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
-
-// fillToOOM sets maxmemory-policy noeviction and maxmemory just above rdb's used memory, then writes junk keys
-// without TTL until Redis refuses one with OOM. Then it sets maxmemory 64 KiB below the memory used, so that the
-// few KiB that client buffers come and go by cannot let a write through now and then. It fails the test unless a
-// SET NX of a new key (a lock) is then refused with OOM, so that a test under it cannot pass on a Redis that
-// still takes new keys.
-func fillToOOM(t *testing.T, rdb *redis.Client) {
-	t.Helper()
-	ctx := context.Background()
-	if err := rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedMemory(t, rdb)+64<<10, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	junk := strings.Repeat("j", 1024)
-	for i := 0; ; i++ {
-		err := rdb.Set(ctx, "junk:"+strconv.Itoa(i), junk, 0).Err()
-		if redis.HasErrorPrefix(err, "OOM") {
-			break
-		}
-		if err != nil {
-			t.Fatalf("fill: %v", err)
-		}
-		if i > 10000 {
-			t.Fatalf("10 MiB written over a 64 KiB headroom and no OOM: maxmemory not in force")
-		}
-	}
-	if err := rdb.ConfigSet(ctx, "maxmemory", strconv.FormatInt(usedMemory(t, rdb)-64<<10, 10)).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lockstep.Acquire(ctx, rdb, "lock:oom-probe", lockstep.NewToken(), time.Second); !redis.HasErrorPrefix(err, "OOM") {
-		t.Fatalf("SET NX of a lock after the fill: %v, want the OOM refusal", err)
-	}
-}
-
-// usedMemory is INFO memory's used_memory, in bytes.
-func usedMemory(t *testing.T, rdb *redis.Client) int64 {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), "memory").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				return n
-			}
-		}
-	}
-	t.Fatalf("no used_memory in INFO memory:\n%s", info)
-	return 0
-}
 
 // TestExtendValueUnlockedUnderOOM: on a private Redis at maxmemory with noeviction, where SET NX of a lock is
 // refused with OOM, ExtendValueUnlockedMany still extends values: to the wanted TTL, never past stale_since_ms +
@@ -88,7 +33,7 @@ func TestExtendValueUnlockedUnderOOM(t *testing.T) {
 	rdb.PExpire(ctx, withMeta.Meta, life)
 	rdb.Set(ctx, locked.Lock, "an-apps-token", time.Minute)
 	rdb.Set(ctx, wrong.Meta, "not a hash", time.Minute)
-	fillToOOM(t, rdb)
+	testenv.FillToOOM(t, rdb)
 
 	dbsize := func() int64 {
 		t.Helper()
