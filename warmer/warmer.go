@@ -77,6 +77,7 @@ type Warmer struct {
 	notify    notifier   // the keyspace-notification listener (notifications.go)
 	fleet     *fleet     // nil when sharing is off
 	trust     trustState // for the reconciliation (reconcile.go)
+	oom       outage     // the episode of refused new keys, logged once (outage.go; its own lock)
 }
 
 // New validates cfg and returns a Warmer. The error names every invalid field of every keyspace.
