@@ -53,6 +53,8 @@
 // be written), no process can rebuild a value into Redis; the warmer then extends the hot values without a lock
 // (lockstep.ExtendValueUnlockedMany: nothing while a lock exists, the same max_stale bound), retries the locks
 // with back-off inside the extended life, counts it with mode="unlocked", and logs the episode once.
+// Warmer.WritesRefused reports whether Redis refuses writes (OOM, READONLY on a replica, NOPERM from an ACL), as
+// seen by the flush canary and by the batches' locks and publishes.
 //
 // # SLO
 //

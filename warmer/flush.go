@@ -84,8 +84,10 @@ func (c *canaries) refresh(ctx context.Context, rdb redis.UniversalClient) error
 	return nil
 }
 
-// check rewrites every canary and reports whether one of them, written before, was gone.
-func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushed []string, err error) {
+// check rewrites every canary and reports whether one of them, written before, was gone. refused is the first
+// canary's SET that Redis refused as a write (OOM, READONLY, NOPERM: see refusals.go), allOK whether every
+// canary's SET succeeded.
+func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushed []string, refused error, allOK bool, err error) {
 	type probe struct {
 		key string
 		cmd *redis.StatusCmd
@@ -97,6 +99,7 @@ func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushe
 		}
 		return nil
 	})
+	allOK = len(probes) > 0
 	for _, pr := range probes {
 		switch err := pr.cmd.Err(); {
 		case errors.Is(err, redis.Nil):
@@ -106,12 +109,17 @@ func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushe
 			c.seen[pr.key] = true
 		case err == nil:
 			c.seen[pr.key] = true
+		default:
+			allOK = false
+			if refused == nil && refusalCode(err) != "" {
+				refused = err
+			}
 		}
 	}
 	if perr != nil && !errors.Is(perr, redis.Nil) {
-		return flushed, perr
+		return flushed, refused, allOK, perr
 	}
-	return flushed, nil
+	return flushed, refused, allOK, nil
 }
 
 // watchFlush runs the flush canary until ctx ends (see the comment at the top of this file).
@@ -144,7 +152,13 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 			}
 		}
 		if c.keys != nil {
-			flushed, err := c.check(ctx, w.rdb)
+			flushed, refused, allOK, err := c.check(ctx, w.rdb)
+			if ctx.Err() == nil {
+				w.refusals.noteCanary(refused, allOK, w.now())
+				if allOK {
+					w.oomOver()
+				}
+			}
 			if err != nil && ctx.Err() == nil {
 				if !failing {
 					w.log.Debug("flush canary: Redis error", "error", err)

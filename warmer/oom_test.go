@@ -2,9 +2,11 @@ package warmer_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -86,8 +88,8 @@ func (a *absenceWatch) result() (gaps []string, polls int) {
 // TestOOMKeepsHotKeysAlive: hot keys on a private Redis, origin healthy; then Redis reaches maxmemory with
 // noeviction and refuses every new key, the daemon's locks included. The daemon extends the hot values without a
 // lock (mode="unlocked" on the fail-safe counter), so that over several TTLs no hot key is ever absent to an
-// outside poller; it logs why once for the episode, not per batch. Once memory is freed, refreshes under the
-// lock resume.
+// outside poller; it logs why once for the episode, not per batch; WritesRefused names the OOM. Once memory is
+// freed, refreshes under the lock resume and WritesRefused is nil again.
 func TestOOMKeepsHotKeysAlive(t *testing.T) {
 	t.Parallel()
 	admin := testenv.PrivateRedis(t)
@@ -110,7 +112,7 @@ func TestOOMKeepsHotKeysAlive(t *testing.T) {
 		Pinned: pinned, RefreshAhead: 600 * time.Millisecond, LockTTL: 500 * time.Millisecond,
 		StatementTimeout: 200 * time.Millisecond, MaxStale: time.Minute}
 	logs := &testenv.LogBuffer{}
-	_, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
+	w, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	ok := func() float64 {
 		return counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK})
@@ -120,6 +122,9 @@ func TestOOMKeepsHotKeysAlive(t *testing.T) {
 	}
 	missed := func() float64 { return counter(t, reg, "keepwarm_warmer_hot_expired_total", nil) }
 	testenv.Eventually(t, 15*time.Second, "hot keys written and refreshed once", func() bool { return ok() >= 2*n })
+	if err := w.WritesRefused(); err != nil {
+		t.Fatalf("WritesRefused before the OOM = %v, want nil", err)
+	}
 	watch := watchAbsence(t, obs, cacheKeys)
 
 	junk := testenv.FillToOOM(t, admin)
@@ -144,6 +149,10 @@ func TestOOMKeepsHotKeysAlive(t *testing.T) {
 	if err := admin.SetNX(context.Background(), "lock:oom:probe", "x", time.Second).Err(); !redis.HasErrorPrefix(err, "OOM") {
 		t.Fatalf("SET NX at the end of the OOM phase: %v, want OOM (the phase must run under OOM throughout)", err)
 	}
+	var refused *warmer.WriteRefusedError
+	if err := w.WritesRefused(); !errors.As(err, &refused) || refused.Code != warmer.RefusedOOM || !strings.Contains(err.Error(), "OOM") {
+		t.Errorf("WritesRefused under OOM = %v, want a WriteRefusedError naming OOM", err)
+	}
 	if m := missed(); m != 0 {
 		t.Errorf("keepwarm_warmer_hot_expired_total = %v under OOM, want 0", m)
 	}
@@ -158,8 +167,8 @@ func TestOOMKeepsHotKeysAlive(t *testing.T) {
 	ok0 := ok()
 	testenv.EventuallyDiag(t, 20*time.Second, "refreshes under the lock resume, writes taken", func() (bool, string) {
 		metas, _ := obs.Keys(context.Background(), "meta:oom:*").Result()
-		return ok() >= ok0+2*n && len(metas) == 0,
-			fmt.Sprintf("%v refreshes ok since, %d meta hashes left", ok()-ok0, len(metas))
+		return ok() >= ok0+2*n && w.WritesRefused() == nil && len(metas) == 0,
+			fmt.Sprintf("%v refreshes ok since, WritesRefused %v, %d meta hashes left", ok()-ok0, w.WritesRefused(), len(metas))
 	})
 	watch.end()
 	if gaps, polls := watch.result(); len(gaps) > 0 {

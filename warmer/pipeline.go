@@ -219,7 +219,13 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 		p.k.log.Debug("lock refused by Redis for memory; extending the values without a lock", "keys", len(oom),
 			"first_key", oom[0].ks.Cache, "error", oom[0].err)
 	}
-	if len(replies) < len(items) { // Redis took a SET NX: it takes writes
+	replied := make([]error, 0, len(replies))
+	for _, e := range replies {
+		replied = append(replied, e)
+	}
+	accepted := len(replies) < len(items)
+	p.k.w.refusals.notePipeline("lock", firstRefusal(replied), accepted, p.now())
+	if accepted {
 		p.k.w.oomOver()
 	}
 	p.m.locks.WithLabelValues(p.cfg.Name, "acquired").Add(float64(len(owned)))
@@ -376,6 +382,13 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		}
 	}
 	p.mu.Unlock()
+	var replyErrs []error
+	written := false
+	for _, r := range results {
+		written = written || r.Err == nil
+		replyErrs = append(replyErrs, r.Err)
+	}
+	p.k.w.refusals.notePipeline("publish", firstRefusal(replyErrs), written, replied)
 	p.checkOwnPublish(ctx, writes, witems)
 	p.k.warnRefused("publish refused by Redis; lock released, retrying with back-off", replies)
 	return nil
