@@ -87,9 +87,10 @@ func (a *absenceWatch) result() (gaps []string, polls int) {
 
 // TestOOMKeepsHotKeysAlive: hot keys on a private Redis, origin healthy; then Redis reaches maxmemory with
 // noeviction and refuses every new key, the daemon's locks included. The daemon extends the hot values without a
-// lock (mode="unlocked" on the fail-safe counter), so that over several TTLs no hot key is ever absent to an
-// outside poller; it logs why once for the episode, not per batch; WritesRefused names the OOM. Once memory is
-// freed, refreshes under the lock resume and WritesRefused is nil again.
+// lock (mode="unlocked" on the fail-safe counter), so that over many TTLs no hot key is ever absent to an outside
+// poller; it logs why once for the episode, not per batch; WritesRefused names the OOM. Once memory is freed,
+// refreshes under the lock resume, WritesRefused is nil again, and the flush canary, which outlived its TTL
+// under OOM, reports no flush.
 func TestOOMKeepsHotKeysAlive(t *testing.T) {
 	t.Parallel()
 	admin := testenv.PrivateRedis(t)
@@ -132,15 +133,17 @@ func TestOOMKeepsHotKeysAlive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Three TTLs by Redis's clock, through which every hot key was extended without a lock at least three times,
-	// or a hot key found absent, whichever comes first.
-	testenv.EventuallyDiag(t, 60*time.Second, "three TTLs of OOM with each hot key extended three times, or a hot key absent", func() (bool, string) {
+	// Longer than the flush canary's TTL (so that the canary, which Redis will not rewrite, must be kept alive too)
+	// and than three TTLs, by Redis's clock, through which every hot key was extended without a lock at least
+	// three times; or until a hot key is found absent, whichever comes first.
+	oomFor := max(3*cfg.TTL, warmer.CanaryTTL+time.Second)
+	testenv.EventuallyDiag(t, oomFor+60*time.Second, "OOM outlasting the canary with each hot key extended three times, or a hot key absent", func() (bool, string) {
 		now, err := admin.Time(context.Background()).Result()
 		if err != nil {
 			return false, err.Error()
 		}
 		gaps, _ := watch.result()
-		return len(gaps) > 0 || (now.Sub(oomAt) > 3*cfg.TTL && unlocked() >= 3*n),
+		return len(gaps) > 0 || (now.Sub(oomAt) > oomFor && unlocked() >= 3*n),
 			fmt.Sprintf("%v of OOM, %v extensions without lock, %v refreshes ok\n%s", now.Sub(oomAt), unlocked(), ok(), logs)
 	})
 	if gaps, polls := watch.result(); len(gaps) > 0 {
@@ -176,6 +179,9 @@ func TestOOMKeepsHotKeysAlive(t *testing.T) {
 	}
 	if m := missed(); m != 0 {
 		t.Errorf("keepwarm_warmer_hot_expired_total = %v, want 0", m)
+	}
+	if f := counter(t, reg, "keepwarm_warmer_flushes_detected_total", nil); f != 0 {
+		t.Errorf("keepwarm_warmer_flushes_detected_total = %v after the OOM, want 0: nothing was flushed", f)
 	}
 	if c := logs.Count(oomLine); c != 1 {
 		t.Errorf("%q logged %d times, want once for the one episode", oomLine, c)
