@@ -31,7 +31,9 @@
 // meta (Write.NoMeta, the Client's default), DEL any meta hash left, SET the stale copy when asked, DEL the lock;
 // or, in delete mode, DEL cache, meta and stale), and extend_value.lua (ExtendValueMany: compare, then PEXPIREAT
 // the cache key and the meta hash to one absolute time from one TIME, keep the start of staleness in the meta hash,
-// DEL the lock). Scripts run by EVALSHA; on NOSCRIPT
+// DEL the lock). One script runs without a lock: extend_value_unlocked.lua (ExtendValueUnlockedMany), for when
+// Redis refuses new keys (OOM) and so refuses the lock itself; it touches nothing while the lock key exists and
+// only moves expiries later, within the same max_stale bound. Scripts run by EVALSHA; on NOSCRIPT
 // (after SCRIPT FLUSH, a restart or a failover) single calls fall back to EVAL, and pipelined calls
 // (AcquireMany, PublishMany, ...) load the script with SCRIPT LOAD and retry just the failed calls.
 //
@@ -59,6 +61,8 @@
 //     caller still gets the value it loaded.
 //   - Leader crashes: its lock expires after the lock TTL; followers serve stale or time out meanwhile.
 //   - Origin down during a refresh (the daemon): ExtendValueMany keeps the old value for another TTL.
+//   - Redis at maxmemory refusing new keys (OOM, noeviction): no lock can be taken; Get returns the OOM error on
+//     a miss, and the daemon keeps hot values with ExtendValueUnlockedMany until Redis takes writes again.
 //   - Redis down: Get returns the Redis error; it does not pass the load on to the origin.
 //   - Redis frozen or a connection stalled: every round trip is bounded (WithRedisTimeout, default 1s, even for a
 //     context without deadline, even when go-redis ignores context deadlines), and fails with ErrRedisTimeout. A

@@ -15,12 +15,15 @@ var (
 	// out, Redis evicted the lock under memory pressure, or an app invalidated the key (Invalidate) because the
 	// origin changed. Nothing was written. It matches ErrLockLost with errors.Is.
 	ErrLockGone = fmt.Errorf("%w: lock key gone (expired, evicted or invalidated)", ErrLockLost)
-	// ErrStaleLimit is reported by ExtendValueMany for a value that has been stale (kept past its TTL) for
-	// max_stale already, across every process: it is not extended and expires on its TTL.
+	// ErrLockHeld is reported by ExtendValueUnlockedMany for a value whose lock key exists: an app or a daemon is
+	// rebuilding it, so its publish decides, and nothing was touched.
+	ErrLockHeld = errors.New("lockstep: lock held: a rebuild is under way")
+	// ErrStaleLimit is reported by ExtendValueMany and ExtendValueUnlockedMany for a value that has been stale
+	// (kept past its TTL) for max_stale already, across every process: it is not extended and expires on its TTL.
 	ErrStaleLimit = errors.New("lockstep: stale limit reached")
 	// ErrNotFound means a record does not exist. A Loader returns an error wrapping it when the origin has no row
-	// for the id (Client.Get then returns that error and caches nothing); ExtendValueMany reports it for a cache key
-	// that is gone.
+	// for the id (Client.Get then returns that error and caches nothing); ExtendValueMany and ExtendValueUnlockedMany
+	// report it for a cache key that is gone.
 	ErrNotFound = errors.New("lockstep: not found")
 	// ErrRebuildTimeout is returned by Client.Get to a follower that waited the whole wait budget (see Backoff) for
 	// another process's rebuild, and found neither a fresh value nor a stale copy.

@@ -184,14 +184,16 @@ type PublishOutcome struct {
 	Err error // nil, ErrLockLost, ErrLockGone, or the write's error reply
 }
 
-// Extended is one key's result in ExtendValueMany.
+// Extended is one key's result in ExtendValueMany and ExtendValueUnlockedMany.
 type Extended struct {
 	// TTL is the cache key's TTL after the call: the new TTL when extended, the unchanged one when the max_stale
 	// bound left no room (Err is ErrStaleLimit), 0 otherwise.
 	TTL time.Duration
-	// Err is nil (extended), ErrStaleLimit (not extended: the value has been stale for max_stale already),
-	// ErrNotFound (the cache key is gone; nothing extended), ErrLockLost (the lock no longer holds the token;
-	// nothing touched), or that call's error reply. In the first three cases the lock was released.
+	// Err is nil (extended), ErrStaleLimit (not extended: the value has been stale for max_stale already, or its
+	// TTL is already longer than asked), ErrNotFound (the cache key is gone; nothing extended), ErrLockLost
+	// (ExtendValueMany: the lock no longer holds the token; nothing touched), ErrLockHeld (ExtendValueUnlockedMany:
+	// the lock key exists; nothing touched), or that call's error reply. ExtendValueMany released the lock in the
+	// first three cases.
 	Err error
 }
 
@@ -231,6 +233,66 @@ func ExtendValueMany(ctx context.Context, c RedisClient, keys []KeySet, token st
 	if err != nil {
 		return nil, fmt.Errorf("lockstep: extend %d values: %w", len(keys), err)
 	}
+	extendedResults(cmds, out, ErrLockLost)
+	return out, nil
+}
+
+// ExtendValueUnlockedMany is the fail-safe for a refresh that could not take its locks because Redis refuses new
+// keys: at maxmemory with maxmemory-policy noeviction, SET NX answers "OOM command not allowed when used memory >
+// 'maxmemory'", so neither ExtendValueMany (which needs the lock) nor a publish can run, and hot values would
+// expire into a stampede that nobody can even cache. For each KeySet whose lock key does not exist, it extends the
+// TTL of the cache key and its meta hash to ttl (> 0, rounded up to ms) with extend_value_unlocked.lua, under
+// ExtendValueMany's bound: never past MetaStaleSinceField + maxStale (maxStale ≥ 0), exact to the millisecond,
+// shared by every process, and never shortening a TTL.
+//
+// It is safe without a lock because the script is atomic, writes no value and only moves an expiry later within
+// the bound: while any lock on the key exists (an app or another daemon is rebuilding it) it touches nothing
+// (ErrLockHeld), and the value it keeps is whatever the last publish wrote, so an old value can never replace a
+// newer one, and a lock taken after it sees the value exactly as a locked fail-safe would have left it. An
+// invalidation (Invalidate deletes cache, lock and meta) leaves nothing to extend (ErrNotFound).
+//
+// It runs under OOM: Redis refuses a script for memory only at its first write, and only if that command may
+// grow memory; the script's first write is PEXPIREAT. The start of staleness must be recorded for the bound to
+// hold fleet-wide, so the first extension of a value that has no meta hash (no-meta mode, Write.NoMeta) creates
+// one holding MetaStaleSinceField (Redis 7.0: MEMORY USAGE 120 bytes, 225 bytes of used_memory with its TTL),
+// removed by the next publish; later extensions create nothing. If Redis refuses that record, the script sets
+// the cache key's expiry back and the call's error reply is returned.
+//
+// One pipelined round trip (plus a SCRIPT LOAD and a retry only on NOSCRIPT; Redis takes both under OOM). The first result has one entry per KeySet, in order: see Extended. The second is
+// ErrInvalidArgument (ttl ≤ 0, maxStale < 0, a KeySet without cache, lock or meta key; nothing was sent) or a
+// transport failure (any extension may or may not have happened).
+func ExtendValueUnlockedMany(ctx context.Context, c RedisClient, keys []KeySet, ttl, maxStale time.Duration) ([]Extended, error) {
+	if err := checkTTL("ttl", ttl); err != nil {
+		return nil, err
+	}
+	if maxStale < 0 {
+		return nil, argError("max stale", "%v is negative", maxStale)
+	}
+	ms := millis(ttl)
+	staleMs := int64(maxStale / time.Millisecond)
+	calls := make([]scriptCall, len(keys))
+	for i, k := range keys {
+		if k.Cache == "" || k.Lock == "" || k.Meta == "" {
+			return nil, fmt.Errorf("keys[%d]: %w", i, argError("key set", "cache, lock and meta keys are required"))
+		}
+		calls[i] = scriptCall{extendValueUnlockedScript, []string{k.Cache, k.Lock, k.Meta}, []any{ms, staleMs}}
+	}
+	out := make([]Extended, len(keys))
+	if len(calls) == 0 {
+		return out, nil
+	}
+	cmds, err := runPipelined(ctx, c, calls)
+	if err != nil {
+		return nil, fmt.Errorf("lockstep: extend %d values without lock: %w", len(keys), err)
+	}
+	extendedResults(cmds, out, ErrLockHeld)
+	return out, nil
+}
+
+// extendedResults maps the replies {status, ttl_ms} of extend_value.lua or extend_value_unlocked.lua into out: 1
+// extended, 2 ErrStaleLimit, -1 ErrNotFound, 0 locked (the script's own error for it: ErrLockLost or ErrLockHeld);
+// an error reply stays as it is.
+func extendedResults(cmds []*redis.Cmd, out []Extended, locked error) {
 	for i, cmd := range cmds {
 		reply, err := cmd.Slice()
 		if err != nil {
@@ -251,10 +313,9 @@ func ExtendValueMany(ctx context.Context, c RedisClient, keys []KeySet, token st
 		case -1:
 			out[i].Err = ErrNotFound
 		default:
-			out[i].Err = ErrLockLost
+			out[i].Err = locked
 		}
 	}
-	return out, nil
 }
 
 // Invalidate is the write path's delete: after an app commits a change to the origin, it deletes the id's cache

@@ -19,11 +19,15 @@ var (
 	publishLua string
 	//go:embed extend_value.lua
 	extendValueLua string
+	//go:embed extend_value_unlocked.lua
+	extendValueUnlockedLua string
 
 	releaseScript     = redis.NewScript(releaseLua)
 	extendScript      = redis.NewScript(extendLua)
 	publishScript     = redis.NewScript(publishLua)
 	extendValueScript = redis.NewScript(extendValueLua)
+
+	extendValueUnlockedScript = redis.NewScript(extendValueUnlockedLua)
 )
 
 // PublishLua returns the source of publish.lua, the script Publish and PublishMany run; its header comment gives

@@ -49,6 +49,13 @@
 // than max_stale past its last good expiry. Extensions are counted (keepwarm_warmer_failsafe_extensions_total)
 // and logged once per keyspace per outage.
 //
+// When Redis refuses the locks themselves for memory (OOM: maxmemory reached with noeviction, so no new key can
+// be written), no process can rebuild a value into Redis; the warmer then extends the hot values without a lock
+// (lockstep.ExtendValueUnlockedMany: nothing while a lock exists, the same max_stale bound), retries the locks
+// with back-off inside the extended life, counts it with mode="unlocked", and logs the episode once.
+// Warmer.WritesRefused reports whether Redis refuses writes (OOM, READONLY on a replica, NOPERM from an ACL), as
+// seen by the flush canary and by the batches' locks and publishes.
+//
 // # SLO
 //
 // keepwarm_warmer_hot_expired_total counts hot keys that expired before their refresh. It should stay at 0.

@@ -84,8 +84,13 @@ func (c *canaries) refresh(ctx context.Context, rdb redis.UniversalClient) error
 	return nil
 }
 
-// check rewrites every canary and reports whether one of them, written before, was gone.
-func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushed []string, err error) {
+// check rewrites every canary and reports whether one of them, written before, was gone. refused is the first
+// canary's SET that Redis refused as a write (OOM, READONLY, NOPERM: see refusals.go), allOK whether every
+// canary's SET succeeded. A canary whose SET was refused has its TTL renewed with PEXPIRE instead, which Redis
+// does not refuse for memory: without it, an OOM episode longer than canaryTTL would let the canary expire and
+// its first SET after the episode would report a flush that never happened. A real flush during the episode
+// frees memory, so the next SET is taken and finds the canary gone, as before.
+func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushed []string, refused error, allOK bool, err error) {
 	type probe struct {
 		key string
 		cmd *redis.StatusCmd
@@ -97,6 +102,8 @@ func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushe
 		}
 		return nil
 	})
+	allOK = len(probes) > 0
+	var keep []string // seen canaries whose SET was refused: their TTL is renewed
 	for _, pr := range probes {
 		switch err := pr.cmd.Err(); {
 		case errors.Is(err, redis.Nil):
@@ -106,12 +113,32 @@ func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushe
 			c.seen[pr.key] = true
 		case err == nil:
 			c.seen[pr.key] = true
+		default:
+			allOK = false
+			if refusalCode(err) != "" {
+				if refused == nil {
+					refused = err
+				}
+				if c.seen[pr.key] {
+					keep = append(keep, pr.key)
+				}
+			}
 		}
 	}
-	if perr != nil && !errors.Is(perr, redis.Nil) {
-		return flushed, perr
+	if len(keep) > 0 {
+		// The reply does not matter: 0 (gone) is found by the next SET that Redis takes, and an error (READONLY,
+		// NOPERM refuse PEXPIRE too) changes nothing.
+		_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keep {
+				p.PExpire(ctx, k, canaryTTL)
+			}
+			return nil
+		})
 	}
-	return flushed, nil
+	if perr != nil && !errors.Is(perr, redis.Nil) {
+		return flushed, refused, allOK, perr
+	}
+	return flushed, refused, allOK, nil
 }
 
 // watchFlush runs the flush canary until ctx ends (see the comment at the top of this file).
@@ -144,7 +171,13 @@ func (w *Warmer) watchFlush(ctx context.Context) {
 			}
 		}
 		if c.keys != nil {
-			flushed, err := c.check(ctx, w.rdb)
+			flushed, refused, allOK, err := c.check(ctx, w.rdb)
+			if ctx.Err() == nil {
+				w.refusals.noteCanary(refused, allOK, w.now())
+				if allOK {
+					w.oomOver()
+				}
+			}
 			if err != nil && ctx.Err() == nil {
 				if !failing {
 					w.log.Debug("flush canary: Redis error", "error", err)

@@ -43,6 +43,12 @@ const (
 	ReasonBadInput = "bad_input"
 )
 
+// Fail-safe modes, the values of the "mode" label of keepwarm_warmer_failsafe_extensions_total.
+const (
+	FailSafeLocked   = "locked"   // lockstep.ExtendValueMany under the batch's lock: the origin failed, or the value was too large
+	FailSafeUnlocked = "unlocked" // lockstep.ExtendValueUnlockedMany: Redis refused the lock for memory (OOM)
+)
+
 // metrics are the warmer's Prometheus metrics. Labels are bounded: keyspace and result, never a key or an id.
 type metrics struct {
 	refreshes      *prometheus.CounterVec   // keyspace, result
@@ -57,7 +63,7 @@ type metrics struct {
 	originSeconds  *prometheus.HistogramVec // keyspace
 	locks          *prometheus.CounterVec   // keyspace, result
 	leaseExtends   *prometheus.CounterVec   // keyspace, result
-	failSafe       *prometheus.CounterVec   // keyspace
+	failSafe       *prometheus.CounterVec   // keyspace, mode (FailSafeLocked, FailSafeUnlocked)
 	tracked        *prometheus.GaugeVec     // keyspace
 	hot            *prometheus.GaugeVec     // keyspace
 	persistent     *prometheus.GaugeVec     // keyspace
@@ -137,8 +143,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace", "result"}),
 		failSafe: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_failsafe_extensions_total",
-			Help: "Hot values whose TTL was extended because the origin failed (fail-safe), bounded by max_stale.",
-		}, []string{"keyspace"}),
+			Help: "Hot values whose TTL was extended instead of refreshed (fail-safe), bounded by max_stale, by mode: locked (under the key's lock: the origin failed, or the value was too large), unlocked (Redis refused the lock for memory, OOM with noeviction; extended only where no lock existed).",
+		}, []string{"keyspace", "mode"}),
 		tracked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keepwarm_warmer_keys_tracked",
 			Help: "Ids tracked per keyspace (bounded by max_tracked).",

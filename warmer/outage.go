@@ -117,3 +117,22 @@ func (k *keyspace) originOK() {
 		k.log.Info("origin recovered; refreshes resumed", "failures", n)
 	}
 }
+
+// oomExtending notes a batch whose locks Redis refused for memory and whose values are about to be extended
+// without them; the first of an episode logs why, once for the whole warmer (not per key, per batch or per
+// keyspace). The episode ends once Redis has taken writes again for outageSettle (oomOver).
+func (k *keyspace) oomExtending(cfg KeyspaceConfig, cause error) {
+	if k.w.oom.fail(k.w.now(), 1) {
+		k.log.Error("redis refuses new keys (used memory > maxmemory, maxmemory-policy noeviction): no lock can "+
+			"be taken, so hot values are kept by extending their TTLs without a lock (only where no lock exists, "+
+			"within max_stale) until it takes writes again", "max_stale", cfg.MaxStale, "error", cause)
+	}
+}
+
+// oomOver notes a write Redis took; it logs the end of an OOM episode once outageSettle has passed without a
+// refusal.
+func (w *Warmer) oomOver() {
+	if ends, n := w.oom.ok(w.now()); ends {
+		w.log.Info("redis takes new keys again; hot values are refreshed under their locks", "refused_batches", n)
+	}
+}

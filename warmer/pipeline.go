@@ -67,7 +67,8 @@ func (it *item) fail(reason string, err error) {
 //
 //  1. wait for the keyspace's origin budget (token bucket);
 //  2. acquire the locks, pipelined (one round trip); keys locked elsewhere are skipped as ResultLocked, keys
-//     whose SET NX got an error reply (OOM, TRYAGAIN) fail with that reason;
+//     whose SET NX got an error reply (OOM, TRYAGAIN) fail with that reason, and those refused for memory go to
+//     failSafeUnlocked when it is set;
 //  3. optionally re-check the owned keys under their locks (the daemon's PTTL check);
 //  4. run one origin query for the rest (the leases are renewed every lease/4 from step 2 until step 6: see
 //     renewLeases);
@@ -92,6 +93,9 @@ type pipeline struct {
 	// failSafe, when set, keeps the current values of items alive that cannot be refreshed now (the origin
 	// failed, or the new value is too large), and reschedules them; without it they fail.
 	failSafe func(ctx context.Context, items []*item)
+	// failSafeUnlocked, when set, keeps the current values of items whose lock Redis refused for memory (OOM)
+	// alive without a lock, and reschedules them; without it they fail.
+	failSafeUnlocked func(ctx context.Context, items []*item)
 	// skipOrigin, when set, runs the batch without an origin query: the owned keys go straight to failSafe with
 	// this error (ReasonOriginFailing), and the origin budget (limiter) is not waited for. The daemon uses it for
 	// due keys while the origin fails and a probe batch is in flight (see keyspace.dispatch).
@@ -145,6 +149,9 @@ func (p *pipeline) run(ctx context.Context, items []*item) error {
 		return err
 	}
 	p.renewals = p.renewLeases(ctx, owned)
+	if oom := p.refusedForMemory(items); len(oom) > 0 {
+		p.failSafeUnlocked(ctx, oom)
+	}
 	if p.recheck != nil && len(owned) > 0 {
 		if owned, err = p.recheck(ctx, owned); err != nil {
 			return err
@@ -197,16 +204,48 @@ func (p *pipeline) acquire(ctx context.Context, items []*item) ([]*item, error) 
 		}
 	}
 	p.mu.Unlock()
-	var refused []*item
+	var refused, oom []*item
 	for _, it := range items {
-		if it.result == ResultError {
+		switch {
+		case it.result != ResultError:
+		case it.reason == ReasonOOM && p.failSafeUnlocked != nil:
+			oom = append(oom, it) // logged once per episode by the fail-safe (oomExtending)
+		default:
 			refused = append(refused, it)
 		}
 	}
 	p.k.warnRefused("lock refused by Redis; retrying with back-off", refused)
+	if len(oom) > 0 {
+		p.k.log.Debug("lock refused by Redis for memory; extending the values without a lock", "keys", len(oom),
+			"first_key", oom[0].ks.Cache, "error", oom[0].err)
+	}
+	replied := make([]error, 0, len(replies))
+	for _, e := range replies {
+		replied = append(replied, e)
+	}
+	accepted := len(replies) < len(items)
+	p.k.w.refusals.notePipeline("lock", firstRefusal(replied), accepted, p.now())
+	if accepted {
+		p.k.w.oomOver()
+	}
 	p.m.locks.WithLabelValues(p.cfg.Name, "acquired").Add(float64(len(owned)))
 	p.m.locks.WithLabelValues(p.cfg.Name, "held").Add(float64(len(items) - len(owned) - len(replies)))
 	return owned, nil
+}
+
+// refusedForMemory returns the items whose lock Redis refused for memory (ReasonOOM), for failSafeUnlocked; none
+// when the pipeline has no failSafeUnlocked (warmups).
+func (p *pipeline) refusedForMemory(items []*item) []*item {
+	if p.failSafeUnlocked == nil {
+		return nil
+	}
+	var oom []*item
+	for _, it := range items {
+		if it.result == ResultError && it.reason == ReasonOOM {
+			oom = append(oom, it)
+		}
+	}
+	return oom
 }
 
 // fetchAndPublish runs one origin query for items and publishes the results.
@@ -343,6 +382,13 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 		}
 	}
 	p.mu.Unlock()
+	var replyErrs []error
+	written := false
+	for _, r := range results {
+		written = written || r.Err == nil
+		replyErrs = append(replyErrs, r.Err)
+	}
+	p.k.w.refusals.notePipeline("publish", firstRefusal(replyErrs), written, replied)
 	p.checkOwnPublish(ctx, writes, witems)
 	p.k.warnRefused("publish refused by Redis; lock released, retrying with back-off", replies)
 	return nil

@@ -57,6 +57,7 @@ func (k *keyspace) refreshWith(ctx context.Context, batch []*hotState, skipOrigi
 	p = k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
 	p.recheck = k.recheck
 	p.failSafe = func(ctx context.Context, items []*item) { k.failSafe(ctx, p.cfg, p.token, items) }
+	p.failSafeUnlocked = func(ctx context.Context, items []*item) { k.failSafeUnlocked(ctx, p.cfg, items) }
 	p.skipOrigin = skipOrigin
 	err := p.run(ctx, items)
 	if err != nil && ctx.Err() == nil && !errors.Is(err, context.Canceled) {
@@ -278,15 +279,37 @@ func (k *keyspace) recheckAfter(asked []*item, ttls []time.Duration, now time.Ti
 // large): rather than let them expire into a stampede against a sick database, it extends each current value's
 // TTL under the lock until the next retry (lockstep.ExtendValueMany). The bound is fleet-wide: no value outlives
 // its last good expiry by more than max_stale, however many daemons extend it, because the start of staleness
-// is kept in Redis. Items keep their result (error or too_large); each is rescheduled with back-off.
-//
-// The extension and the retry come from one decision: the back-off delay is drawn once per key (one uniform
-// draw per batch), the value is extended to delay + lead + one origin query's bound, and the retry is queued at
-// delay (brought forward when
-// the bound clipped the extension, see retryAt), so the retry always lands inside the extended life. Two
-// independent draws let the retry fall after the value had expired (issue 20: 447 of 734 hot keys expired in a
-// 150 s PostgreSQL outage). A value the extension finds already gone is counted as an SLO miss.
+// is kept in Redis. Items keep their result (error or too_large); each is rescheduled with back-off (see
+// keepAlive).
 func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token string, items []*item) {
+	k.keepAlive(ctx, cfg, items, FailSafeLocked, func(sets []lockstep.KeySet, ttl time.Duration) ([]lockstep.Extended, error) {
+		return lockstep.ExtendValueMany(ctx, k.w.rdb, sets, token, ttl, cfg.MaxStale)
+	})
+}
+
+// failSafeUnlocked is the fail-safe for items whose lock Redis refused for memory (OOM: maxmemory reached with
+// noeviction, so no new key, and no lock, can be written): no process can rebuild them into Redis until it takes
+// writes again, so rather than let them expire it extends each current value's TTL without a lock
+// (lockstep.ExtendValueUnlockedMany: nothing while a lock exists, no value written, the same max_stale bound).
+// Each item keeps its result (error, reason oom) and is retried with back-off, inside the extended life (see
+// keepAlive), so that a Redis that stays full costs one lock attempt and one extension per key per back-off.
+// The first batch of an OOM episode logs why, once (oomExtending).
+func (k *keyspace) failSafeUnlocked(ctx context.Context, cfg KeyspaceConfig, items []*item) {
+	k.oomExtending(cfg, items[0].err)
+	k.keepAlive(ctx, cfg, items, FailSafeUnlocked, func(sets []lockstep.KeySet, ttl time.Duration) ([]lockstep.Extended, error) {
+		return lockstep.ExtendValueUnlockedMany(ctx, k.w.rdb, sets, ttl, cfg.MaxStale)
+	})
+}
+
+// keepAlive extends the items' current values with extend (one call per wanted TTL) and reschedules them. The
+// extension and the retry come from one decision: the back-off delay is drawn once per key (one uniform draw per
+// batch), the value is extended to delay + lead + one origin query's bound, and the retry is queued at delay
+// (brought forward when the bound clipped the extension, see retryAt), so the retry always lands inside the
+// extended life. Two independent draws let the retry fall after the value had expired (447 of 734 hot keys
+// expired in a 150 s PostgreSQL outage). A value the extension finds already gone is counted as an SLO miss.
+// mode labels the extensions in keepwarm_warmer_failsafe_extensions_total.
+func (k *keyspace) keepAlive(ctx context.Context, cfg KeyspaceConfig, items []*item, mode string,
+	extend func(sets []lockstep.KeySet, ttl time.Duration) ([]lockstep.Extended, error)) {
 	now := k.w.now()
 	u := k.rnd.Float64()
 	delays := make(map[*item]time.Duration, len(items))
@@ -314,12 +337,12 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 		for i, it := range group {
 			sets[i] = it.ks
 		}
-		res, err := lockstep.ExtendValueMany(ctx, k.w.rdb, sets, token, ttl, cfg.MaxStale)
+		res, err := extend(sets, ttl)
 		if err != nil {
 			k.redisError(ctx, "fail-safe extend", err)
 			continue // the items stay owned: the batch releases their locks
 		}
-		k.mail.call(sctx, func() { k.failSafeApplied(cfg, group, res, now) })
+		k.mail.call(sctx, func() { k.failSafeApplied(cfg, group, res, now, mode) })
 	}
 	k.mail.call(sctx, func() {
 		for _, it := range items {
@@ -329,14 +352,15 @@ func (k *keyspace) failSafe(ctx context.Context, cfg KeyspaceConfig, token strin
 	})
 }
 
-// failSafeApplied folds one group's extension results into the items and their hot states, on the loop.
-func (k *keyspace) failSafeApplied(cfg KeyspaceConfig, group []*item, res []lockstep.Extended, now time.Time) {
+// failSafeApplied folds one group's extension results into the items and their hot states, on the loop; mode
+// labels the extensions counted.
+func (k *keyspace) failSafeApplied(cfg KeyspaceConfig, group []*item, res []lockstep.Extended, now time.Time, mode string) {
 	for i, it := range group {
 		r := res[i]
 		switch {
 		case r.Err == nil:
 			it.h.expiry = now.Add(r.TTL)
-			k.w.m.failSafe.WithLabelValues(cfg.Name).Inc()
+			k.w.m.failSafe.WithLabelValues(cfg.Name, mode).Inc()
 			it.owned = false
 		case errors.Is(r.Err, lockstep.ErrStaleLimit):
 			it.owned = false // past max_stale: left to expire on its TTL
@@ -349,6 +373,9 @@ func (k *keyspace) failSafeApplied(cfg KeyspaceConfig, group []*item, res []lock
 			it.h.expiry = time.Time{}
 		case errors.Is(r.Err, lockstep.ErrLockLost):
 			it.owned = false // not ours any more
+		case errors.Is(r.Err, lockstep.ErrLockHeld):
+			// Without a lock (FailSafeUnlocked): an app or another daemon holds the key's lock and is rebuilding
+			// it; its publish decides. Retried with the others.
 		default: // an error reply: nothing touched, the lock is still ours and is released by the batch
 			k.log.Warn("fail-safe extension refused by Redis", "key", it.ks.Cache, "error", r.Err)
 		}

@@ -73,10 +73,12 @@ type Warmer struct {
 	progress  atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
 	lastFlush atomic.Int64 // unix nanos (Config.Now) of the last flush the canary noticed; 0 before any
 	running   atomic.Bool
-	checks    checks     // keyspaces whose source check has not passed yet (see Checker)
-	notify    notifier   // the keyspace-notification listener (notifications.go)
-	fleet     *fleet     // nil when sharing is off
-	trust     trustState // for the reconciliation (reconcile.go)
+	checks    checks        // keyspaces whose source check has not passed yet (see Checker)
+	notify    notifier      // the keyspace-notification listener (notifications.go)
+	fleet     *fleet        // nil when sharing is off
+	trust     trustState    // for the reconciliation (reconcile.go)
+	refusals  writeRefusals // whether Redis takes writes (refusals.go)
+	oom       outage        // the episode of refused new keys, logged once (outage.go; its own lock)
 }
 
 // New validates cfg and returns a Warmer. The error names every invalid field of every keyspace.

@@ -235,9 +235,9 @@ const readyTimeout = 500 * time.Millisecond
 // happens at least every 2 s, and takes at most a Redis read timeout or two even while Redis is frozen.
 const livezStall = 30 * time.Second
 
-// readyz reports whether the config is loaded, Redis and PostgreSQL answer, each within readyTimeout, and every
-// keyspace's query check passed. The error names every dependency that failed and each failing keyspace with its
-// check error.
+// readyz reports whether the config is loaded, Redis and PostgreSQL answer, each within readyTimeout, Redis takes
+// writes (warmer.WritesRefused), and every keyspace's query check passed. The error names every dependency that
+// failed and each failing keyspace with its check error.
 func (d *daemon) readyz(ctx context.Context) error {
 	select {
 	case <-d.ready:
@@ -283,6 +283,9 @@ func (d *daemon) readyz(ctx context.Context) error {
 	redisErr := ping("redis", func(ctx context.Context) error { return d.rdb.Ping(ctx).Err() })
 	pgErr := ping("postgres", d.pool.Ping)
 	errs := []error{redisErr(), pgErr()}
+	if err := d.w.WritesRefused(); err != nil { // Redis answers the ping but refuses writes: nothing is refreshed
+		errs = append(errs, fmt.Errorf("%w: %s", err, writeRefusalFix(err)))
+	}
 	for _, f := range d.w.RefreshFailing() {
 		if perm := assemble.Permission(f.Err); perm != "" {
 			errs = append(errs, fmt.Errorf("keyspace %q: every refresh fails since %s (%d batches in a row): %s: %w",
@@ -294,6 +297,24 @@ func (d *daemon) readyz(ctx context.Context) error {
 			f.Since.UTC().Format(time.RFC3339), f.Attempts, f.NextCheck.UTC().Format(time.RFC3339), f.Error))
 	}
 	return errors.Join(errs...)
+}
+
+// writeRefusalFix says what causes a refusal of writes (warmer.WritesRefused) and how to fix it, in the config's
+// and Redis's terms.
+func writeRefusalFix(err error) string {
+	var r *warmer.WriteRefusedError
+	if !errors.As(err, &r) {
+		return "see docs/operations.md, \"The HTTP endpoints\""
+	}
+	switch r.Code {
+	case warmer.RefusedReadOnly:
+		return `[redis] url points at a replica; point it at the primary (or use mode = "sentinel")`
+	case warmer.RefusedOOM:
+		return "maxmemory reached with maxmemory-policy noeviction; give Redis memory or an eviction policy (allkeys-lfu); " +
+			"meanwhile hot values are extended without locks, within max_stale"
+	default:
+		return `the ACL user lacks write permission on keepwarm's keys; grant the keys and commands of docs/operations.md "Least privilege"`
+	}
 }
 
 // livez reports whether the process and its scheduler loop are alive, without I/O. While the daemon waits for
