@@ -1,9 +1,11 @@
 package warmer
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -112,4 +114,27 @@ func (w *Warmer) WritesRefused() error {
 		return e
 	}
 	return nil
+}
+
+// registerRefusals registers keepwarm_warmer_redis_writes_refused{code} on reg (nil: nothing): 1 for the code of
+// the refusal WritesRefused reports now, 0 for the others.
+func (w *Warmer) registerRefusals(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	var errs []error
+	for _, code := range []string{RefusedOOM, RefusedReadOnly, RefusedNoPerm} {
+		errs = append(errs, reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "keepwarm_warmer_redis_writes_refused",
+			Help:        "1 while Redis refuses the warmer's writes with this error code (OOM: maxmemory with noeviction; READONLY: a replica; NOPERM: the ACL), else 0. /readyz fails meanwhile.",
+			ConstLabels: prometheus.Labels{"code": code},
+		}, func() float64 {
+			var e *WriteRefusedError
+			if errors.As(w.WritesRefused(), &e) && e.Code == code {
+				return 1
+			}
+			return 0
+		})))
+	}
+	return errors.Join(errs...)
 }

@@ -68,6 +68,11 @@ func TestWritesRefusedByReplica(t *testing.T) {
 	testenv.EventuallyDiag(t, 10*time.Second, "WritesRefused names READONLY", func() (bool, string) {
 		return refusedWith(w.WritesRefused(), warmer.RefusedReadOnly, "")
 	})
+	for code, want := range map[string]float64{warmer.RefusedReadOnly: 1, warmer.RefusedOOM: 0, warmer.RefusedNoPerm: 0} {
+		if got := counter(t, reg, "keepwarm_warmer_redis_writes_refused", map[string]string{"code": code}); got != want {
+			t.Errorf("keepwarm_warmer_redis_writes_refused{code=%q} = %v, want %v", code, got, want)
+		}
+	}
 
 	if err := replica.Do(ctx, "REPLICAOF", "NO", "ONE").Err(); err != nil {
 		t.Fatalf("REPLICAOF NO ONE: %v", err)
@@ -76,6 +81,9 @@ func TestWritesRefusedByReplica(t *testing.T) {
 		ok := counter(t, reg, "keepwarm_warmer_refreshes_total", map[string]string{"result": warmer.ResultOK})
 		return w.WritesRefused() == nil && ok >= 5, fmt.Sprintf("WritesRefused = %v, %v refreshes ok", w.WritesRefused(), ok)
 	})
+	if got := counter(t, reg, "keepwarm_warmer_redis_writes_refused", nil); got != 0 {
+		t.Errorf("keepwarm_warmer_redis_writes_refused after the promotion: %v, want 0", got)
+	}
 }
 
 // TestWritesRefusedByACL: an ACL user that may read keys but not write them gets NOPERM. With every key read-only

@@ -108,6 +108,9 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now,
 		spaces: make(map[string]*keyspace)}
 	w.notify.w = w
+	if err := w.registerRefusals(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("warmer: register metrics: %w", err)
+	}
 	if cfg.Fleet.Key != "" {
 		if w.fleet, err = newFleet(w, cfg.Fleet, cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("warmer: register metrics: %w", err)
