@@ -252,3 +252,34 @@ func TestExtendValueUnlockedArguments(t *testing.T) {
 		})
 	}
 }
+
+// TestExtendValueUnderOOM: a lock taken before Redis filled up (maxmemory, noeviction) still lets its holder keep
+// the value alive with ExtendValueMany: extend_value.lua's first write is PEXPIREAT, which Redis takes under OOM,
+// and stale_since_ms is recorded (the bound) and the lock released. Before v4 its first write was the
+// stale_since_ms HSET, which Redis refused: the origin's failure then let the value expire.
+func TestExtendValueUnderOOM(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.PrivateRedis(t)
+	keys := mustKeys(t, "oomlocked:", false)
+	k := mustFor(t, keys, "1")
+	const token = "the-daemons-token"
+	rdb.Set(ctx, k.Cache, "v", time.Minute)
+	if ok, err := lockstep.Acquire(ctx, rdb, k.Lock, token, time.Minute); err != nil || !ok {
+		t.Fatalf("Acquire before the fill: %v %v", ok, err)
+	}
+	testenv.FillToOOM(t, rdb)
+	res, err := lockstep.ExtendValueMany(ctx, rdb, []lockstep.KeySet{k}, token, 5*time.Minute, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; r.Err != nil || r.TTL <= time.Minute {
+		t.Fatalf("ExtendValueMany under OOM = %+v, want extended past its minute", r)
+	}
+	if since := staleSince(t, rdb, []lockstep.KeySet{k})[0]; since <= 0 {
+		t.Errorf("stale_since_ms = %d, want the value's original expiry recorded", since)
+	}
+	if n := rdb.Exists(ctx, k.Lock).Val(); n != 0 {
+		t.Errorf("the lock still exists after the extension")
+	}
+}
