@@ -506,8 +506,8 @@ func TestPrivatePostgres(t *testing.T) {
 		t.Fatalf("after restart: %v", err)
 	}
 	pg.remove()
-	if _, err := os.Stat(pg.base); !os.IsNotExist(err) {
-		t.Errorf("%s still there after remove (%v)", pg.base, err)
+	if _, err := os.Stat(pg.srv.DataDir()); !os.IsNotExist(err) {
+		t.Errorf("%s still there after remove (%v)", pg.srv.DataDir(), err)
 	}
 	if err := ping(); err == nil {
 		t.Error("PostgreSQL still answers after remove")

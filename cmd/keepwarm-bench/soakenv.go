@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/keepwarm/keepwarm/examples/chinook"
+	"github.com/keepwarm/keepwarm/internal/pgserver"
 )
 
 // freePort returns a loopback port that was free a moment ago.
@@ -35,94 +35,66 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// privatePostgres is the soak's own PostgreSQL cluster (initdb + pg_ctl, as scripts/services starts the shared
-// one), so that the nemesis can restart it and take it down without touching anyone else's server. As root it
-// runs as the postgres user, which PostgreSQL requires.
+// privatePostgres is the soak's own PostgreSQL cluster (internal/pgserver: initdb + pg_ctl on a loopback port,
+// as the postgres user when run as root), so that the nemesis can restart it, take it down, and give it a
+// synchronous standby without touching anyone else's server.
 type privatePostgres struct {
-	base, data string
-	port       int
-	osUser     string // "" = this user
+	srv     *pgserver.Server
+	standby *pgserver.Server // nil unless addStandby ran
 }
 
 func startPostgres(ctx context.Context, stderr io.Writer) (*privatePostgres, error) {
-	port, err := freePort()
+	srv, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {
 		return nil, err
 	}
-	base, err := os.MkdirTemp("", "keepwarm-soak-pg-")
-	if err != nil {
-		return nil, err
-	}
-	pg := &privatePostgres{base: base, data: filepath.Join(base, "data"), port: port}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			os.RemoveAll(base)
-			return nil, fmt.Errorf("running as root, PostgreSQL needs the postgres user (scripts/services up creates it with the package): %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(base, uid, gid); err != nil {
-			os.RemoveAll(base)
-			return nil, err
-		}
-		pg.osUser = "postgres"
-	}
-	if out, err := pg.cmd(ctx, "initdb", "-D", pg.data, "-U", "keepwarm", "--auth=trust", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
-		os.RemoveAll(base)
-		return nil, fmt.Errorf("initdb (is PostgreSQL installed? scripts/services up installs it): %w: %s", err, out)
-	}
-	if err := pg.start(ctx); err != nil {
-		pg.remove()
-		return nil, err
-	}
-	fmt.Fprintf(stderr, "soak: private PostgreSQL on 127.0.0.1:%d (%s)\n", port, pg.data)
-	return pg, nil
+	fmt.Fprintf(stderr, "soak: private PostgreSQL %d on 127.0.0.1:%d (%s)\n", srv.Major(), srv.Port(), srv.DataDir())
+	return &privatePostgres{srv: srv}, nil
 }
 
-// cmd runs a PostgreSQL binary as the cluster's owner.
-func (pg *privatePostgres) cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
-	if pg.osUser != "" {
-		return exec.CommandContext(ctx, "runuser", append([]string{"-u", pg.osUser, "--", name}, args...)...)
-	}
-	return exec.CommandContext(ctx, name, args...)
-}
-
-func (pg *privatePostgres) start(ctx context.Context) error {
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -c unix_socket_directories=%s -c max_connections=100 "+
-		"-c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c synchronous_commit=off "+
-		"-c full_page_writes=off", pg.port, pg.base)
-	out, err := pg.cmd(ctx, "pg_ctl", "-D", pg.data, "-l", filepath.Join(pg.base, "postgres.log"), "-w", "-t", "60",
-		"-o", opts, "start").CombinedOutput()
+// addStandby gives the cluster a synchronous physical standby (pgserver.AddStandby, which restarts the primary
+// once): from then on every commit waits for the standby's confirmation, which the pg-sync-standby-stall fault
+// withholds.
+func (pg *privatePostgres) addStandby(ctx context.Context, stderr io.Writer) error {
+	sb, err := pg.srv.AddStandby(ctx, pgserver.StandbyOptions{Name: "soak_standby", Sync: true})
 	if err != nil {
-		return fmt.Errorf("pg_ctl start: %w: %s (log %s)", err, out, filepath.Join(pg.base, "postgres.log"))
+		return fmt.Errorf("add a synchronous standby: %w", err)
 	}
+	pg.standby = sb
+	fmt.Fprintf(stderr, "soak: synchronous standby on 127.0.0.1:%d (%s)\n", sb.Port(), sb.DataDir())
 	return nil
 }
 
-// stop stops the server: mode is pg_ctl's -m (fast, immediate).
+func (pg *privatePostgres) start(ctx context.Context) error { return pg.srv.Start(ctx) }
+
+// stop stops the primary: mode is pg_ctl's -m (fast, immediate).
 func (pg *privatePostgres) stop(ctx context.Context, mode string) error {
-	out, err := pg.cmd(ctx, "pg_ctl", "-D", pg.data, "-m", mode, "-w", "-t", "60", "stop").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctl stop: %w: %s", err, out)
-	}
-	return nil
+	return pg.srv.Stop(ctx, mode)
 }
 
-// remove stops the server if it runs (on a fresh context: it runs on the way out, after a Ctrl-C) and deletes
-// its files.
+// remove stops the standby and the primary if they run and deletes their files (on a fresh context: it runs on
+// the way out, after a Ctrl-C).
 func (pg *privatePostgres) remove() {
-	if _, err := os.Stat(filepath.Join(pg.data, "postmaster.pid")); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		_ = pg.stop(ctx, "immediate")
-		cancel()
+	if pg.standby != nil {
+		if p, err := postmasterPID(pg.standby.DataDir()); err == nil {
+			_ = syscall.Kill(p, syscall.SIGCONT) // a stall in progress
+		}
+		pg.standby.Remove()
 	}
-	os.RemoveAll(pg.base)
+	pg.srv.Remove()
 }
 
-// dsn is the URL of database db on the private server.
-func (pg *privatePostgres) dsn(db string) string {
-	return fmt.Sprintf("postgres://keepwarm@127.0.0.1:%d/%s?sslmode=disable", pg.port, db)
+// dsn is the URL of database db on the primary.
+func (pg *privatePostgres) dsn(db string) string { return pg.srv.DSN(db) }
+
+// postmasterPID reads the postmaster's pid from the first line of a data directory's postmaster.pid.
+func postmasterPID(dataDir string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strconv.Atoi(strings.TrimSpace(line))
 }
 
 // loadDemo loads the Chinook catalog and keepwarm's schema (what `make demo-data` does on the shared server).
