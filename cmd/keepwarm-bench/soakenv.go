@@ -242,8 +242,46 @@ func (d *daemon) waitReady(ctx context.Context, timeout time.Duration) error {
 	return fmt.Errorf("daemon %s did not answer /healthz on %s within %v (log in %s)", d.id, d.addr, timeout, d.logDir)
 }
 
-// hotExpired scrapes keepwarm_warmer_hot_expired_total by keyspace from the daemon's /metrics.
-func hotExpired(addr string) (map[string]float64, error) {
+// counterSet holds the daemon counters the soak reads, by "name/label" (the first label's value; "" when the
+// metric has none): hot_expired/<keyspace> (keepwarm_warmer_hot_expired_total, the SLO counter), late/<keyspace>
+// and stale_seconds/<keyspace> (keepwarm_changes_late_total and keepwarm_changes_stale_seconds_total, the freshness
+// SLO), old_ids_unknown/ (keepwarm_stream_old_ids_unknown_total), resyncs/<reason>
+// (keepwarm_stream_resyncs_total) and visibility_timeouts/<keyspace>
+// (keepwarm_changes_visibility_timeouts_total).
+type counterSet map[string]float64
+
+// scrapedCounters maps each metric the soak reads to its short name in a counterSet.
+var scrapedCounters = map[string]string{
+	"keepwarm_warmer_hot_expired_total":          "hot_expired",
+	"keepwarm_changes_late_total":                "late",
+	"keepwarm_changes_stale_seconds_total":       "stale_seconds",
+	"keepwarm_stream_old_ids_unknown_total":      "old_ids_unknown",
+	"keepwarm_stream_resyncs_total":              "resyncs",
+	"keepwarm_changes_visibility_timeouts_total": "visibility_timeouts",
+}
+
+// of returns the values of one short name, by label.
+func (c counterSet) of(name string) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range c {
+		if n, label, _ := strings.Cut(k, "/"); n == name {
+			out[label] += v
+		}
+	}
+	return out
+}
+
+// sub returns c − base, key by key.
+func (c counterSet) sub(base counterSet) counterSet {
+	out := counterSet{}
+	for k, v := range c {
+		out[k] = v - base[k]
+	}
+	return out
+}
+
+// scrapeCounters reads the soak's counters from a daemon's /metrics.
+func scrapeCounters(addr string) (counterSet, error) {
 	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
@@ -252,37 +290,47 @@ func hotExpired(addr string) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("/metrics: %s", resp.Status)
 	}
-	return parseHotExpired(resp.Body)
+	return parseCounters(resp.Body)
+}
+
+// parseCounters reads the samples of scrapedCounters from a Prometheus text page.
+func parseCounters(r io.Reader) (counterSet, error) {
+	out := counterSet{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, "{")
+		labels := ""
+		if ok {
+			labels, rest, ok = strings.Cut(rest, "} ")
+		} else {
+			name, rest, ok = strings.Cut(line, " ")
+		}
+		short := scrapedCounters[name]
+		if !ok || short == "" {
+			continue
+		}
+		label := ""
+		if labels != "" {
+			first, _, _ := strings.Cut(labels, ",")
+			if _, v, ok := strings.Cut(first, `="`); ok {
+				label = strings.TrimSuffix(v, `"`)
+			}
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil {
+			continue
+		}
+		out[short+"/"+label] += f
+	}
+	return out, sc.Err()
 }
 
 // parseHotExpired reads keepwarm_warmer_hot_expired_total{keyspace="x"} samples from a Prometheus text page.
 func parseHotExpired(r io.Reader) (map[string]float64, error) {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	const name = `keepwarm_warmer_hot_expired_total{`
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), name)
-		if !ok {
-			continue
-		}
-		labels, val, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		ks := ""
-		for _, l := range strings.Split(labels, ",") {
-			if v, ok := strings.CutPrefix(l, `keyspace="`); ok {
-				ks = strings.TrimSuffix(v, `"`)
-			}
-		}
-		f, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			continue
-		}
-		out[ks] += f
-	}
-	return out, sc.Err()
+	c, err := parseCounters(r)
+	return c.of("hot_expired"), err
 }
 
 // vmHWM returns a process's peak resident set (VmHWM in /proc/PID/status), in bytes.

@@ -71,6 +71,9 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		if fr.err != nil {
 			d += " (error: " + fr.err.Error() + ")"
 		}
+		if fr.noBite != "" {
+			d += " (DID NOT BITE: " + fr.noBite + ")"
+		}
 		fmt.Fprintf(tw, "%v\t%s\t%v\t%s\n", fr.started.Sub(r.start).Round(time.Second), fr.Kind, fr.ended.Sub(fr.started).Round(100*time.Millisecond), d)
 	}
 	_ = tw.Flush()
@@ -223,6 +226,8 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	if r.lostWindows > 0 {
 		fmt.Fprintf(w, "%d kill -9: each victim's counters were scraped just before the kill and kept; what it counted in the milliseconds between is lost\n", r.lostWindows)
 	}
+	fresh := freshAccount(r)
+	fresh.print(w, r)
 
 	// The checks.
 	var failed []string
@@ -273,8 +278,17 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		fmt.Sprintf("%.0f counted, %d gaps (blinks included), limit %.1f", totalCounted, totalObserved, limit), phDetail)
 	check(len(r.orphanLocks) == 0, "orphaned locks after everything stopped", fmt.Sprintf("%d", len(r.orphanLocks)),
 		"lock keys: "+strings.Join(r.orphanLocks[:min(5, len(r.orphanLocks))], ", "))
-	check(len(r.mismatches) == 0, fmt.Sprintf("hot values equal to PostgreSQL %v after the last update", f.settle),
-		fmt.Sprintf("%d compared, %d differ", r.checkedValues, len(r.mismatches)), strings.Join(r.mismatches[:min(3, len(r.mismatches))], "; "))
+	check(len(r.mismatches) == 0, fmt.Sprintf("cached values of the fed keyspaces equal to PostgreSQL %v after the last update", f.settle),
+		fmt.Sprintf("%d compared (%d hot), %d differ", r.checkedValues, r.checkedHot, len(r.mismatches)), strings.Join(r.mismatches[:min(3, len(r.mismatches))], "; "))
+	fresh.checks(r, f, check)
+	var noBite []string
+	for _, fr := range r.faults {
+		if fr.noBite != "" {
+			noBite = append(noBite, fmt.Sprintf("%s at %v: %s", fr.Kind, fr.started.Sub(r.start).Round(time.Second), fr.noBite))
+		}
+	}
+	check(len(noBite) == 0, "every fault bit (had an effect the soak could see)", fmt.Sprintf("%d faults, %d did not bite", len(r.faults), len(noBite)),
+		"fault did not bite: "+strings.Join(noBite, "; "))
 	var peak int64
 	var peakOf string
 	for k, v := range r.peaks {
@@ -302,7 +316,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	if f.faults != "" && f.faults != "all" {
 		replay += " --faults " + f.faults
 	}
-	fmt.Fprintf(w, "seed %d: replay with %s\n", r.seed, replay)
+	fmt.Fprintf(w, "seed %d: replay with %s\n\n%s\n", r.seed, replay, freshnessLegend)
 	if len(failed) > 0 {
 		return fmt.Errorf("soak seed %d: %d checks failed: %s", r.seed, len(failed), strings.Join(failed, "; "))
 	}
