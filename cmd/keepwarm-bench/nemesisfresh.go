@@ -37,10 +37,14 @@ func (s *soak) stallStandby(ctx context.Context, r *faultRecord) (string, error)
 		return "", err
 	}
 	defer mon.Close(context.Background())
+	s.pg.stalled.Store(int64(pid))
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return "", fmt.Errorf("SIGSTOP the walreceiver (pid %d): %w", pid, err)
 	}
-	defer syscall.Kill(pid, syscall.SIGCONT)
+	defer func() {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		s.pg.stalled.Store(0)
+	}()
 	r.outer[0] = time.Now()
 	r.inner[0] = r.outer[0]
 	end := r.outer[0].Add(r.Length)

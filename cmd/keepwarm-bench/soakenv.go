@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -41,6 +42,7 @@ func freePort() (int, error) {
 type privatePostgres struct {
 	srv     *pgserver.Server
 	standby *pgserver.Server // nil unless addStandby ran
+	stalled atomic.Int64     // the pid of the standby's walreceiver while pg-sync-standby-stall has it stopped
 }
 
 func startPostgres(ctx context.Context, stderr io.Writer) (*privatePostgres, error) {
@@ -76,8 +78,8 @@ func (pg *privatePostgres) stop(ctx context.Context, mode string) error {
 // the way out, after a Ctrl-C).
 func (pg *privatePostgres) remove() {
 	if pg.standby != nil {
-		if p, err := postmasterPID(pg.standby.DataDir()); err == nil {
-			_ = syscall.Kill(p, syscall.SIGCONT) // a stall in progress
+		if pid := pg.stalled.Load(); pid > 0 {
+			_ = syscall.Kill(int(pid), syscall.SIGCONT) // a stopped process would hold up the shutdown
 		}
 		pg.standby.Remove()
 	}
@@ -86,16 +88,6 @@ func (pg *privatePostgres) remove() {
 
 // dsn is the URL of database db on the primary.
 func (pg *privatePostgres) dsn(db string) string { return pg.srv.DSN(db) }
-
-// postmasterPID reads the postmaster's pid from the first line of a data directory's postmaster.pid.
-func postmasterPID(dataDir string) (int, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	return strconv.Atoi(strings.TrimSpace(line))
-}
 
 // loadDemo loads the Chinook catalog and keepwarm's schema (what `make demo-data` does on the shared server).
 func (pg *privatePostgres) loadDemo(ctx context.Context, keepwarmBin, configPath string) error {
