@@ -36,11 +36,14 @@ const (
 	faultNone          = "none"                  // gaps before the first fault
 	attributionInvalid = "invalidation"          // gaps caused by the invalidations themselves (excluded by the SLO)
 	attributionUnowned = "not hot for owner"     // gaps on keys no owner had in its hot set (not hot keys by the SLO)
+	attributionResync  = "resync invalidation"   // keys deleted around a publication_gap resync (an invalidation, excluded)
 )
 
 // excluded reports whether gaps put down to kind are outside the SLO: invalidations, and keys that were hot only
 // for replicas that do not own them.
-func excluded(kind string) bool { return kind == attributionInvalid || kind == attributionUnowned }
+func excluded(kind string) bool {
+	return kind == attributionInvalid || kind == attributionUnowned || kind == attributionResync
+}
 
 // allFaults lists every fault kind the nemesis implements, in the order of the report's table.
 var allFaults = []string{faultFlush, faultRedisStop, faultRedisRestart, faultDaemonKill, faultDaemonStop,

@@ -68,7 +68,7 @@ func TestGapTracker(t *testing.T) {
 				{100, hotA, map[string]time.Duration{"a": 10 * time.Second}},
 			},
 			finish: 150,
-			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond}},
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond, Vanished: true}},
 		},
 		{
 			name: "expired and rewritten between two polls: a blink",
@@ -107,7 +107,7 @@ func TestGapTracker(t *testing.T) {
 			},
 			finish: 200,
 			want: []gap{
-				{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond},
+				{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond, Vanished: true},
 				{Keyspace: "track", Key: "a", Start: at(150), Length: 50 * time.Millisecond, ColdStart: true, Open: true},
 			},
 		},
@@ -131,7 +131,7 @@ func TestGapTracker(t *testing.T) {
 				{50, hotA, map[string]time.Duration{"a": absent}},
 			},
 			finish: 300,
-			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 250 * time.Millisecond, Open: true}},
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 250 * time.Millisecond, Open: true, Vanished: true}},
 		},
 	}
 	for _, tt := range tests {
@@ -266,22 +266,30 @@ func TestAttribute(t *testing.T) {
 		{plannedFault: plannedFault{Kind: faultFlush}, started: t0.Add(10 * time.Second)},
 		{plannedFault: plannedFault{Kind: faultPGRestart}, started: t0.Add(40 * time.Second)},
 	}
+	faults = append(faults, faultRecord{plannedFault: plannedFault{Kind: faultPubRecreate}, started: t0.Add(70 * time.Second),
+		outer: [2]time.Time{t0.Add(70 * time.Second), t0.Add(75 * time.Second)}})
 	invs := []invalidation{{key: "track:1", at: t0.Add(50 * time.Second)}}
 	tests := []struct {
-		key  string
-		at   time.Duration
-		want string
+		key      string
+		at       time.Duration
+		vanished bool
+		want     string
 	}{
-		{"track:2", 5 * time.Second, faultNone},
-		{"track:2", 10 * time.Second, faultFlush},
-		{"track:2", 39 * time.Second, faultFlush},
-		{"track:2", 41 * time.Second, faultPGRestart},
-		{"track:1", 50*time.Second + 30*time.Millisecond, attributionInvalid},
-		{"track:2", 50*time.Second + 30*time.Millisecond, faultPGRestart},
-		{"track:1", 61 * time.Second, faultPGRestart},
+		{"track:2", 5 * time.Second, false, faultNone},
+		{"track:2", 10 * time.Second, false, faultFlush},
+		{"track:2", 39 * time.Second, false, faultFlush},
+		{"track:2", 41 * time.Second, false, faultPGRestart},
+		{"track:1", 50*time.Second + 30*time.Millisecond, false, attributionInvalid},
+		{"track:2", 50*time.Second + 30*time.Millisecond, false, faultPGRestart},
+		{"track:1", 61 * time.Second, false, faultPGRestart},
+		// Around a publication_gap resync a key deleted before its expiry is the resync's invalidation; one
+		// that expired is not, nor is a deletion long after the resync.
+		{"track:2", 76 * time.Second, true, attributionResync},
+		{"track:2", 76 * time.Second, false, faultPubRecreate},
+		{"track:2", 90 * time.Second, true, faultPubRecreate},
 	}
 	for _, tt := range tests {
-		if got := attribute(gap{Key: tt.key, Start: t0.Add(tt.at)}, faults, invs); got != tt.want {
+		if got := attribute(gap{Key: tt.key, Start: t0.Add(tt.at), Vanished: tt.vanished}, faults, invs); got != tt.want {
 			t.Errorf("gap on %s at %v: got %s, want %s", tt.key, tt.at, got, tt.want)
 		}
 	}

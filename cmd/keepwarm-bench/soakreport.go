@@ -34,6 +34,15 @@ func attribute(g gap, faults []faultRecord, invs []invalidation) string {
 			return attributionInvalid
 		}
 	}
+	// A publication_gap resync invalidates every cached key of the fed keyspaces that is not in the stream
+	// holder's hot set, which can include keys at the top_n edge that another replica holds hot: deleted before
+	// their expiry and rebuilt by their owner, an invalidation by the change stream, which the SLO excludes.
+	for _, f := range faults {
+		if f.Kind == faultPubRecreate && g.Vanished && !g.Start.Before(f.started) && !f.outer[1].IsZero() &&
+			!g.Start.After(f.outer[1].Add(pubGapSlack)) {
+			return attributionResync
+		}
+	}
 	kind := faultNone
 	for _, f := range faults {
 		if f.started.After(g.Start) {
@@ -162,7 +171,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	fmt.Fprintf(w, "\nmisses by fault kind (observer gaps on hot keys, attributed to the last fault injected before each gap; counted = Σ of the replicas' keepwarm_warmer_hot_expired_total from that fault to the next)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "fault\tinjected\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\tits key\t\n", f.minGap)
-	order := append(append([]string{faultNone}, allFaults...), attributionInvalid, attributionUnowned)
+	order := append(append([]string{faultNone}, allFaults...), attributionInvalid, attributionResync, attributionUnowned)
 	for _, k := range order {
 		x := rows[k]
 		if x == nil {
