@@ -348,8 +348,9 @@ type freshObserver struct {
 	keys     map[string]*lockstep.Keys
 	interval time.Duration // between polls at least
 	budget   int           // keys read per second at most: the interval grows with the pending keys
-	locks    [64]sync.Mutex
-	move     atomic.Bool // the next update moves its track (a fault asked for a move)
+	// trackLocks serialise the updates of one track (striped by id), so that their commits return in commit order.
+	trackLocks [64]sync.Mutex
+	move       atomic.Bool // the next update moves its track (a fault asked for a move)
 
 	// Poll cadence, written by run only (read after it returns).
 	gaps  []time.Duration // between the sends of consecutive polls that read
@@ -366,7 +367,7 @@ func (o *freshObserver) forceMove() bool { return o.move.Swap(false) }
 // order), reads the track's album and genre and the affected keys, and returns the function that registers the
 // outcome and releases the track.
 func (o *freshObserver) before(ctx context.Context, seq int64, id int, name string, moveTo int) func(time.Time, error) {
-	mu := &o.locks[id%len(o.locks)]
+	mu := &o.trackLocks[id%len(o.trackLocks)]
 	mu.Lock()
 	track := strconv.Itoa(id)
 	var album, genre int
