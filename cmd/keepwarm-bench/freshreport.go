@@ -314,7 +314,8 @@ const freshnessLegend = `freshness checks, what they prove and what they cannot:
     first, not explained below), one per key and resolving poll, with the growth of Σ keepwarm_changes_late_total
     over replicas and incarnations. The counter has no key label: a count of another key can hide a miss, and a
     kill -9 loses what the victim counted after its last scrape. It can fail spuriously only if a key is brought
-    up to date by another writer (refresh-ahead, an app) and leaves the cache before the daemon gets to the change.
+    up to date by another writer (refresh-ahead, an app) and then leaves the cache, or an app holds its lock,
+    when the daemon gets to the change (not_cached, locked: not counted, by the SLO's definition).
   - "stale seconds counted" does the same with the least lateness the observer can vouch for and
     keepwarm_changes_stale_seconds_total (the daemon dates from an earlier moment, its lower bound of visibility,
     so its seconds are at least these).
