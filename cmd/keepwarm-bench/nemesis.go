@@ -143,7 +143,11 @@ func (s *soak) inject(ctx context.Context, r *faultRecord) (string, error) {
 	f := r.plannedFault
 	switch f.Kind {
 	case faultFlush:
-		return s.flushDB(ctx)
+		d, n, err := s.flushDB(ctx)
+		if err == nil && n == 0 {
+			r.noBite = "Redis held no key to flush"
+		}
+		return d, err
 	case faultRedisStop:
 		return s.pauseRedis(ctx, f.Length, f.Target)
 	case faultRedisRestart:
@@ -161,7 +165,11 @@ func (s *soak) inject(ctx context.Context, r *faultRecord) (string, error) {
 	case faultRedisLink:
 		return s.degradeRedisLink(ctx, f.Length)
 	case faultInvalidate:
-		return s.invalidateInFlight(ctx, f.Length)
+		d, n, err := s.invalidateInFlight(ctx, f.Length)
+		if err == nil && n == 0 {
+			r.noBite = "no hot track's refresh was seen in flight to invalidate"
+		}
+		return d, err
 	case faultSyncStall:
 		return s.stallStandby(ctx, r)
 	case faultPubRecreate:
@@ -186,7 +194,8 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (s *soak) flushDB(ctx context.Context) (string, error) {
+// flushDB empties the Redis the fleet uses and returns how many keys it held.
+func (s *soak) flushDB(ctx context.Context) (string, int64, error) {
 	n, _ := s.rdb.DBSize(ctx).Result()
 	at := time.Now() // the keys vanish between the send and the reply; the gaps start no later than the reply
 	var what string
@@ -201,7 +210,7 @@ func (s *soak) flushDB(ctx context.Context) (string, error) {
 	if err == nil {
 		s.reportEmptied(at)
 	}
-	return what, err
+	return what, n, err
 }
 
 // reportEmptied tells the observer that the data set was emptied at once between at and now (see
@@ -369,12 +378,12 @@ func (s *soak) degradeRedisLink(ctx context.Context, d time.Duration) (string, e
 // rebuild in flight, usually a daemon's refresh), invalidates that id through a lockstep.Client as an app's write
 // path would: at most 5 times per fault. Each invalidation is recorded, so that the gap it causes is attributed
 // to it (the SLO excludes explicit invalidations) and not to the fault.
-func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (string, error) {
+func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (string, int, error) {
 	ks := s.cfg.Keyspace("track")
 	keys := ks.Keys()
 	c, err := lockstep.New(s.rdb, ks.Name, keys, loaderOf(s.srcs[ks.Name]), ks.TTL)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer c.Close(context.Background())
 	var ids []string
@@ -385,13 +394,13 @@ func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (st
 		}
 	}
 	if len(ids) == 0 {
-		return "no hot track ids", nil
+		return "no hot track ids", 0, nil
 	}
 	locks := make([]string, len(ids))
 	for i, id := range ids {
 		k, err := keys.For(id)
 		if err != nil {
-			return "", err
+			return "", 0, err
 		}
 		locks[i] = k.Lock
 	}
@@ -417,5 +426,5 @@ func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (st
 		}
 		sleep(ctx, 5*time.Millisecond)
 	}
-	return fmt.Sprintf("%d invalidations (track %s)", len(done), strings.Join(done, ",")), nil
+	return fmt.Sprintf("%d invalidations (track %s)", len(done), strings.Join(done, ",")), len(done), nil
 }
