@@ -91,8 +91,8 @@ statuspage-screenshot: services test-deps
 	$(GO) test -count=1 -run TestStatusPageInBrowser ./cmd/keepwarm -args -statuspage.screenshot=$(CURDIR)/docs/statuspage.png
 
 # The randomized fault soak (issue 20, docs/benchmarks.md "Fault soak"): 3 daemons on the Chinook demo under the
-# Zipf load and row updates, a nemesis drawing a fault every 20-40 s from SOAK_SEED, and an independent miss
-# observer. It starts its own Redis and PostgreSQL on free loopback ports (never the shared ones; `services` only
+# Zipf load and row updates, a nemesis drawing a fault every 20-40 s from SOAK_SEED, and independent miss and
+# freshness observers. It starts its own Redis and PostgreSQL on free loopback ports (never the shared ones; `services` only
 # makes sure redis-server and PostgreSQL are installed) and stops them at the end, also on Ctrl-C. Exits non-zero
 # when a check fails. `make soak SOAK_DURATION=3m SOAK_SEED=2` for a short one.
 SOAK_DURATION ?= 30m

@@ -53,6 +53,16 @@ type changesFlags struct {
 	zipf                      float64
 	verifyOnly, keep          bool
 	moveEvery                 int
+	hook                      updateHook // optional: the soak's freshness observer
+}
+
+// updateHook watches each row update of updateLoop (the soak's freshness observer, freshObserver).
+type updateHook interface {
+	// before runs just before update seq of track id (to name, moving it to album moveTo, 0: no move) is sent;
+	// it returns the function the worker calls with the moment the update returned and its error.
+	before(ctx context.Context, seq int64, id int, name string, moveTo int) func(committed time.Time, err error)
+	// forceMove reports whether the next update should move its track whatever --move-every says.
+	forceMove() bool
 }
 
 // runChanges is `keepwarm-bench changes`: it updates track rows at --rate per second (single-row transactions,
@@ -194,8 +204,10 @@ func updateLoop(ctx context.Context, f changesFlags, cfg *config.Config, rdb red
 				id := int(z.Uint64()) + 1
 				name := fmt.Sprintf("kwb %d", seq)
 				q, qargs := "update track set name = $2 where track_id = $1", []any{id, name}
-				if f.moveEvery > 0 && seq%int64(f.moveEvery) == 0 {
-					q, qargs = "update track set name = $2, album_id = $3 where track_id = $1", []any{id, name, r.IntN(nalbums) + 1}
+				moveTo := 0
+				if f.moveEvery > 0 && seq%int64(f.moveEvery) == 0 || f.hook != nil && f.hook.forceMove() {
+					moveTo = r.IntN(nalbums) + 1
+					q, qargs = "update track set name = $2, album_id = $3 where track_id = $1", []any{id, name, moveTo}
 				}
 				timed := f.sampleEvery > 0 && seq%int64(f.sampleEvery) == 0
 				var key string
@@ -206,13 +218,21 @@ func updateLoop(ctx context.Context, f changesFlags, cfg *config.Config, rdb red
 						timed = false // not cached: nothing to land
 					}
 				}
-				if _, err := pool.Exec(rctx, q, qargs...); err != nil {
+				var done func(time.Time, error)
+				if f.hook != nil {
+					done = f.hook.before(rctx, seq, id, name, moveTo)
+				}
+				_, err := pool.Exec(rctx, q, qargs...)
+				committed := time.Now()
+				if done != nil {
+					done(committed, err)
+				}
+				if err != nil {
 					if rctx.Err() == nil {
 						errs.Add(1)
 					}
 					continue
 				}
-				committed := time.Now()
 				updates.Add(1)
 				if !timed {
 					continue

@@ -42,8 +42,8 @@ commands:
   changes   update track rows at a rate; time commit-to-Redis; check cached keys against the origin
   peers     sturdyc, go-redis/cache, redislock, redsync, lockstep and keepwarm side by side: N app instances, Zipf reads
   meta      Redis memory, CPU and warmup keys/s per cached key, meta hash on and off, vs a plain SET and redis-benchmark
-  soak      a fleet of 3 daemons under load, row updates and a randomized nemesis; an independent miss observer
-            checks the SLO counter, and the end checks orphaned locks, stale values and peak RSS
+  soak      a fleet of 3 daemons under load, row updates and a randomized nemesis; independent miss and freshness
+            observers check the SLO counters, and the end checks orphaned locks, stale values and peak RSS
   plot      redraw a benchmark's SVG from the JSON its --json flag wrote
 
 Run 'keepwarm-bench <command> -h' for a command's flags.

@@ -17,30 +17,38 @@ import (
 
 // The nemesis's fault kinds, in the order issue 20 ranks them for the soak. Each is one method of soak below.
 const (
-	faultFlush         = "flushdb"             // FLUSHDB on the Redis the fleet uses
-	faultRedisStop     = "redis-sigstop"       // Redis paused (SIGSTOP) for 5–20 s
-	faultRedisRestart  = "redis-restart"       // Redis stopped and started again: every key and setting gone
-	faultDaemonKill    = "daemon-kill9"        // kill -9 of one daemon, restarted 1–5 s later
-	faultDaemonStop    = "daemon-sigstop"      // one daemon paused (SIGSTOP) for 5–20 s
-	faultPGRestart     = "pg-restart"          // PostgreSQL restarted (pg_ctl stop -m fast, start)
-	faultPGOutage      = "pg-outage"           // PostgreSQL down for 60–150 s, scaled down on short soaks
-	faultPoolExhaust   = "pool-exhaustion"     // origin queries hang on a table lock for 5–20 s, holding the pools
-	faultRedisLink     = "redis-link"          // 50 ms RTT and connection resets between the daemons and Redis
-	faultInvalidate    = "invalidate-inflight" // an app's Invalidate of a hot key while a daemon refreshes it
-	faultFailover      = "sentinel-failover"   // --sentinel: kill -9 of the primary, the Sentinels promote the replica
-	faultMigration     = "cluster-migration"   // --cluster: hot keys' slots moved to another master key by key
-	faultNone          = "none"                // gaps before the first fault
-	attributionInvalid = "invalidation"        // gaps caused by the invalidations themselves (excluded by the SLO)
-	attributionUnowned = "not hot for owner"   // gaps on keys no owner had in its hot set (not hot keys by the SLO)
+	faultFlush         = "flushdb"               // FLUSHDB on the Redis the fleet uses
+	faultRedisStop     = "redis-sigstop"         // Redis paused (SIGSTOP) for 5–20 s
+	faultRedisRestart  = "redis-restart"         // Redis stopped and started again: every key and setting gone
+	faultDaemonKill    = "daemon-kill9"          // kill -9 of one daemon, restarted 1–5 s later
+	faultDaemonStop    = "daemon-sigstop"        // one daemon paused (SIGSTOP) for 5–20 s
+	faultPGRestart     = "pg-restart"            // PostgreSQL restarted (pg_ctl stop -m fast, start)
+	faultPGOutage      = "pg-outage"             // PostgreSQL down for 60–150 s, scaled down on short soaks
+	faultPoolExhaust   = "pool-exhaustion"       // origin queries hang on a table lock for 5–20 s, holding the pools
+	faultRedisLink     = "redis-link"            // 50 ms RTT and connection resets between the daemons and Redis
+	faultInvalidate    = "invalidate-inflight"   // an app's Invalidate of a hot key while a daemon refreshes it
+	faultSyncStall     = "pg-sync-standby-stall" // the synchronous standby's walreceiver paused 5–20 s: commits wait
+	faultPubRecreate   = "publication-recreate"  // DROP PUBLICATION, 3–8 s of updates, CREATE PUBLICATION again
+	faultIdentityFlip  = "replica-identity-flip" // track's REPLICA IDENTITY DEFAULT for 10–30 s, then FULL again
+	faultRedisOOM      = "redis-oom"             // maxmemory just above used memory, noeviction, for 10–20 s
+	faultFailover      = "sentinel-failover"     // --sentinel: kill -9 of the primary, the Sentinels promote the replica
+	faultMigration     = "cluster-migration"     // --cluster: hot keys' slots moved to another master key by key
+	faultNone          = "none"                  // gaps before the first fault
+	attributionInvalid = "invalidation"          // gaps caused by the invalidations themselves (excluded by the SLO)
+	attributionUnowned = "not hot for owner"     // gaps on keys no owner had in its hot set (not hot keys by the SLO)
+	attributionResync  = "resync invalidation"   // keys deleted around a publication_gap resync (an invalidation, excluded)
 )
 
 // excluded reports whether gaps put down to kind are outside the SLO: invalidations, and keys that were hot only
 // for replicas that do not own them.
-func excluded(kind string) bool { return kind == attributionInvalid || kind == attributionUnowned }
+func excluded(kind string) bool {
+	return kind == attributionInvalid || kind == attributionUnowned || kind == attributionResync
+}
 
 // allFaults lists every fault kind the nemesis implements, in the order of the report's table.
 var allFaults = []string{faultFlush, faultRedisStop, faultRedisRestart, faultDaemonKill, faultDaemonStop,
-	faultPGRestart, faultPGOutage, faultPoolExhaust, faultRedisLink, faultInvalidate, faultFailover, faultMigration}
+	faultPGRestart, faultPGOutage, faultPoolExhaust, faultRedisLink, faultInvalidate, faultSyncStall, faultPubRecreate,
+	faultIdentityFlip, faultRedisOOM, faultFailover, faultMigration}
 
 // faultsFor returns the fault kinds available with a Redis mode: "single" (one server behind the toxiproxy),
 // "sentinel" or "cluster". redis-link needs the proxy, which the Sentinels and the Cluster's redirections would
@@ -85,8 +93,14 @@ func planFaults(seed uint64, kinds []string, from, until, total time.Duration, r
 	for at := from; len(kinds) > 0; {
 		f := plannedFault{At: at, Kind: kinds[r.IntN(len(kinds))], Target: r.IntN(max(replicas, 1))}
 		switch f.Kind {
-		case faultRedisStop, faultDaemonStop, faultPoolExhaust, faultRedisLink:
+		case faultRedisStop, faultDaemonStop, faultPoolExhaust, faultRedisLink, faultSyncStall:
 			f.Length = uniform(5*time.Second, 20*time.Second)
+		case faultPubRecreate:
+			f.Length = uniform(3*time.Second, 8*time.Second) // from the DROP to the CREATE
+		case faultIdentityFlip:
+			f.Length = uniform(10*time.Second, 30*time.Second)
+		case faultRedisOOM:
+			f.Length = uniform(10*time.Second, 20*time.Second)
 		case faultDaemonKill:
 			f.Length = uniform(time.Second, 5*time.Second)
 		case faultPGOutage:
@@ -123,11 +137,17 @@ func parseFaults(s string, available []string) ([]string, error) {
 	return out, nil
 }
 
-// inject runs one fault to its end (healing it on the way out, also when ctx ends) and returns what it did.
-func (s *soak) inject(ctx context.Context, f plannedFault) (string, error) {
+// inject runs one fault to its end (healing it on the way out, also when ctx ends) and returns what it did. The
+// new faults also record in r whether they bit (noBite) and when they were in force (outer, inner).
+func (s *soak) inject(ctx context.Context, r *faultRecord) (string, error) {
+	f := r.plannedFault
 	switch f.Kind {
 	case faultFlush:
-		return s.flushDB(ctx)
+		d, n, err := s.flushDB(ctx)
+		if err == nil && n == 0 {
+			r.noBite = "Redis held no key to flush"
+		}
+		return d, err
 	case faultRedisStop:
 		return s.pauseRedis(ctx, f.Length, f.Target)
 	case faultRedisRestart:
@@ -145,7 +165,19 @@ func (s *soak) inject(ctx context.Context, f plannedFault) (string, error) {
 	case faultRedisLink:
 		return s.degradeRedisLink(ctx, f.Length)
 	case faultInvalidate:
-		return s.invalidateInFlight(ctx, f.Length)
+		d, n, err := s.invalidateInFlight(ctx, f.Length)
+		if err == nil && n == 0 {
+			r.noBite = "no hot track's refresh was seen in flight to invalidate"
+		}
+		return d, err
+	case faultSyncStall:
+		return s.stallStandby(ctx, r)
+	case faultPubRecreate:
+		return s.recreatePublication(ctx, r)
+	case faultIdentityFlip:
+		return s.flipReplicaIdentity(ctx, r)
+	case faultRedisOOM:
+		return s.redisOOM(ctx, r)
 	case faultFailover:
 		return s.sentinel.failover(ctx)
 	case faultMigration:
@@ -162,7 +194,8 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-func (s *soak) flushDB(ctx context.Context) (string, error) {
+// flushDB empties the Redis the fleet uses and returns how many keys it held.
+func (s *soak) flushDB(ctx context.Context) (string, int64, error) {
 	n, _ := s.rdb.DBSize(ctx).Result()
 	at := time.Now() // the keys vanish between the send and the reply; the gaps start no later than the reply
 	var what string
@@ -177,7 +210,7 @@ func (s *soak) flushDB(ctx context.Context) (string, error) {
 	if err == nil {
 		s.reportEmptied(at)
 	}
-	return what, err
+	return what, n, err
 }
 
 // reportEmptied tells the observer that the data set was emptied at once between at and now (see
@@ -345,12 +378,12 @@ func (s *soak) degradeRedisLink(ctx context.Context, d time.Duration) (string, e
 // rebuild in flight, usually a daemon's refresh), invalidates that id through a lockstep.Client as an app's write
 // path would: at most 5 times per fault. Each invalidation is recorded, so that the gap it causes is attributed
 // to it (the SLO excludes explicit invalidations) and not to the fault.
-func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (string, error) {
+func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (string, int, error) {
 	ks := s.cfg.Keyspace("track")
 	keys := ks.Keys()
 	c, err := lockstep.New(s.rdb, ks.Name, keys, loaderOf(s.srcs[ks.Name]), ks.TTL)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer c.Close(context.Background())
 	var ids []string
@@ -361,13 +394,13 @@ func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (st
 		}
 	}
 	if len(ids) == 0 {
-		return "no hot track ids", nil
+		return "no hot track ids", 0, nil
 	}
 	locks := make([]string, len(ids))
 	for i, id := range ids {
 		k, err := keys.For(id)
 		if err != nil {
-			return "", err
+			return "", 0, err
 		}
 		locks[i] = k.Lock
 	}
@@ -393,5 +426,5 @@ func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (st
 		}
 		sleep(ctx, 5*time.Millisecond)
 	}
-	return fmt.Sprintf("%d invalidations (track %s)", len(done), strings.Join(done, ",")), nil
+	return fmt.Sprintf("%d invalidations (track %s)", len(done), strings.Join(done, ",")), len(done), nil
 }

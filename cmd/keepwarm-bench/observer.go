@@ -117,6 +117,9 @@ type gap struct {
 	// that left its owner's hot set, expired, and came back). Not a hot key by the SLO's definition
 	// (docs/operations.md, "The SLO, precisely").
 	Unowned bool
+	// Vanished marks a key found gone before the expiry its last PTTL predicted: deleted (an invalidation), flushed
+	// or evicted, not expired.
+	Vanished bool
 }
 
 // keyState is what the observer knows of one hot key.
@@ -184,7 +187,8 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 				if !st.expiry.IsZero() && st.expiry.Before(at) && st.expiry.After(st.lastPoll) {
 					start = st.expiry
 				}
-				st.gap = &gap{Keyspace: ks, Key: k, Start: start, ColdStart: !st.seen}
+				vanished := st.seen && !st.expiry.IsZero() && !st.expiry.Before(at)
+				st.gap = &gap{Keyspace: ks, Key: k, Start: start, ColdStart: !st.seen, Vanished: vanished}
 				st.owned = false
 			}
 			if !st.owned && g.isOwned(k, st.gap.Start) {

@@ -43,9 +43,13 @@ type soakFlags struct {
 	phantomRatio float64
 	phantomSlack float64
 	settle       time.Duration
-	manifest     string
-	sentinel     bool
-	cluster      bool
+	// The freshness observer's bounds (freshObserver).
+	freshMaxPending int           // keys awaiting a verdict at most
+	freshBudget     int           // keys read per second at most
+	freshMaxP99     time.Duration // check: the 99th percentile of its poll intervals
+	manifest        string
+	sentinel        bool
+	cluster         bool
 }
 
 // mode is the Redis side's shape: "single", "sentinel" or "cluster".
@@ -57,6 +61,19 @@ func (f soakFlags) mode() string {
 		return "cluster"
 	}
 	return "single"
+}
+
+// warmUp is the start of the soak that the checks leave out: min(30 s, D/6).
+func (f soakFlags) warmUp() time.Duration { return min(30*time.Second, f.duration/6) }
+
+// tail is the quiet end of the soak, without faults: D/6 within [20 s, 60 s].
+func (f soakFlags) tail() time.Duration {
+	return min(60*time.Second, max(20*time.Second, f.duration/6))
+}
+
+// planned reports whether the plan has a fault of kind.
+func planned(plan []plannedFault, kind string) bool {
+	return slices.ContainsFunc(plan, func(p plannedFault) bool { return p.Kind == kind })
 }
 
 // soak is one run of `keepwarm-bench soak`: private servers, a fleet of daemons, the load, the updater, the
@@ -77,11 +94,13 @@ type soak struct {
 
 	hot     atomic.Pointer[hotUnion] // published by the hot-set reader every second
 	emptied chan flush               // FLUSHDB moments, for the observer (observer.emptied)
+	plan    []plannedFault           // the nemesis's schedule, drawn from the seed before setup
+	fresh   *freshObserver           // the freshness observer, the updater's hook
 
 	bookMu        sync.Mutex                                 // guards lastHot, counters, peaks and invalidations
 	lastHot       map[string]map[string]map[string]time.Time // replica → keyspace → id → owned since (zero: not owned): its last /debug/hotkeys
 	lastHotAt     map[string]time.Time                       // replica → when it last answered
-	counters      map[incarnation]map[string]float64
+	counters      map[incarnation]counterSet
 	peaks         map[incarnation]int64
 	invalidations []invalidation
 }
@@ -111,6 +130,16 @@ type faultRecord struct {
 	detail         string
 	err            error
 	counterAt      map[string]float64 // Σ of the replicas' SLO counters just before it started
+	totalsAt       counterSet         // Σ of every counter the soak reads, just before it started
+	// noBite says why the fault had no observable effect ("" when it had one): a fault that did not bite tested
+	// nothing, and the run fails.
+	noBite string
+	// outer and inner bound the moments the fault was in force where that matters to the freshness accounting:
+	// replica-identity-flip, outer from the ALTER to DEFAULT sent until the ALTER to FULL returned (an update
+	// committed in between may lack its old row), inner from the first ALTER's return until the second was sent
+	// (an update started and committed in between lacks it); publication-recreate, outer from the DROP sent until
+	// the daemons' publication_gap resync was first scraped.
+	outer, inner [2]time.Time
 }
 
 // runSoak is `keepwarm-bench soak` (issue 20 §8).
@@ -137,6 +166,9 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&f.phantomRatio, "phantom-ratio", 1.05, "check: the counters' sum may exceed the observer's gaps by this factor ...")
 	fs.Float64Var(&f.phantomSlack, "phantom-slack", 3, "... plus this many (keys that turn hot and expire within the observer's 1 s hot-set refresh)")
 	fs.DurationVar(&f.settle, "settle", 5*time.Second, "wait after the last row update before comparing cached values with PostgreSQL")
+	fs.IntVar(&f.freshMaxPending, "fresh-max-pending", 4000, "the freshness observer judges at most this many keys at once; later changes are not judged (and counted)")
+	fs.IntVar(&f.freshBudget, "fresh-budget", 4000, "the freshness observer reads at most this many keys a second (its interval grows with the keys pending)")
+	fs.DurationVar(&f.freshMaxP99, "fresh-max-p99", 500*time.Millisecond, "check: the freshness observer's 99th-percentile poll interval (a slower observer cannot judge a 1 s bound)")
 	fs.StringVar(&f.manifest, "manifest", "deploy/kubernetes/deployment.yaml", "the Kubernetes manifest whose memory limit the daemons' peak RSS is checked against")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -158,13 +190,14 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "soak: seed %d, duration %v, Redis %s, %d daemons, %d workers, faults %s\n", f.seed, f.duration, f.mode(),
 		f.replicas, f.workers, names)
 	redis.SetLogger(quietRedisLog{})
-	s := &soak{f: f, counters: map[incarnation]map[string]float64{}, peaks: map[incarnation]int64{},
+	s := &soak{f: f, counters: map[incarnation]counterSet{}, peaks: map[incarnation]int64{},
 		emptied: make(chan flush, 4)}
+	s.plan = planFaults(f.seed, kinds, f.warmUp(), f.duration-f.tail(), f.duration, f.replicas)
 	defer s.teardown(stderr)
 	if err := s.setup(ctx, stderr); err != nil {
 		return err
 	}
-	res, err := s.run(ctx, kinds, stderr)
+	res, err := s.run(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -220,6 +253,12 @@ func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
 	}
 	if s.pg, err = startPostgres(ctx, stderr); err != nil {
 		return err
+	}
+	if planned(s.plan, faultSyncStall) {
+		// Before the demo is loaded: AddStandby copies the data directory.
+		if err := s.pg.addStandby(ctx, stderr); err != nil {
+			return err
+		}
 	}
 	if err := s.pg.loadDemo(ctx, s.f.keepwarm, cfgPath); err != nil {
 		return err
@@ -328,8 +367,17 @@ type soakResult struct {
 	orphanLocks    []string
 	logs           []expiryLog // the daemons' "hot key missed" warnings
 	logErr         error
-	checkedValues  int
+	checkedValues  int // cached values of the fed keyspaces compared with PostgreSQL at the end
+	checkedHot     int // of which hot
 	mismatches     []string
+	totalsBase     counterSet // every counter the soak reads, Σ over incarnations, at the end of the warm-up
+	totalsFinal    counterSet // ... and at the end
+	fresh          []*freshChange
+	freshSkipped   int             // changes not judged: the observer's pending bound was reached
+	freshPolls     int64           // the freshness observer's polls that read
+	freshBlind     int             // ... and that failed as a whole
+	freshGaps      []time.Duration // between its consecutive polls
+	freshBound     time.Duration   // [changes] freshness
 	peaks          map[incarnation]int64
 	memLimit       int64
 	memLimitErr    error
@@ -340,11 +388,9 @@ type soakResult struct {
 }
 
 // run runs the load, the updater, the observer and the nemesis for the duration, then the end checks' reads.
-func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soakResult, error) {
+func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	d := s.f.duration
-	warm := min(30*time.Second, d/6)
-	tail := min(60*time.Second, max(20*time.Second, d/6))
-	plan := planFaults(s.f.seed, kinds, warm, d-tail, d, len(s.daemons))
+	warm, tail, plan := s.f.warmUp(), s.f.tail(), s.plan
 	fmt.Fprintf(stderr, "soak: %d faults planned between %v and %v\n", len(plan), warm, d-tail)
 
 	var spaces []*loadSpace
@@ -439,11 +485,34 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 		return nil, err
 	}
 
+	// The freshness observer: its own Redis client and pool, polling until the settle has passed.
+	frb, err := s.observerClient(ctx)
+	if err != nil {
+		obsStop()
+		<-gapsCh
+		stopLoad()
+		return nil, err
+	}
+	defer frb.Close()
+	frPool, err := newPool(ctx, s.pg.dsn("chinook"), 4)
+	if err != nil {
+		obsStop()
+		<-gapsCh
+		stopLoad()
+		return nil, err
+	}
+	defer frPool.Close()
+	s.fresh = &freshObserver{track: newFreshTracker(s.cfg.Changes.Freshness, s.f.freshMaxPending), rdb: frb, pool: frPool,
+		keys: s.keys, interval: s.f.interval, budget: s.f.freshBudget}
+	frCtx, frStop := context.WithCancel(ctx)
+	frDone := make(chan struct{})
+	go func() { s.fresh.run(frCtx); close(frDone) }()
+
 	// The row updates, until the end of the duration.
 	var upRep changesReport
 	upDone := make(chan error, 1)
 	go func() {
-		cf := changesFlags{rate: s.f.updateRate, duration: d, workers: 4, moveEvery: 100, zipf: 1.1}
+		cf := changesFlags{rate: s.f.updateRate, duration: d, workers: 4, moveEvery: 100, zipf: 1.1, hook: s.fresh}
 		pool, err := assemble.Postgres(ctx, s.cfg, 5*time.Second)
 		if err != nil {
 			upDone <- err
@@ -459,19 +528,22 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 		var out []faultRecord
 		sleep(ctx, time.Until(res.warmEnd))
 		s.scrapeAll()
-		res.base = s.counterSum()
+		res.base, res.totalsBase = s.counterSum(), s.counterTotals()
 		for _, p := range plan {
 			sleep(ctx, time.Until(s.start.Add(p.At)))
 			if ctx.Err() != nil {
 				break
 			}
 			s.scrapeAll()
-			r := faultRecord{plannedFault: p, counterAt: s.counterSum(), started: time.Now()}
-			r.detail, r.err = s.inject(ctx, p)
+			r := faultRecord{plannedFault: p, counterAt: s.counterSum(), totalsAt: s.counterTotals(), started: time.Now()}
+			r.detail, r.err = s.inject(ctx, &r)
 			r.ended = time.Now()
-			fmt.Fprintf(stderr, "soak: %6v %-20s %s", p.At.Round(time.Second), p.Kind, r.detail)
+			fmt.Fprintf(stderr, "soak: %6v %-22s %s", p.At.Round(time.Second), p.Kind, r.detail)
 			if r.err != nil {
 				fmt.Fprintf(stderr, " (error: %v)", r.err)
+			}
+			if r.noBite != "" {
+				fmt.Fprintf(stderr, " (did not bite: %s)", r.noBite)
 			}
 			fmt.Fprintln(stderr)
 			out = append(out, r)
@@ -486,15 +558,23 @@ func (s *soak) run(ctx context.Context, kinds []string, stderr io.Writer) (*soak
 	res.updates, res.updateErrs = upRep.Updates, upRep.Errors
 	sleep(ctx, s.f.settle)
 	if ctx.Err() != nil {
+		frStop()
+		<-frDone
 		obsStop()
 		<-gapsCh
 		stopLoad()
 		return nil, ctx.Err()
 	}
-	// Values against PostgreSQL, 5 s after the last update, while the fleet still runs.
-	res.checkedValues, res.mismatches = s.verifyHot(ctx)
+	// The freshness observer's verdicts stand as they are at the end of the settle.
+	frStop()
+	<-frDone
+	res.fresh, res.freshSkipped = s.fresh.track.finish()
+	res.freshPolls, res.freshBlind, res.freshGaps = s.fresh.track.polls, s.fresh.blind, s.fresh.gaps
+	res.freshBound = s.cfg.Changes.Freshness
+	// Values against PostgreSQL, a settle after the last update, while the fleet still runs.
+	res.checkedValues, res.checkedHot, res.mismatches = s.verifyCached(ctx)
 	s.scrapeAll()
-	res.final = s.counterSum()
+	res.final, res.totalsFinal = s.counterSum(), s.counterTotals()
 	res.end = time.Now()
 	obsStop()
 	res.gaps = <-gapsCh
@@ -631,7 +711,7 @@ func (s *soak) scrapeOne(d *daemon) {
 	if pid == 0 {
 		return
 	}
-	vals, err := hotExpired(d.addr)
+	vals, err := scrapeCounters(d.addr)
 	if err != nil {
 		return
 	}
@@ -652,13 +732,16 @@ func (s *soak) scrapeAll() {
 }
 
 // counterSum is the sum of every incarnation's last scraped SLO counters, by keyspace.
-func (s *soak) counterSum() map[string]float64 {
+func (s *soak) counterSum() map[string]float64 { return s.counterTotals().of("hot_expired") }
+
+// counterTotals is the sum of every incarnation's last scraped counters.
+func (s *soak) counterTotals() counterSet {
 	s.bookMu.Lock()
 	defer s.bookMu.Unlock()
-	out := map[string]float64{}
+	out := counterSet{}
 	for _, vals := range s.counters {
-		for ks, v := range vals {
-			out[ks] += v
+		for k, v := range vals {
+			out[k] += v
 		}
 	}
 	return out
@@ -685,49 +768,127 @@ func (s *soak) recordInvalidation(key string, at time.Time) {
 	s.invalidations = append(s.invalidations, invalidation{key, at})
 }
 
-// verifyHot compares the cached value of every hot key of the change-fed keyspaces with a fresh fetch from
-// PostgreSQL (the cache read first, so that a refresh in between can only make the cache newer). It returns how
-// many values it compared and the keys that differ.
-func (s *soak) verifyHot(ctx context.Context) (int, []string) {
+// verifyCached compares every cached key of the change-fed keyspaces (SCAN of each key template with id "*", on
+// every master) with a fresh fetch from PostgreSQL, the cache read first, so that a refresh in between can only
+// make the cache newer. Its own reads are retried (3 attempts, 1 s apart) so that a busy machine (a statement
+// timeout, a slow Redis) does not fail it; a value that differs is never read again. It returns how many values it
+// compared, how many of them were hot, and the keys that differ (or the reads that failed for good).
+func (s *soak) verifyCached(ctx context.Context) (int, int, []string) {
 	h := s.hot.Load()
-	if h == nil {
-		return 0, nil
+	retry := func(f func() error) error {
+		var err error
+		for range 3 {
+			if err = f(); err == nil || ctx.Err() != nil {
+				return err
+			}
+			sleep(ctx, time.Second)
+		}
+		return err
 	}
-	checked := 0
+	checked, hot := 0, 0
 	var bad []string
 	for _, ks := range s.cfg.Keyspaces {
 		if len(ks.FedBy) == 0 {
 			continue
 		}
+		keys := s.keys[ks.Name]
 		var ids []string
-		for id := range h.ids[ks.Name] {
-			ids = append(ids, id)
+		if err := retry(func() error {
+			var err error
+			ids, err = s.cachedIDs(ctx, keys)
+			return err
+		}); err != nil {
+			bad = append(bad, fmt.Sprintf("%s: scan the cached keys: %v", ks.Name, err))
+			continue
 		}
-		slices.Sort(ids)
 		for start := 0; start < len(ids); start += 100 {
 			batch := ids[start:min(start+100, len(ids))]
 			cached := map[string][]byte{}
-			for _, id := range batch {
-				k, _ := s.keys[ks.Name].For(id)
-				if v, err := s.rdb.Get(ctx, k.Cache).Bytes(); err == nil {
-					cached[id] = v
+			if err := retry(func() error {
+				clear(cached)
+				cmds := make([]*redis.StringCmd, len(batch))
+				_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for i, id := range batch {
+						k, _ := keys.For(id)
+						cmds[i] = p.Get(ctx, k.Cache)
+					}
+					return nil
+				})
+				if err != nil && !errors.Is(err, redis.Nil) {
+					return err
 				}
+				for i, c := range cmds {
+					if v, err := c.Bytes(); err == nil {
+						cached[batch[i]] = v
+					}
+				}
+				return nil
+			}); err != nil {
+				bad = append(bad, fmt.Sprintf("%s: read the cached values: %v", ks.Name, err))
+				continue
 			}
-			values, _, err := s.srcs[ks.Name].Fetch(ctx, batch)
-			if err != nil {
+			var values map[string][]byte
+			if err := retry(func() error {
+				var err error
+				values, _, err = s.srcs[ks.Name].Fetch(ctx, batch)
+				return err
+			}); err != nil {
 				bad = append(bad, fmt.Sprintf("%s: fetch from PostgreSQL failed: %v", ks.Name, err))
 				continue
 			}
 			for id, v := range cached {
 				checked++
+				if h != nil && h.ids[ks.Name][id] {
+					hot++
+				}
 				if !bytes.Equal(v, values[id]) {
-					k, _ := s.keys[ks.Name].For(id)
+					k, _ := keys.For(id)
 					bad = append(bad, fmt.Sprintf("%s: cached %.60q, PostgreSQL %.60q", k.Cache, v, values[id]))
 				}
 			}
 		}
 	}
-	return checked, bad
+	return checked, hot, bad
+}
+
+// cachedIDs lists the ids whose cache key exists (SCAN of the key template with id "*", on every master of a
+// Cluster), sorted.
+func (s *soak) cachedIDs(ctx context.Context, keys *lockstep.Keys) ([]string, error) {
+	pat, err := keys.For("*")
+	if err != nil {
+		return nil, err
+	}
+	prefix, suffix, _ := strings.Cut(pat.Cache, "*")
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	scan := func(ctx context.Context, c redis.UniversalClient) error {
+		iter := c.Scan(ctx, 0, pat.Cache, 1000).Iterator()
+		for iter.Next(ctx) {
+			k := iter.Val()
+			if len(k) < len(prefix)+len(suffix) || !strings.HasPrefix(k, prefix) || !strings.HasSuffix(k, suffix) {
+				continue
+			}
+			id := k[len(prefix) : len(k)-len(suffix)]
+			if ks, err := keys.For(id); err != nil || ks.Cache != k {
+				continue // another template's key under the same prefix
+			}
+			mu.Lock()
+			seen[id] = true
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, s.rdb)
+	}
+	out := make([]string, 0, len(seen))
+	for id := range seen {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out, err
 }
 
 // lockKeys lists the lock keys left in Redis (SCAN of each keyspace's lock template with id "*", on every master

@@ -68,7 +68,7 @@ func TestGapTracker(t *testing.T) {
 				{100, hotA, map[string]time.Duration{"a": 10 * time.Second}},
 			},
 			finish: 150,
-			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond}},
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond, Vanished: true}},
 		},
 		{
 			name: "expired and rewritten between two polls: a blink",
@@ -107,7 +107,7 @@ func TestGapTracker(t *testing.T) {
 			},
 			finish: 200,
 			want: []gap{
-				{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond},
+				{Keyspace: "track", Key: "a", Start: at(50), Length: 50 * time.Millisecond, Vanished: true},
 				{Keyspace: "track", Key: "a", Start: at(150), Length: 50 * time.Millisecond, ColdStart: true, Open: true},
 			},
 		},
@@ -131,7 +131,7 @@ func TestGapTracker(t *testing.T) {
 				{50, hotA, map[string]time.Duration{"a": absent}},
 			},
 			finish: 300,
-			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 250 * time.Millisecond, Open: true}},
+			want:   []gap{{Keyspace: "track", Key: "a", Start: at(50), Length: 250 * time.Millisecond, Open: true, Vanished: true}},
 		},
 	}
 	for _, tt := range tests {
@@ -200,6 +200,24 @@ func TestPlanFaults(t *testing.T) {
 	if len(seen) < len(faultsFor("single"))-2 {
 		t.Errorf("30 minutes drew only %v", seen)
 	}
+	// The faults of the change stream and of Redis's memory: their lengths, and the same plan from the same seed.
+	fresh := []string{faultSyncStall, faultPubRecreate, faultIdentityFlip, faultRedisOOM}
+	ranges := map[string][2]time.Duration{faultSyncStall: {5 * time.Second, 20 * time.Second}, faultPubRecreate: {3 * time.Second, 8 * time.Second},
+		faultIdentityFlip: {10 * time.Second, 30 * time.Second}, faultRedisOOM: {10 * time.Second, 20 * time.Second}}
+	fp := planFaults(1001, fresh, 30*time.Second, 29*time.Minute, 30*time.Minute, 3)
+	if !reflect.DeepEqual(fp, planFaults(1001, fresh, 30*time.Second, 29*time.Minute, 30*time.Minute, 3)) {
+		t.Errorf("seed 1001 twice gave different schedules")
+	}
+	drawn := map[string]bool{}
+	for _, f := range fp {
+		drawn[f.Kind] = true
+		if r := ranges[f.Kind]; f.Length < r[0] || f.Length > r[1] {
+			t.Errorf("%s of %v, want %v..%v", f.Kind, f.Length, r[0], r[1])
+		}
+	}
+	if len(drawn) != len(fresh) {
+		t.Errorf("30 minutes of the four new kinds drew only %v", drawn)
+	}
 	short := planFaults(1, []string{faultPGOutage}, 30*time.Second, 150*time.Second, 3*time.Minute, 3)
 	for _, f := range short {
 		if f.Length < minOutage || f.Length > 15*time.Second {
@@ -225,6 +243,15 @@ func TestParseFaults(t *testing.T) {
 	if got, err := parseFaults("none", single); err != nil || len(got) != 0 || len(planFaults(1, got, 0, time.Hour, time.Hour, 3)) != 0 {
 		t.Errorf("none: got %v, %v; want no kind and no fault planned", got, err)
 	}
+	if got, err := parseFaults("pg-sync-standby-stall,publication-recreate,replica-identity-flip,redis-oom", single); err != nil ||
+		!reflect.DeepEqual(got, []string{faultSyncStall, faultPubRecreate, faultIdentityFlip, faultRedisOOM}) {
+		t.Errorf("the new kinds: got %v, %v", got, err)
+	}
+	for _, mode := range []string{"single", "sentinel", "cluster"} {
+		if got := faultsFor(mode); !slices.Contains(got, faultRedisOOM) || !slices.Contains(got, faultSyncStall) {
+			t.Errorf("%s: %v lacks redis-oom or pg-sync-standby-stall", mode, got)
+		}
+	}
 	if _, err := parseFaults("sentinel-failover", single); err == nil {
 		t.Errorf("sentinel-failover on a single Redis: no error")
 	}
@@ -239,22 +266,30 @@ func TestAttribute(t *testing.T) {
 		{plannedFault: plannedFault{Kind: faultFlush}, started: t0.Add(10 * time.Second)},
 		{plannedFault: plannedFault{Kind: faultPGRestart}, started: t0.Add(40 * time.Second)},
 	}
+	faults = append(faults, faultRecord{plannedFault: plannedFault{Kind: faultPubRecreate}, started: t0.Add(70 * time.Second),
+		outer: [2]time.Time{t0.Add(70 * time.Second), t0.Add(75 * time.Second)}})
 	invs := []invalidation{{key: "track:1", at: t0.Add(50 * time.Second)}}
 	tests := []struct {
-		key  string
-		at   time.Duration
-		want string
+		key      string
+		at       time.Duration
+		vanished bool
+		want     string
 	}{
-		{"track:2", 5 * time.Second, faultNone},
-		{"track:2", 10 * time.Second, faultFlush},
-		{"track:2", 39 * time.Second, faultFlush},
-		{"track:2", 41 * time.Second, faultPGRestart},
-		{"track:1", 50*time.Second + 30*time.Millisecond, attributionInvalid},
-		{"track:2", 50*time.Second + 30*time.Millisecond, faultPGRestart},
-		{"track:1", 61 * time.Second, faultPGRestart},
+		{"track:2", 5 * time.Second, false, faultNone},
+		{"track:2", 10 * time.Second, false, faultFlush},
+		{"track:2", 39 * time.Second, false, faultFlush},
+		{"track:2", 41 * time.Second, false, faultPGRestart},
+		{"track:1", 50*time.Second + 30*time.Millisecond, false, attributionInvalid},
+		{"track:2", 50*time.Second + 30*time.Millisecond, false, faultPGRestart},
+		{"track:1", 61 * time.Second, false, faultPGRestart},
+		// Around a publication_gap resync a key deleted before its expiry is the resync's invalidation; one
+		// that expired is not, nor is a deletion long after the resync.
+		{"track:2", 76 * time.Second, true, attributionResync},
+		{"track:2", 76 * time.Second, false, faultPubRecreate},
+		{"track:2", 90 * time.Second, true, faultPubRecreate},
 	}
 	for _, tt := range tests {
-		if got := attribute(gap{Key: tt.key, Start: t0.Add(tt.at)}, faults, invs); got != tt.want {
+		if got := attribute(gap{Key: tt.key, Start: t0.Add(tt.at), Vanished: tt.vanished}, faults, invs); got != tt.want {
 			t.Errorf("gap on %s at %v: got %s, want %s", tt.key, tt.at, got, tt.want)
 		}
 	}
@@ -428,10 +463,13 @@ func TestReportChecksCanFail(t *testing.T) {
 			peaks:         map[incarnation]int64{{"r1", 1}: 40 << 20},
 			memLimit:      256 << 20,
 			checkedValues: 10,
+			freshBound:    time.Second,
+			fresh:         []*freshChange{lateChange(45, roleTrack, "track:7", 0, 0.2, false, false)},
+			freshGaps:     []time.Duration{50 * time.Millisecond},
 		}
 	}
 	f := soakFlags{interval: 50 * time.Millisecond, minGap: 100 * time.Millisecond, phantomRatio: 1.05, phantomSlack: 3,
-		settle: 5 * time.Second, duration: 2 * time.Minute}
+		settle: 5 * time.Second, duration: 2 * time.Minute, freshMaxP99: 500 * time.Millisecond}
 	tests := []struct {
 		name  string
 		spoil func(r *soakResult)
@@ -446,6 +484,8 @@ func TestReportChecksCanFail(t *testing.T) {
 		{"observer saw nothing", func(r *soakResult) { r.maxHot, r.gaps, r.final["track"] = 0, nil, 0 }, "vacuously"},
 		{"daemon crashed", func(r *soakResult) { r.crashed = []string{"r3 (incarnation 1)"} }, "r3"},
 		{"fault failed", func(r *soakResult) { r.faults[0].err = errors.New("boom") }, "boom"},
+		{"fault did not bite", func(r *soakResult) { r.faults[0].noBite = "Redis refused nothing" }, "fault did not bite: flushdb at 40s: Redis refused nothing"},
+		{"change never visible", func(r *soakResult) { r.fresh[0].Targets[0].Resolved = false }, "never visible"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -506,8 +546,8 @@ func TestPrivatePostgres(t *testing.T) {
 		t.Fatalf("after restart: %v", err)
 	}
 	pg.remove()
-	if _, err := os.Stat(pg.base); !os.IsNotExist(err) {
-		t.Errorf("%s still there after remove (%v)", pg.base, err)
+	if _, err := os.Stat(pg.srv.DataDir()); !os.IsNotExist(err) {
+		t.Errorf("%s still there after remove (%v)", pg.srv.DataDir(), err)
 	}
 	if err := ping(); err == nil {
 		t.Error("PostgreSQL still answers after remove")

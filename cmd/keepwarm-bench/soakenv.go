@@ -11,11 +11,11 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/keepwarm/keepwarm/examples/chinook"
+	"github.com/keepwarm/keepwarm/internal/pgserver"
 )
 
 // freePort returns a loopback port that was free a moment ago.
@@ -35,95 +36,58 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// privatePostgres is the soak's own PostgreSQL cluster (initdb + pg_ctl, as scripts/services starts the shared
-// one), so that the nemesis can restart it and take it down without touching anyone else's server. As root it
-// runs as the postgres user, which PostgreSQL requires.
+// privatePostgres is the soak's own PostgreSQL cluster (internal/pgserver: initdb + pg_ctl on a loopback port,
+// as the postgres user when run as root), so that the nemesis can restart it, take it down, and give it a
+// synchronous standby without touching anyone else's server.
 type privatePostgres struct {
-	base, data string
-	port       int
-	osUser     string // "" = this user
+	srv     *pgserver.Server
+	standby *pgserver.Server // nil unless addStandby ran
+	stalled atomic.Int64     // the pid of the standby's walreceiver while pg-sync-standby-stall has it stopped
 }
 
 func startPostgres(ctx context.Context, stderr io.Writer) (*privatePostgres, error) {
-	port, err := freePort()
+	srv, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {
 		return nil, err
 	}
-	base, err := os.MkdirTemp("", "keepwarm-soak-pg-")
-	if err != nil {
-		return nil, err
-	}
-	pg := &privatePostgres{base: base, data: filepath.Join(base, "data"), port: port}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			os.RemoveAll(base)
-			return nil, fmt.Errorf("running as root, PostgreSQL needs the postgres user (scripts/services up creates it with the package): %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(base, uid, gid); err != nil {
-			os.RemoveAll(base)
-			return nil, err
-		}
-		pg.osUser = "postgres"
-	}
-	if out, err := pg.cmd(ctx, "initdb", "-D", pg.data, "-U", "keepwarm", "--auth=trust", "-E", "UTF8", "--locale=C").CombinedOutput(); err != nil {
-		os.RemoveAll(base)
-		return nil, fmt.Errorf("initdb (is PostgreSQL installed? scripts/services up installs it): %w: %s", err, out)
-	}
-	if err := pg.start(ctx); err != nil {
-		pg.remove()
-		return nil, err
-	}
-	fmt.Fprintf(stderr, "soak: private PostgreSQL on 127.0.0.1:%d (%s)\n", port, pg.data)
-	return pg, nil
+	fmt.Fprintf(stderr, "soak: private PostgreSQL %d on 127.0.0.1:%d (%s)\n", srv.Major(), srv.Port(), srv.DataDir())
+	return &privatePostgres{srv: srv}, nil
 }
 
-// cmd runs a PostgreSQL binary as the cluster's owner.
-func (pg *privatePostgres) cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
-	if pg.osUser != "" {
-		return exec.CommandContext(ctx, "runuser", append([]string{"-u", pg.osUser, "--", name}, args...)...)
-	}
-	return exec.CommandContext(ctx, name, args...)
-}
-
-func (pg *privatePostgres) start(ctx context.Context) error {
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -c unix_socket_directories=%s -c max_connections=100 "+
-		"-c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10 -c fsync=off -c synchronous_commit=off "+
-		"-c full_page_writes=off", pg.port, pg.base)
-	out, err := pg.cmd(ctx, "pg_ctl", "-D", pg.data, "-l", filepath.Join(pg.base, "postgres.log"), "-w", "-t", "60",
-		"-o", opts, "start").CombinedOutput()
+// addStandby gives the cluster a synchronous physical standby (pgserver.AddStandby, which restarts the primary
+// once): from then on every commit waits for the standby's confirmation, which the pg-sync-standby-stall fault
+// withholds.
+func (pg *privatePostgres) addStandby(ctx context.Context, stderr io.Writer) error {
+	sb, err := pg.srv.AddStandby(ctx, pgserver.StandbyOptions{Name: "soak_standby", Sync: true})
 	if err != nil {
-		return fmt.Errorf("pg_ctl start: %w: %s (log %s)", err, out, filepath.Join(pg.base, "postgres.log"))
+		return fmt.Errorf("add a synchronous standby: %w", err)
 	}
+	pg.standby = sb
+	fmt.Fprintf(stderr, "soak: synchronous standby on 127.0.0.1:%d (%s)\n", sb.Port(), sb.DataDir())
 	return nil
 }
 
-// stop stops the server: mode is pg_ctl's -m (fast, immediate).
+func (pg *privatePostgres) start(ctx context.Context) error { return pg.srv.Start(ctx) }
+
+// stop stops the primary: mode is pg_ctl's -m (fast, immediate).
 func (pg *privatePostgres) stop(ctx context.Context, mode string) error {
-	out, err := pg.cmd(ctx, "pg_ctl", "-D", pg.data, "-m", mode, "-w", "-t", "60", "stop").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctl stop: %w: %s", err, out)
-	}
-	return nil
+	return pg.srv.Stop(ctx, mode)
 }
 
-// remove stops the server if it runs (on a fresh context: it runs on the way out, after a Ctrl-C) and deletes
-// its files.
+// remove stops the standby and the primary if they run and deletes their files (on a fresh context: it runs on
+// the way out, after a Ctrl-C).
 func (pg *privatePostgres) remove() {
-	if _, err := os.Stat(filepath.Join(pg.data, "postmaster.pid")); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		_ = pg.stop(ctx, "immediate")
-		cancel()
+	if pg.standby != nil {
+		if pid := pg.stalled.Load(); pid > 0 {
+			_ = syscall.Kill(int(pid), syscall.SIGCONT) // a stopped process would hold up the shutdown
+		}
+		pg.standby.Remove()
 	}
-	os.RemoveAll(pg.base)
+	pg.srv.Remove()
 }
 
-// dsn is the URL of database db on the private server.
-func (pg *privatePostgres) dsn(db string) string {
-	return fmt.Sprintf("postgres://keepwarm@127.0.0.1:%d/%s?sslmode=disable", pg.port, db)
-}
+// dsn is the URL of database db on the primary.
+func (pg *privatePostgres) dsn(db string) string { return pg.srv.DSN(db) }
 
 // loadDemo loads the Chinook catalog and keepwarm's schema (what `make demo-data` does on the shared server).
 func (pg *privatePostgres) loadDemo(ctx context.Context, keepwarmBin, configPath string) error {
@@ -270,8 +234,46 @@ func (d *daemon) waitReady(ctx context.Context, timeout time.Duration) error {
 	return fmt.Errorf("daemon %s did not answer /healthz on %s within %v (log in %s)", d.id, d.addr, timeout, d.logDir)
 }
 
-// hotExpired scrapes keepwarm_warmer_hot_expired_total by keyspace from the daemon's /metrics.
-func hotExpired(addr string) (map[string]float64, error) {
+// counterSet holds the daemon counters the soak reads, by "name/label" (the first label's value; "" when the
+// metric has none): hot_expired/<keyspace> (keepwarm_warmer_hot_expired_total, the SLO counter), late/<keyspace>
+// and stale_seconds/<keyspace> (keepwarm_changes_late_total and keepwarm_changes_stale_seconds_total, the freshness
+// SLO), old_ids_unknown/ (keepwarm_stream_old_ids_unknown_total), resyncs/<reason>
+// (keepwarm_stream_resyncs_total) and visibility_timeouts/<keyspace>
+// (keepwarm_changes_visibility_timeouts_total).
+type counterSet map[string]float64
+
+// scrapedCounters maps each metric the soak reads to its short name in a counterSet.
+var scrapedCounters = map[string]string{
+	"keepwarm_warmer_hot_expired_total":          "hot_expired",
+	"keepwarm_changes_late_total":                "late",
+	"keepwarm_changes_stale_seconds_total":       "stale_seconds",
+	"keepwarm_stream_old_ids_unknown_total":      "old_ids_unknown",
+	"keepwarm_stream_resyncs_total":              "resyncs",
+	"keepwarm_changes_visibility_timeouts_total": "visibility_timeouts",
+}
+
+// of returns the values of one short name, by label.
+func (c counterSet) of(name string) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range c {
+		if n, label, _ := strings.Cut(k, "/"); n == name {
+			out[label] += v
+		}
+	}
+	return out
+}
+
+// sub returns c − base, key by key.
+func (c counterSet) sub(base counterSet) counterSet {
+	out := counterSet{}
+	for k, v := range c {
+		out[k] = v - base[k]
+	}
+	return out
+}
+
+// scrapeCounters reads the soak's counters from a daemon's /metrics.
+func scrapeCounters(addr string) (counterSet, error) {
 	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
@@ -280,37 +282,47 @@ func hotExpired(addr string) (map[string]float64, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("/metrics: %s", resp.Status)
 	}
-	return parseHotExpired(resp.Body)
+	return parseCounters(resp.Body)
+}
+
+// parseCounters reads the samples of scrapedCounters from a Prometheus text page.
+func parseCounters(r io.Reader) (counterSet, error) {
+	out := counterSet{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, ok := strings.Cut(line, "{")
+		labels := ""
+		if ok {
+			labels, rest, ok = strings.Cut(rest, "} ")
+		} else {
+			name, rest, ok = strings.Cut(line, " ")
+		}
+		short := scrapedCounters[name]
+		if !ok || short == "" {
+			continue
+		}
+		label := ""
+		if labels != "" {
+			first, _, _ := strings.Cut(labels, ",")
+			if _, v, ok := strings.Cut(first, `="`); ok {
+				label = strings.TrimSuffix(v, `"`)
+			}
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		if err != nil {
+			continue
+		}
+		out[short+"/"+label] += f
+	}
+	return out, sc.Err()
 }
 
 // parseHotExpired reads keepwarm_warmer_hot_expired_total{keyspace="x"} samples from a Prometheus text page.
 func parseHotExpired(r io.Reader) (map[string]float64, error) {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	const name = `keepwarm_warmer_hot_expired_total{`
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), name)
-		if !ok {
-			continue
-		}
-		labels, val, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		ks := ""
-		for _, l := range strings.Split(labels, ",") {
-			if v, ok := strings.CutPrefix(l, `keyspace="`); ok {
-				ks = strings.TrimSuffix(v, `"`)
-			}
-		}
-		f, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			continue
-		}
-		out[ks] += f
-	}
-	return out, sc.Err()
+	c, err := parseCounters(r)
+	return c.of("hot_expired"), err
 }
 
 // vmHWM returns a process's peak resident set (VmHWM in /proc/PID/status), in bytes.

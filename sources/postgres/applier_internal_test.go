@@ -64,3 +64,27 @@ func TestApplyLoopAcksOnlyApplied(t *testing.T) {
 		t.Errorf("pending after the batch: %d, want 0", st.Pending)
 	}
 }
+
+// TestNextAttempt: the reconnect back-off starts over after a session that applied something or lasted a
+// minute, and keeps growing while sessions fail before they apply anything (PostgreSQL down, a slot refused).
+func TestNextAttempt(t *testing.T) {
+	tests := []struct {
+		name    string
+		attempt int
+		lasted  time.Duration
+		applied int64
+		want    int
+	}{
+		{"connect failed during an outage: keep growing", 4, 10 * time.Millisecond, 0, 4},
+		{"streamed 19 s and applied, then failed: start over", 5, 19 * time.Second, 120, 0},
+		{"streamed a minute without a change: start over", 5, 61 * time.Second, 0, 0},
+		{"failed at once without applying: keep growing", 2, 2 * time.Second, 0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := nextAttempt(tt.attempt, tt.lasted, tt.applied); got != tt.want {
+				t.Errorf("got %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
