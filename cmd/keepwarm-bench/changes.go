@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -26,17 +27,20 @@ import (
 
 // changesReport is what `keepwarm-bench changes` measured.
 type changesReport struct {
-	Rate, Achieved   float64
-	Duration         time.Duration
-	Updates, Errors  int64
-	Samples          int64 // updates of a cached track whose landing in Redis was timed
-	Landed, Lost     int64 // samples seen in Redis within 5 s / not seen
-	P50, P99, Max    time.Duration
-	Windows          []changesWindow
-	Metrics          map[string]float64 // daemon metric deltas over the run
-	Mismatches       int
-	Checked          int
-	MismatchExamples []string
+	Rate, Achieved  float64
+	Duration        time.Duration
+	Updates, Errors int64
+	Samples         int64 // updates of a cached track whose landing in Redis was timed
+	// Landed: samples whose key stopped serving the old value within 5 s (the new value, a later one, or the key
+	// gone: expired or invalidated, which is not stale either); Absent: of those, the ones that went absent;
+	// Lost: samples whose key still held the old value after 5 s.
+	Landed, Absent, Lost int64
+	P50, P99, Max        time.Duration
+	Windows              []changesWindow
+	Metrics              map[string]float64 // daemon metric deltas over the run
+	Mismatches           int
+	Checked              int
+	MismatchExamples     []string
 }
 
 type changesWindow struct {
@@ -189,7 +193,7 @@ func updateLoop(ctx context.Context, f changesFlags, cfg *config.Config, rdb red
 	}
 	var mu sync.Mutex
 	var samples []sample
-	var updates, errs, nsamples, landed, lost atomic.Int64
+	var updates, errs, nsamples, landed, lost, absent atomic.Int64
 	jobs := make(chan int64, f.workers*4)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -245,9 +249,14 @@ func updateLoop(ctx context.Context, f changesFlags, cfg *config.Config, rdb red
 					deadline := committed.Add(5 * time.Second)
 					for time.Now().Before(deadline) {
 						v, err := rdb.Get(context.Background(), key).Bytes()
-						// Our name, or a later update's of the same id (which superseded ours), has landed.
-						if err == nil && (bytes.Contains(v, want) || newer(v, name)) {
+						// Our name, or a later update's of the same id (which superseded ours), has landed; a key
+						// gone no longer serves the old value either (the next read rebuilds it from the row).
+						gone := errors.Is(err, redis.Nil)
+						if gone || (err == nil && (bytes.Contains(v, want) || newer(v, name))) {
 							landed.Add(1)
+							if gone {
+								absent.Add(1)
+							}
 							mu.Lock()
 							samples = append(samples, sample{at: committed.Sub(start).Seconds(), lat: time.Since(committed)})
 							mu.Unlock()
@@ -291,7 +300,7 @@ loop:
 	rep.Rate, rep.Duration = f.rate, elapsed
 	rep.Updates, rep.Errors = updates.Load(), errs.Load()
 	rep.Achieved = float64(rep.Updates) / elapsed.Seconds()
-	rep.Samples, rep.Landed, rep.Lost = nsamples.Load(), landed.Load(), lost.Load()
+	rep.Samples, rep.Landed, rep.Lost, rep.Absent = nsamples.Load(), landed.Load(), lost.Load(), absent.Load()
 	slices.SortFunc(samples, func(a, b sample) int { return int(a.at*1e6 - b.at*1e6) })
 	var all []time.Duration
 	for _, s := range samples {
@@ -435,8 +444,9 @@ func printChanges(w io.Writer, f changesFlags, rep *changesReport) {
 	if !f.verifyOnly {
 		fmt.Fprintf(w, "changes: %d track updates in %v: %.0f/s (target %.0f/s), %d failed\n", rep.Updates,
 			rep.Duration.Round(time.Second), rep.Achieved, rep.Rate, rep.Errors)
-		fmt.Fprintf(w, "commit to Redis (GET track:<id> shows the new name), %d timed updates of cached tracks: p50 %v  p99 %v  max %v; %d not seen within 5 s\n",
-			rep.Samples, rep.P50.Round(time.Millisecond), rep.P99.Round(time.Millisecond), rep.Max.Round(time.Millisecond), rep.Lost)
+		fmt.Fprintf(w, "commit to Redis (GET track:<id> no longer the old name: the new one, or the key gone), %d timed updates of cached tracks: p50 %v  p99 %v  max %v; %d went absent (expired or invalidated); %d still the old name after 5 s\n",
+			rep.Samples, rep.P50.Round(time.Millisecond), rep.P99.Round(time.Millisecond), rep.Max.Round(time.Millisecond),
+			rep.Absent, rep.Lost)
 		keys := make([]string, 0, len(rep.Metrics))
 		for k := range rep.Metrics {
 			if strings.HasPrefix(k, "keepwarm_changes_") || strings.HasPrefix(k, "keepwarm_stream_") ||
