@@ -134,6 +134,9 @@ type faultRecord struct {
 	// noBite says why the fault had no observable effect ("" when it had one): a fault that did not bite tested
 	// nothing, and the run fails.
 	noBite string
+	// biteLate: the fault's effect was not seen while it was in force, and is looked for again at the end of the
+	// run (a publication_gap resync that came after a reconnect back-off).
+	biteLate bool
 	// outer and inner bound the moments the fault was in force where that matters to the freshness accounting:
 	// replica-identity-flip, outer from the ALTER to DEFAULT sent until the ALTER to FULL returned (an update
 	// committed in between may lack its old row), inner from the first ALTER's return until the second was sent
@@ -575,6 +578,11 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	res.checkedValues, res.checkedHot, res.mismatches = s.verifyCached(ctx)
 	s.scrapeAll()
 	res.final, res.totalsFinal = s.counterSum(), s.counterTotals()
+	for i := range res.faults {
+		if r := &res.faults[i]; r.biteLate && res.totalsFinal["resyncs/publication_gap"] > r.totalsAt["resyncs/publication_gap"] {
+			r.noBite, r.detail = "", r.detail+"; the resync came after 60 s (a reconnect back-off), before the end of the run"
+		}
+	}
 	res.end = time.Now()
 	obsStop()
 	res.gaps = <-gapsCh

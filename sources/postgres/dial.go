@@ -19,8 +19,10 @@ const (
 	// ReconnectBackoffBase is the pause (before jitter) after the first failed dial of an address; it doubles
 	// per consecutive failure.
 	ReconnectBackoffBase = 250 * time.Millisecond
-	// ReconnectBackoffMax is the longest pause between two dials of an address that keeps failing.
-	ReconnectBackoffMax = 30 * time.Second
+	// ReconnectBackoffMax is the longest pause between two dials of an address that keeps failing: PostgreSQL back
+	// from an outage is used again within this long (refreshes, the change stream's visibility checks). One dial
+	// per address per 5 s costs the server nothing.
+	ReconnectBackoffMax = 5 * time.Second
 )
 
 // ErrReconnectBackoff is wrapped by the error of a connection attempt that was not dialled because the last
