@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // The daemon's health has three levels (docs/operations.md, "Readiness and degraded states"):
@@ -20,7 +20,7 @@ import (
 const (
 	checkStreamDown    = "stream_down"    // this daemon holds the stream lease but has not streamed for streamStallAfter
 	checkStreamStalled = "stream_stalled" // received changes not applied for streamStallAfter
-	checkStreamProblem = "stream_problem" // one per postgres.Problem: a table, action or column the stream lacks
+	checkStreamProblem = "stream_problem" // one per stream.Problem: a table, action or column the stream lacks
 )
 
 var degradedChecks = []string{checkStreamDown, checkStreamStalled, checkStreamProblem}
@@ -46,7 +46,7 @@ func (d *daemon) degradations(now time.Time) []degradation {
 }
 
 // streamDegradations judges a change stream's status: role is the stream lease's state ("holder", "standby").
-func streamDegradations(role string, st postgres.StreamStatus, now time.Time) []degradation {
+func streamDegradations(role string, st stream.Status, now time.Time) []degradation {
 	var out []degradation
 	for _, p := range st.Problems {
 		out = append(out, degradation{checkStreamProblem, "change stream: " + p.String()})

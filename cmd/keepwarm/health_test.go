@@ -10,7 +10,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/pgserver"
 	"github.com/keepwarm/keepwarm/internal/testenv"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // TestStreamDegradations: what the daemon reports as degraded from a change stream's status. A standby reports
@@ -19,20 +19,20 @@ import (
 func TestStreamDegradations(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	problem := postgres.Problem{Kind: postgres.ProblemRowFilter, Table: "public.track", Detail: "a row filter"}
+	problem := stream.Problem{Kind: stream.ProblemRowFilter, Table: "public.track", Detail: "a row filter"}
 	for _, tc := range []struct {
 		name string
 		role string
-		st   postgres.StreamStatus
+		st   stream.Status
 		want []string // checks
 	}{
-		{"streaming", "holder", postgres.StreamStatus{State: "streaming", Since: now.Add(-time.Hour)}, nil},
-		{"reconnecting briefly", "holder", postgres.StreamStatus{State: "connecting", Since: now.Add(-5 * time.Second)}, nil},
-		{"down past the bound", "holder", postgres.StreamStatus{State: "connecting", Since: now.Add(-streamStallAfter - time.Second), LastError: "boom"}, []string{checkStreamDown}},
-		{"standby, not streaming", "standby", postgres.StreamStatus{State: "stopped", Since: now.Add(-time.Hour)}, nil},
-		{"lag under the bound", "holder", postgres.StreamStatus{State: "streaming", Since: now.Add(-time.Hour), LagSeconds: 10, Pending: 3}, nil},
-		{"not advancing", "holder", postgres.StreamStatus{State: "streaming", Since: now.Add(-time.Hour), LagSeconds: 45, Pending: 3}, []string{checkStreamStalled}},
-		{"a problem, on a standby too", "standby", postgres.StreamStatus{State: "stopped", Problems: []postgres.Problem{problem}}, []string{checkStreamProblem}},
+		{"streaming", "holder", stream.Status{State: "streaming", Since: now.Add(-time.Hour)}, nil},
+		{"reconnecting briefly", "holder", stream.Status{State: "connecting", Since: now.Add(-5 * time.Second)}, nil},
+		{"down past the bound", "holder", stream.Status{State: "connecting", Since: now.Add(-streamStallAfter - time.Second), LastError: "boom"}, []string{checkStreamDown}},
+		{"standby, not streaming", "standby", stream.Status{State: "stopped", Since: now.Add(-time.Hour)}, nil},
+		{"lag under the bound", "holder", stream.Status{State: "streaming", Since: now.Add(-time.Hour), LagSeconds: 10, Pending: 3}, nil},
+		{"not advancing", "holder", stream.Status{State: "streaming", Since: now.Add(-time.Hour), LagSeconds: 45, Pending: 3}, []string{checkStreamStalled}},
+		{"a problem, on a standby too", "standby", stream.Status{State: "stopped", Problems: []stream.Problem{problem}}, []string{checkStreamProblem}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string

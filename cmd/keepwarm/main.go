@@ -27,6 +27,7 @@ import (
 	"os/signal"
 	"syscall"
 	"text/tabwriter"
+
 	// The IANA zones of CRON_TZ= and timezone = live in the binary: the image (scratch or distroless static) has
 	// no /usr/share/zoneinfo. About 450 kB. The deploy package's TestContainerImage checks a zoned schedule in it.
 	_ "time/tzdata"

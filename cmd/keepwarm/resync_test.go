@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -11,8 +11,8 @@ import (
 // imports the other); the daemon wires them together, so they must agree.
 func TestResyncTruncateNamesAgree(t *testing.T) {
 	t.Parallel()
-	if postgres.ResyncTruncate != warmer.ResyncTruncate {
-		t.Errorf("postgres.ResyncTruncate = %q, warmer.ResyncTruncate = %q: a TRUNCATE would not invalidate cold keys",
-			postgres.ResyncTruncate, warmer.ResyncTruncate)
+	if stream.ResyncTruncate != warmer.ResyncTruncate {
+		t.Errorf("stream.ResyncTruncate = %q, warmer.ResyncTruncate = %q: a TRUNCATE would not invalidate cold keys",
+			stream.ResyncTruncate, warmer.ResyncTruncate)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // cmdValidate is `keepwarm validate`: load the config (with the environment's overrides), print "ok" and one
@@ -159,7 +160,7 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 		errs = append(errs, err)
 	}
 	// fed_by tables and columns must exist in the catalog (checked strictly); replica identity gaps are notes.
-	if warnings, err := postgres.CheckFeeds(ctx, pool, assemble.FeedColumns(cfg)); err != nil {
+	if warnings, err := stream.CheckFeeds(ctx, pool, assemble.FeedColumns(cfg)); err != nil {
 		errs = append(errs, err)
 	} else {
 		for _, w := range warnings {
@@ -170,7 +171,7 @@ func checkQueries(ctx context.Context, cfg *config.Config) error {
 	// stream would find it.
 	if cfg.Streamed() {
 		sctx, cancel := context.WithTimeout(ctx, connectTimeout)
-		err := postgres.CheckStream(sctx, assemble.StreamConfig(cfg))
+		err := stream.Check(sctx, assemble.StreamConfig(cfg))
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("changes: %w", err))

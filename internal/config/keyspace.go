@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/keepwarm/keepwarm/lockstep"
-	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -452,15 +452,15 @@ func parseFedBy(t *table, ks *Keyspace) bool {
 			ft.problem("id", "missing (required): the column of %s that holds this keyspace's id", f.Table)
 			continue
 		}
-		if _, _, err := pgsource.SplitTable(f.Table); err != nil {
+		if _, _, err := stream.SplitTable(f.Table); err != nil {
 			ft.problem("table", "%v", err)
 			continue
 		}
-		if !pgsource.ValidIdent(f.ID) {
+		if !stream.ValidIdent(f.ID) {
 			ft.problem("id", "%q is not a plain lower-case column name", f.ID)
 			continue
 		}
-		f.Table = pgsource.QualifiedTable(f.Table)
+		f.Table = stream.QualifiedTable(f.Table)
 		if seen[f] {
 			ft.problem("", "%s.%s is listed twice", f.Table, f.ID)
 		}

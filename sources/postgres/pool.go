@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keepwarm/keepwarm/sources/postgres/internal/pgdsn"
 )
 
 // NewPool returns a connection pool for dsn (a postgres:// URL or keyword/value string; TLS comes from its
@@ -20,7 +21,7 @@ import (
 func NewPool(ctx context.Context, dsn string, maxConns int32, connectTimeout time.Duration) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: parse dsn: %w", scrubParseError(err))
+		return nil, fmt.Errorf("postgres: parse dsn: %w", pgdsn.Scrub(err))
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
@@ -43,27 +44,9 @@ func NewPool(ctx context.Context, dsn string, maxConns int32, connectTimeout tim
 // ParseDSN checks that dsn parses, without connecting. The error never contains the password.
 func ParseDSN(dsn string) error {
 	if _, err := pgxpool.ParseConfig(dsn); err != nil {
-		return scrubParseError(err)
+		return pgdsn.Scrub(err)
 	}
 	return nil
-}
-
-// scrubParseError keeps only the reason of a connection string parse error. pgconn masks the password in the
-// string it quotes, but only on a best-effort basis for malformed input, and net/url quotes the whole URL.
-func scrubParseError(err error) error {
-	var pce *pgconn.ParseConfigError
-	if !errors.As(err, &pce) {
-		return err
-	}
-	inner := errors.Unwrap(pce)
-	var ue *url.Error
-	switch {
-	case inner == nil:
-		return errors.New("invalid connection string")
-	case errors.As(inner, &ue):
-		return fmt.Errorf("invalid URL: %w", ue.Err)
-	}
-	return inner
 }
 
 // statementCacheProbe is the statement CheckStatementCache prepares. It takes a parameter so that pgx sends it

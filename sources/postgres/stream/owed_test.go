@@ -1,4 +1,4 @@
-package warmer_test
+package stream_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
-	"github.com/keepwarm/keepwarm/warmer"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // OwedResyncs on a real Redis: what Save leaves is what another process's Load reads, and saving nothing removes
@@ -16,14 +16,14 @@ func TestOwedResyncs(t *testing.T) {
 	rdb := testenv.Redis(t)
 	key := testenv.Prefix(t, rdb) + "stream:resync"
 	ctx := context.Background()
-	a := warmer.NewOwedResyncs(rdb, key)
+	a := stream.NewOwedResyncs(rdb, key)
 	if got, err := a.Load(ctx); err != nil || len(got) != 0 {
 		t.Fatalf("Load of nothing: %v, %v; want none", got, err)
 	}
 	if err := a.Save(ctx, []string{"truncate", "created"}); err != nil {
 		t.Fatal(err)
 	}
-	b := warmer.NewOwedResyncs(testenv.Redis(t), key) // another process
+	b := stream.NewOwedResyncs(testenv.Redis(t), key) // another process
 	if got, err := b.Load(ctx); err != nil || !slices.Equal(got, []string{"created", "truncate"}) {
 		t.Errorf("Load: %v, %v; want [created truncate]", got, err)
 	}

@@ -2,12 +2,12 @@ package assemble
 
 import (
 	"github.com/keepwarm/keepwarm/internal/config"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // Txns converts the stream's transactions into the warmer's (the two packages do not import each other).
-func Txns(in []postgres.Txn) []warmer.Txn {
+func Txns(in []stream.Txn) []warmer.Txn {
 	out := make([]warmer.Txn, len(in))
 	for i, t := range in {
 		rows := make([]warmer.RowChange, len(t.Changes))
@@ -19,12 +19,12 @@ func Txns(in []postgres.Txn) []warmer.Txn {
 	return out
 }
 
-// FeedColumns lists the config's fed_by entries for postgres.CheckFeeds.
-func FeedColumns(cfg *config.Config) []postgres.FeedColumn {
-	var out []postgres.FeedColumn
+// FeedColumns lists the config's fed_by entries for stream.CheckFeeds.
+func FeedColumns(cfg *config.Config) []stream.FeedColumn {
+	var out []stream.FeedColumn
 	for _, ks := range cfg.Keyspaces {
 		for _, f := range ks.FedBy {
-			out = append(out, postgres.FeedColumn{Keyspace: ks.Name, Table: f.Table, Column: f.ID})
+			out = append(out, stream.FeedColumn{Keyspace: ks.Name, Table: f.Table, Column: f.ID})
 		}
 	}
 	return out
@@ -35,10 +35,10 @@ func LeaseKey(slot string) string { return "keepwarm:stream:" + slot }
 
 // StreamConfig translates [changes] (and [postgres] connect_timeout) into the stream's config, without the
 // parts a running daemon adds (Resync, Owed, Logger, Registerer): `run` starts the stream from it, and
-// `validate --check-db` checks it (postgres.CheckStream), so that both look at the same slot, publication, tables
+// `validate --check-db` checks it (stream.Check), so that both look at the same slot, publication, tables
 // and dsn.
-func StreamConfig(cfg *config.Config) postgres.StreamConfig {
-	return postgres.StreamConfig{
+func StreamConfig(cfg *config.Config) stream.Config {
+	return stream.Config{
 		DSN: cfg.StreamDSN(), Slot: cfg.Changes.Slot, Publication: cfg.Changes.Publication,
 		Tables: cfg.FeedingTables(), CreatePublication: cfg.Changes.CreatePublication, Gather: cfg.Changes.Gather,
 		StatusInterval: cfg.Changes.StatusInterval, Columns: cfg.FeedColumns(), MaxTxnChanges: cfg.Changes.MaxTxnChanges,

@@ -1,4 +1,4 @@
-package postgres
+package stream
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 // Resyncs: what the stream owes when changes may have been missed (a new slot, a truncate, a large
 // transaction, a table that left the publication or was rebuilt), kept until Resync returned nil, and
-// recorded outside the process (StreamConfig.Owed) so that a crash does not lose them.
+// recorded outside the process (Config.Owed) so that a crash does not lose them.
 
 // Resync reasons, the values of the "reason" label of keepwarm_stream_resyncs_total.
 const (
@@ -26,7 +26,7 @@ const (
 	// ResyncRebuilt: a feeding table is another relation than when the session started (its OID changed), so
 	// rows may have changed unseen while it was rebuilt.
 	ResyncRebuilt = "rebuilt"
-	// ResyncLargeTransaction: a transaction changed more rows than StreamConfig.MaxTxnChanges; its changes were
+	// ResyncLargeTransaction: a transaction changed more rows than Config.MaxTxnChanges; its changes were
 	// dropped as they arrived (bounded memory), and every hot key is refreshed instead.
 	ResyncLargeTransaction = "large_transaction"
 	// ResyncPublicationGap: the publication was dropped and created again under the slot; pgoutput cannot decode
@@ -42,7 +42,7 @@ const (
 var resyncReasons = []string{ResyncCreated, ResyncLost, ResyncInvalidated, ResyncTruncate, ResyncPublication, ResyncRebuilt,
 	ResyncLargeTransaction, ResyncPublicationGap, ResyncReconfigured}
 
-// OwedStore persists the reasons of the resyncs a Stream owes (see StreamConfig.Owed). Save replaces the whole
+// OwedStore persists the reasons of the resyncs a Stream owes (see Config.Owed). Save replaces the whole
 // list (nil or empty: none owed); Load returns what the last Save left. Both may be called from the stream's
 // goroutines, one at a time.
 type OwedStore interface {
@@ -58,13 +58,13 @@ type SlotHistory interface {
 	MarkStreamed(ctx context.Context) error
 }
 
-// slotHistory returns StreamConfig.Owed as a SlotHistory, or nil.
+// slotHistory returns Config.Owed as a SlotHistory, or nil.
 func (s *Stream) slotHistory() SlotHistory {
 	h, _ := s.cfg.Owed.(SlotHistory)
 	return h
 }
 
-// loadOwed queues the resyncs a previous process owed (StreamConfig.Owed).
+// loadOwed queues the resyncs a previous process owed (Config.Owed).
 func (s *Stream) loadOwed(ctx context.Context) error {
 	if s.cfg.Owed == nil {
 		return nil
@@ -80,7 +80,7 @@ func (s *Stream) loadOwed(ctx context.Context) error {
 	return nil
 }
 
-// saveOwed records the resyncs owed now (StreamConfig.Owed).
+// saveOwed records the resyncs owed now (Config.Owed).
 func (s *Stream) saveOwed(ctx context.Context) error {
 	if s.cfg.Owed == nil {
 		return nil

@@ -1,4 +1,4 @@
-package postgres_test
+package stream_test
 
 import (
 	"context"
@@ -13,13 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // drift is a stream of table item in a throwaway database (driftStream).
 type drift struct {
-	s       *postgres.Stream
-	cfg     postgres.StreamConfig
+	s       *stream.Stream
+	cfg     stream.Config
 	rec     *recorder
 	resyncs *resyncLog
 	pool    *pgxpool.Pool
@@ -37,11 +37,11 @@ func driftStream(t *testing.T, create bool, columns map[string][]string, setup f
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "drop publication if exists "+slot) })
 	d := &drift{rec: &recorder{}, resyncs: &resyncLog{}, pool: pool, reg: prometheus.NewRegistry()}
-	d.cfg = postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+	d.cfg = stream.Config{DSN: dsn, Slot: slot, Publication: slot,
 		Tables: []string{"item"}, Columns: columns, CreatePublication: create, Gather: -1, StatusInterval: time.Second,
 		PublicationCheck: 100 * time.Millisecond, Resync: d.resyncs.resync, Registerer: d.reg}
 	var err error
-	if d.s, err = postgres.NewStream(d.cfg); err != nil {
+	if d.s, err = stream.New(d.cfg); err != nil {
 		t.Fatal(err)
 	}
 	run(t, d.s, d.rec.apply)
@@ -57,9 +57,9 @@ func sqlExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 }
 
 // arrived waits for a change whose new name is name and returns it.
-func arrived(t *testing.T, rec *recorder, name string) postgres.Change {
+func arrived(t *testing.T, rec *recorder, name string) stream.Change {
 	t.Helper()
-	var got postgres.Change
+	var got stream.Change
 	testenv.Eventually(t, 15*time.Second, fmt.Sprintf("the change naming %q arrives", name), func() bool {
 		for _, c := range rec.changes() {
 			if c.New["name"] == name {
@@ -72,8 +72,8 @@ func arrived(t *testing.T, rec *recorder, name string) postgres.Change {
 	return got
 }
 
-func hasProblem(s *postgres.Stream, kind, table string) bool {
-	return slices.ContainsFunc(s.Status().Problems, func(p postgres.Problem) bool { return p.Kind == kind && p.Table == table })
+func hasProblem(s *stream.Stream, kind, table string) bool {
+	return slices.ContainsFunc(s.Status().Problems, func(p stream.Problem) bool { return p.Kind == kind && p.Table == table })
 }
 
 // TestStreamPublicationDroppedAndCreatedAgain: an operator (or a migration tool) drops the publication and creates
@@ -92,7 +92,7 @@ func TestStreamPublicationDroppedAndCreatedAgain(t *testing.T) {
 	sqlExec(t, pool, "update item set name = 'in the gap' where id = 2")
 	sqlExec(t, pool, "create publication "+pub+" for table item")
 	testenv.Eventually(t, 15*time.Second, "resynced: the change in the gap was never published", func() bool {
-		return slices.Contains(resyncs.all(), postgres.ResyncPublicationGap)
+		return slices.Contains(resyncs.all(), stream.ResyncPublicationGap)
 	})
 	testenv.Eventually(t, 10*time.Second, "streaming again", func() bool { return s.Status().State == "streaming" })
 	// The new slot starts after the resync: later commits stream again.
@@ -112,9 +112,9 @@ func TestStreamReportsPublicationDrift(t *testing.T) {
 		create    bool
 		kinds     []string // problems expected
 	}{
-		{"publish insert only", "create publication %s for table item with (publish = 'insert')", false, []string{postgres.ProblemActions}},
-		{"column list without grp", "create publication %s for table item (id, name)", false, []string{postgres.ProblemColumnList}},
-		{"row filter", "create publication %s for table item where (id < 5)", false, []string{postgres.ProblemRowFilter}},
+		{"publish insert only", "create publication %s for table item with (publish = 'insert')", false, []string{stream.ProblemActions}},
+		{"column list without grp", "create publication %s for table item (id, name)", false, []string{stream.ProblemColumnList}},
+		{"row filter", "create publication %s for table item where (id < 5)", false, []string{stream.ProblemRowFilter}},
 		{"publish insert only, repaired", "create publication %s for table item with (publish = 'insert')", true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,7 +129,7 @@ func TestStreamReportsPublicationDrift(t *testing.T) {
 					t.Errorf("keepwarm_stream_problems{kind=%q} = %v, want >= 1", k, got)
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err := postgres.CheckStream(ctx, d.cfg)
+				err := stream.Check(ctx, d.cfg)
 				cancel()
 				if err == nil || !strings.Contains(err.Error(), d.cfg.Publication) {
 					t.Errorf("CheckStream (validate --check-db): %v, want an error naming the publication", err)
@@ -137,12 +137,12 @@ func TestStreamReportsPublicationDrift(t *testing.T) {
 			}
 			if tc.create {
 				testenv.Eventually(t, 10*time.Second, "resynced after the repair", func() bool {
-					return slices.Contains(resyncs.all(), postgres.ResyncPublication)
+					return slices.Contains(resyncs.all(), stream.ResyncPublication)
 				})
 				testenv.Eventually(t, 10*time.Second, "streaming again", func() bool { return s.Status().State == "streaming" })
 				sqlExec(t, pool, "update item set grp = 7 where id = 1")
 				testenv.Eventually(t, 15*time.Second, "the update after the repair arrives (only grp is kept)", func() bool {
-					return slices.ContainsFunc(rec.changes(), func(c postgres.Change) bool { return c.Op == 'U' && c.New["grp"] == "7" })
+					return slices.ContainsFunc(rec.changes(), func(c stream.Change) bool { return c.Op == 'U' && c.New["grp"] == "7" })
 				})
 				if ps := s.Status().Problems; len(ps) != 0 {
 					t.Errorf("problems after the repair: %v, want none", ps)
@@ -167,15 +167,15 @@ func TestGeneratedFedColumn(t *testing.T) {
 	if version >= 180000 {
 		t.Fatalf("this test expects PostgreSQL before 18 (generated columns are not sent); the server is %d", version)
 	}
-	_, err := postgres.CheckFeeds(context.Background(), d.pool, []postgres.FeedColumn{{Keyspace: "k", Table: "public.item", Column: "twice"}})
+	_, err := stream.CheckFeeds(context.Background(), d.pool, []stream.FeedColumn{{Keyspace: "k", Table: "public.item", Column: "twice"}})
 	if err == nil || !strings.Contains(err.Error(), `keyspace "k"`) || !strings.Contains(err.Error(), "generated") {
 		t.Errorf("CheckFeeds of a generated column: %v, want an error naming the keyspace and saying it is generated", err)
 	}
-	testenv.Eventually(t, 10*time.Second, "a generated_column problem", func() bool { return hasProblem(d.s, postgres.ProblemGenerated, "public.item") })
+	testenv.Eventually(t, 10*time.Second, "a generated_column problem", func() bool { return hasProblem(d.s, stream.ProblemGenerated, "public.item") })
 	// The stream does not receive the column: the first change of the table says so too.
 	sqlExec(t, d.pool, "update item set grp = 2 where id = 1")
 	testenv.Eventually(t, 10*time.Second, "a column_missing problem from the Relation message", func() bool {
-		return hasProblem(d.s, postgres.ProblemColumnMissing, "public.item")
+		return hasProblem(d.s, stream.ProblemColumnMissing, "public.item")
 	})
 }
 
@@ -189,13 +189,13 @@ func TestStreamReconfigure(t *testing.T) {
 	sqlExec(t, d.pool, "alter table item rename column grp to bucket")
 	sqlExec(t, d.pool, "update item set bucket = 5 where id = 1")
 	testenv.Eventually(t, 10*time.Second, "the renamed column reported missing", func() bool {
-		return hasProblem(d.s, postgres.ProblemColumnMissing, "public.item")
+		return hasProblem(d.s, stream.ProblemColumnMissing, "public.item")
 	})
 	if err := d.s.Reconfigure([]string{"item"}, map[string][]string{"item": {"bucket", "name"}}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "resynced after the reconfiguration", func() bool {
-		return slices.Contains(d.resyncs.all(), postgres.ResyncReconfigured)
+		return slices.Contains(d.resyncs.all(), stream.ResyncReconfigured)
 	})
 	sqlExec(t, d.pool, "update item set bucket = 6, name = 'six' where id = 2")
 	c := arrived(t, d.rec, "six")
@@ -203,7 +203,7 @@ func TestStreamReconfigure(t *testing.T) {
 		t.Errorf("change after Reconfigure: %+v, want bucket and name kept", c)
 	}
 	testenv.Eventually(t, 10*time.Second, "the problem resolved", func() bool {
-		return !hasProblem(d.s, postgres.ProblemColumnMissing, "public.item")
+		return !hasProblem(d.s, stream.ProblemColumnMissing, "public.item")
 	})
 	if err := d.s.Reconfigure([]string{"Bad Table"}, nil); err == nil {
 		t.Error("Reconfigure with an invalid table name: no error")
@@ -219,15 +219,15 @@ func TestStreamReplicaIdentityFlip(t *testing.T) {
 	d := driftStream(t, true, map[string][]string{"item": {"grp"}}, nil) // grp is not in the primary key
 	sqlExec(t, d.pool, "update item set grp = 1 where id = 1")
 	testenv.Eventually(t, 10*time.Second, "the first update arrives with its old row", func() bool {
-		return slices.ContainsFunc(d.rec.changes(), func(c postgres.Change) bool { return c.New["grp"] == "1" && c.Old != nil })
+		return slices.ContainsFunc(d.rec.changes(), func(c stream.Change) bool { return c.New["grp"] == "1" && c.Old != nil })
 	})
-	if hasProblem(d.s, postgres.ProblemReplicaIdentity, "public.item") {
+	if hasProblem(d.s, stream.ProblemReplicaIdentity, "public.item") {
 		t.Fatal("a replica_identity problem with REPLICA IDENTITY FULL")
 	}
 	sqlExec(t, d.pool, "alter table item replica identity default")
 	sqlExec(t, d.pool, "update item set grp = 2 where id = 1")
 	testenv.Eventually(t, 10*time.Second, "a replica_identity problem", func() bool {
-		return hasProblem(d.s, postgres.ProblemReplicaIdentity, "public.item")
+		return hasProblem(d.s, stream.ProblemReplicaIdentity, "public.item")
 	})
 	testenv.Eventually(t, 10*time.Second, "the update without its old group counted", func() bool {
 		return testenv.MetricSum(t, d.reg, "keepwarm_stream_old_ids_unknown_total", nil) >= 1
@@ -235,7 +235,7 @@ func TestStreamReplicaIdentityFlip(t *testing.T) {
 	sqlExec(t, d.pool, "alter table item replica identity full")
 	sqlExec(t, d.pool, "update item set grp = 0 where id = 1")
 	testenv.Eventually(t, 10*time.Second, "the problem gone with FULL again", func() bool {
-		return !hasProblem(d.s, postgres.ProblemReplicaIdentity, "public.item")
+		return !hasProblem(d.s, stream.ProblemReplicaIdentity, "public.item")
 	})
 }
 
@@ -255,7 +255,7 @@ func TestStreamPartitionRootFlip(t *testing.T) {
 	sqlExec(t, pool, "create publication "+slot+" for table part with (publish_via_partition_root = true)")
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "drop publication if exists "+slot) })
 	rec := &recorder{}
-	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot, Tables: []string{"part"},
+	s, err := stream.New(stream.Config{DSN: dsn, Slot: slot, Publication: slot, Tables: []string{"part"},
 		CreatePublication: false, Gather: -1, StatusInterval: time.Second, Resync: (&resyncLog{}).resync})
 	if err != nil {
 		t.Fatal(err)
@@ -292,8 +292,8 @@ func TestStreamPermissionPerTable(t *testing.T) {
 	sqlExec(t, pool, "grant create on database "+pc.Database+" to "+role) // CREATE PUBLICATION needs it
 	roleDSN := strings.Replace(dsn, "://"+pc.User+"@", "://"+role+"@", 1)
 	rec := &recorder{}
-	var s *postgres.Stream
-	s, err = postgres.NewStream(postgres.StreamConfig{DSN: roleDSN, Slot: slot, Publication: slot,
+	var s *stream.Stream
+	s, err = stream.New(stream.Config{DSN: roleDSN, Slot: slot, Publication: slot,
 		Tables: []string{"item", "secret"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
 		Resync: (&resyncLog{}).resync})
 	if err != nil {
@@ -307,7 +307,7 @@ func TestStreamPermissionPerTable(t *testing.T) {
 	})
 	sqlExec(t, pool, "update item set name = 'still streamed' where id = 1")
 	arrived(t, rec, "still streamed")
-	i := slices.IndexFunc(s.Status().Problems, func(p postgres.Problem) bool { return p.Table == "public.secret" })
+	i := slices.IndexFunc(s.Status().Problems, func(p stream.Problem) bool { return p.Table == "public.secret" })
 	if p := s.Status().Problems[i]; !strings.Contains(p.Detail, "must be owner") {
 		t.Errorf("the problem does not say why: %s", p.Detail)
 	}

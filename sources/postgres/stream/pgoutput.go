@@ -1,4 +1,4 @@
-package postgres
+package stream
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ type Txn struct {
 	Changes []Change
 	// Truncated lists the feeding tables the transaction truncated (Resync is called for them).
 	Truncated []string
-	// Overflowed is set when the transaction changed more rows than StreamConfig.MaxTxnChanges: Changes is
+	// Overflowed is set when the transaction changed more rows than Config.MaxTxnChanges: Changes is
 	// empty, and Resync was called for it (ResyncLargeTransaction).
 	Overflowed bool
 	// OldUnknown counts the UPDATEs of a feeding table whose old values of kept columns PostgreSQL did not send
@@ -105,7 +105,7 @@ type Relation struct {
 	Key      []bool   // Key[i]: Columns[i] is part of the replica identity
 }
 
-// newDecoder returns a decoder keeping only columns (StreamConfig.Columns: table, qualified or not, → column
+// newDecoder returns a decoder keeping only columns (Config.Columns: table, qualified or not, → column
 // names; nil keeps every column) and at most maxChanges row changes per transaction (<= 0: no cap).
 func newDecoder(columns map[string][]string, maxChanges int) *decoder {
 	keep := map[string]map[string]bool{}

@@ -1,4 +1,4 @@
-package postgres_test
+package stream_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // streamDB creates a throwaway database with table item(id int primary key, grp int, name text) and returns its
@@ -50,12 +50,12 @@ func streamDB(t *testing.T, slot string) (string, *pgxpool.Pool) {
 // recorder is an apply function that records what it is given and can be made to fail.
 type recorder struct {
 	mu    sync.Mutex
-	txns  []postgres.Txn
+	txns  []stream.Txn
 	fail  error
 	calls int
 }
 
-func (r *recorder) apply(_ context.Context, txns []postgres.Txn) error {
+func (r *recorder) apply(_ context.Context, txns []stream.Txn) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
@@ -66,10 +66,10 @@ func (r *recorder) apply(_ context.Context, txns []postgres.Txn) error {
 	return nil
 }
 
-func (r *recorder) changes() []postgres.Change {
+func (r *recorder) changes() []stream.Change {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []postgres.Change
+	var out []stream.Change
 	for _, t := range r.txns {
 		out = append(out, t.Changes...)
 	}
@@ -83,7 +83,7 @@ func (r *recorder) setFail(err error) {
 }
 
 // run starts s.Run(apply) and returns a function that stops it and returns Run's error.
-func run(t *testing.T, s *postgres.Stream, apply func(context.Context, []postgres.Txn) error) (stop func() error) {
+func run(t *testing.T, s *stream.Stream, apply func(context.Context, []stream.Txn) error) (stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -101,9 +101,9 @@ func run(t *testing.T, s *postgres.Stream, apply func(context.Context, []postgre
 	return stop
 }
 
-func newStream(t *testing.T, dsn, slot string, resyncs *[]string, mu *sync.Mutex) *postgres.Stream {
+func newStream(t *testing.T, dsn, slot string, resyncs *[]string, mu *sync.Mutex) *stream.Stream {
 	t.Helper()
-	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+	s, err := stream.New(stream.Config{DSN: dsn, Slot: slot, Publication: slot,
 		Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
 		Resync: func(_ context.Context, reason string) error {
 			mu.Lock()
@@ -145,7 +145,7 @@ func TestStreamDeliversAndResumes(t *testing.T) {
 	stop := run(t, s, rec.apply)
 	testenv.Eventually(t, 10*time.Second, "stream streaming", func() bool { return s.Status().State == "streaming" })
 	mu.Lock()
-	if got, want := strings.Join(resyncs, ","), postgres.ResyncCreated; got != want {
+	if got, want := strings.Join(resyncs, ","), stream.ResyncCreated; got != want {
 		t.Errorf("resyncs after creating the slot: got %q, want %q", got, want)
 	}
 	mu.Unlock()
@@ -244,7 +244,7 @@ func TestStreamRecreatesLostSlot(t *testing.T) {
 	ctx := context.Background()
 	resyncs := &resyncLog{}
 	reg := prometheus.NewRegistry()
-	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot, Tables: []string{"item"},
+	s, err := stream.New(stream.Config{DSN: dsn, Slot: slot, Publication: slot, Tables: []string{"item"},
 		CreatePublication: true, Registerer: reg, Resync: resyncs.resync})
 	if err != nil {
 		t.Fatal(err)
@@ -260,7 +260,7 @@ func TestStreamRecreatesLostSlot(t *testing.T) {
 		return err == nil
 	})
 	testenv.Eventually(t, 20*time.Second, "second resync", func() bool { return len(resyncs.all()) == 2 })
-	if got := counterValue(t, reg, "keepwarm_stream_resyncs_total", postgres.ResyncCreated); got != 2 {
+	if got := counterValue(t, reg, "keepwarm_stream_resyncs_total", stream.ResyncCreated); got != 2 {
 		t.Errorf("keepwarm_stream_resyncs_total{reason=created}: got %v, want 2", got)
 	}
 	if _, err := pool.Exec(ctx, "update item set name = 'after' where id = 1"); err != nil {
@@ -308,7 +308,7 @@ func TestCheckFeeds(t *testing.T) {
 		create table %[1]s.nokey (id int, ref int)`, schema)); err != nil {
 		t.Fatal(err)
 	}
-	feeds := []postgres.FeedColumn{
+	feeds := []stream.FeedColumn{
 		{Keyspace: "k1", Table: schema + ".a", Column: "id"},      // ok: the primary key
 		{Keyspace: "k2", Table: schema + ".a", Column: "ref"},     // warning: not in the identity
 		{Keyspace: "k3", Table: schema + ".b", Column: "ref"},     // ok: FULL
@@ -317,7 +317,7 @@ func TestCheckFeeds(t *testing.T) {
 		{Keyspace: "k6", Table: schema + ".v", Column: "id"},      // error: a view
 		{Keyspace: "k7", Table: schema + ".nokey", Column: "id"},  // error: no replica identity
 	}
-	warnings, err := postgres.CheckFeeds(ctx, pool, feeds)
+	warnings, err := stream.CheckFeeds(ctx, pool, feeds)
 	if err == nil {
 		t.Fatal("CheckFeeds: got no error, want four")
 	}
@@ -357,7 +357,7 @@ func TestStreamPartitionedTable(t *testing.T) {
 	}
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "drop publication if exists "+slot) })
 	start := func() (*recorder, func() error) {
-		s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+		s, err := stream.New(stream.Config{DSN: dsn, Slot: slot, Publication: slot,
 			Tables: []string{"part"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
 			Resync: func(context.Context, string) error { return nil }})
 		if err != nil {
@@ -376,7 +376,7 @@ func TestStreamPartitionedTable(t *testing.T) {
 		}
 		// The previous round's change may come again first (delivery is at least once: its acknowledgement may not
 		// have reached the slot before the stop).
-		var ch postgres.Change
+		var ch stream.Change
 		testenv.Eventually(t, 10*time.Second, name+": the update arrives", func() bool {
 			for _, c := range rec.changes() {
 				if c.New["name"] == name {
@@ -413,7 +413,7 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 				}
 			}
 			resyncs := &resyncLog{}
-			s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+			s, err := stream.New(stream.Config{DSN: dsn, Slot: slot, Publication: slot,
 				Tables: []string{"item"}, CreatePublication: create, Gather: -1, StatusInterval: time.Second,
 				PublicationCheck: 100 * time.Millisecond, Resync: resyncs.resync})
 			if err != nil {
@@ -439,7 +439,7 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 				return
 			}
 			testenv.Eventually(t, 10*time.Second, "resynced after the table was added back", func() bool {
-				return slices.Contains(resyncs.all(), postgres.ResyncPublication)
+				return slices.Contains(resyncs.all(), stream.ResyncPublication)
 			})
 			testenv.Eventually(t, 10*time.Second, "streaming again", func() bool { return s.Status().State == "streaming" })
 			if _, err := pool.Exec(ctx, "update item set name = 'after the rebuild' where id = 2"); err != nil {
@@ -457,7 +457,7 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 	}
 }
 
-// TestStreamBoundsATransaction (issue 21): rows keep only the mapped columns (StreamConfig.Columns), and a
+// TestStreamBoundsATransaction (issue 21): rows keep only the mapped columns (Config.Columns), and a
 // transaction above MaxTxnChanges is delivered empty, marked Overflowed, after a resync of every hot key, instead
 // of being held in memory whole (a 300,000-row UPDATE took the daemon to 374-561 MiB). The rows it changed are
 // still counted as received.
@@ -470,7 +470,7 @@ func TestStreamBoundsATransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	resyncs := &resyncLog{}
-	s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+	s, err := stream.New(stream.Config{DSN: dsn, Slot: slot, Publication: slot,
 		Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
 		Columns: map[string][]string{"item": {"grp"}}, MaxTxnChanges: 1000, Resync: resyncs.resync})
 	if err != nil {
@@ -505,7 +505,7 @@ func TestStreamBoundsATransaction(t *testing.T) {
 	if txns[2].Overflowed || len(txns[2].Changes) != 1 {
 		t.Errorf("the update after it: overflowed %v, %d changes; want 1 change", txns[2].Overflowed, len(txns[2].Changes))
 	}
-	if got := resyncs.all(); !slices.Contains(got, postgres.ResyncLargeTransaction) {
+	if got := resyncs.all(); !slices.Contains(got, stream.ResyncLargeTransaction) {
 		t.Errorf("resyncs %v; want one for the large transaction", got)
 	}
 	if got := s.Status().Received; got != 3002 {
@@ -513,7 +513,7 @@ func TestStreamBoundsATransaction(t *testing.T) {
 	}
 }
 
-// owedMap is an OwedStore in memory, standing in for the daemon's Redis set (warmer.OwedResyncs, tested on Redis
+// owedMap is an OwedStore in memory, standing in for the daemon's Redis set (stream.OwedResyncs, tested on Redis
 // in the warmer package): what a killed process leaves there is what the next one reads.
 type owedMap struct {
 	mu      sync.Mutex
@@ -546,8 +546,8 @@ func TestStreamOwedResyncSurvivesACrash(t *testing.T) {
 	resyncs := &resyncLog{}
 	fail := atomic.Bool{}
 	fail.Store(true)
-	newS := func() *postgres.Stream {
-		s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: slot, Publication: slot,
+	newS := func() *stream.Stream {
+		s, err := stream.New(stream.Config{DSN: dsn, Slot: slot, Publication: slot,
 			Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second, Owed: owed,
 			Resync: func(ctx context.Context, reason string) error {
 				if fail.Load() {
@@ -563,7 +563,7 @@ func TestStreamOwedResyncSurvivesACrash(t *testing.T) {
 	stop := run(t, newS(), (&recorder{}).apply)
 	testenv.Eventually(t, 10*time.Second, "the slot created and its resync recorded as owed", func() bool {
 		r, _ := owed.Load(context.Background())
-		return slices.Equal(r, []string{postgres.ResyncCreated})
+		return slices.Equal(r, []string{stream.ResyncCreated})
 	})
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -572,15 +572,15 @@ func TestStreamOwedResyncSurvivesACrash(t *testing.T) {
 	s2 := newS()
 	run(t, s2, (&recorder{}).apply)
 	testenv.Eventually(t, 10*time.Second, "the second stream streaming", func() bool { return s2.Status().State == "streaming" })
-	if got := resyncs.all(); !slices.Equal(got, []string{postgres.ResyncCreated}) {
-		t.Errorf("resyncs of the second stream: %v, want the one owed (%s) although its slot existed", got, postgres.ResyncCreated)
+	if got := resyncs.all(); !slices.Equal(got, []string{stream.ResyncCreated}) {
+		t.Errorf("resyncs of the second stream: %v, want the one owed (%s) although its slot existed", got, stream.ResyncCreated)
 	}
 	if r, _ := owed.Load(context.Background()); len(r) != 0 {
 		t.Errorf("owed after the resync: %v, want none", r)
 	}
 }
 
-// resyncLog is a StreamConfig.Resync that records each reason it is called with.
+// resyncLog is a Config.Resync that records each reason it is called with.
 type resyncLog struct {
 	mu      sync.Mutex
 	reasons []string

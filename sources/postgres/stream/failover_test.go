@@ -1,4 +1,4 @@
-package postgres_test
+package stream_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/pgserver"
 	"github.com/keepwarm/keepwarm/internal/testenv"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // memoryOwed is an OwedStore and SlotHistory in memory, shared by the streams of one test as the daemons of a
@@ -90,8 +90,8 @@ func TestStreamFailoverSlotSurvivesPromotion(t *testing.T) {
 	}
 	owed := &memoryOwed{}
 	resyncs := &resyncLog{}
-	start := func(dsn string) (*postgres.Stream, *recorder, func() error) {
-		s, err := postgres.NewStream(postgres.StreamConfig{DSN: dsn, Slot: "kwfail", Publication: "kwfail",
+	start := func(dsn string) (*stream.Stream, *recorder, func() error) {
+		s, err := stream.New(stream.Config{DSN: dsn, Slot: "kwfail", Publication: "kwfail",
 			Tables: []string{"item"}, CreatePublication: true, Gather: -1, StatusInterval: time.Second,
 			Resync: resyncs.resync, Owed: owed})
 		if err != nil {

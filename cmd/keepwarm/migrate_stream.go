@@ -11,7 +11,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // migrateChanges is the change stream's part of `keepwarm migrate up`: it checks the fed_by tables and columns
@@ -22,11 +22,11 @@ func migrateChanges(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 	if !cfg.Streamed() {
 		return nil
 	}
-	warnings, err := postgres.CheckFeeds(ctx, pool, assemble.FeedColumns(cfg))
+	warnings, err := stream.CheckFeeds(ctx, pool, assemble.FeedColumns(cfg))
 	if err != nil {
 		return fmt.Errorf("changes: %w", err)
 	}
-	if err := postgres.EnsurePublication(ctx, cfg.StreamDSN(), cfg.Changes.Publication, cfg.FeedingTables()); err != nil {
+	if err := stream.EnsurePublication(ctx, cfg.StreamDSN(), cfg.Changes.Publication, cfg.FeedingTables()); err != nil {
 		return fmt.Errorf("changes: %w", err)
 	}
 	fmt.Fprintf(stdout, "changes: publication %s covers %v\n", cfg.Changes.Publication, cfg.FeedingTables())
@@ -45,7 +45,7 @@ func migrateChanges(ctx context.Context, cfg *config.Config, pool *pgxpool.Pool,
 			continue
 		}
 		done = append(done, w.Table)
-		schema, name, _ := postgres.SplitTable(w.Table)
+		schema, name, _ := stream.SplitTable(w.Table)
 		q := "alter table " + pgx.Identifier{schema, name}.Sanitize() + " replica identity full"
 		if _, err := pool.Exec(ctx, q); err != nil {
 			return fmt.Errorf("changes: %s: %w", q, err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	pgsource "github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -19,8 +20,8 @@ type Changes struct {
 	// a read replica (then every refresh first waits for the replica to replay the commit). Keep a password in
 	// KEEPWARM_CHANGES_DSN.
 	DSN               string
-	Slot              string // the permanent replication slot keepwarm owns; default postgres.DefaultSlot
-	Publication       string // default postgres.DefaultPublication
+	Slot              string // the permanent replication slot keepwarm owns; default stream.DefaultSlot
+	Publication       string // default stream.DefaultPublication
 	CreatePublication bool   // create the publication, or add missing tables, at start; default true
 	// VisibilityTimeout bounds the wait for a batch's commits to become visible before they are refreshed
 	// (warmer.ChangesConfig.VisibilityTimeout); default warmer.DefaultVisibilityTimeout, in (0, 1m]. The key's old
@@ -29,16 +30,16 @@ type Changes struct {
 	// Freshness is the freshness SLO's bound (warmer.ChangesConfig.Freshness); default warmer.DefaultFreshness,
 	// in [100ms, 1m].
 	Freshness time.Duration
-	LeaseTTL  time.Duration // the fleet's stream lease; default warmer.DefaultLeaseTTL
+	LeaseTTL  time.Duration // the fleet's stream lease; default stream.DefaultLeaseTTL
 	// Gather is how long the first transaction of a batch waits for more before the batch is applied, so that
-	// bursts of updates of one row coalesce into one rebuild; default postgres.DefaultGather.
+	// bursts of updates of one row coalesce into one rebuild; default stream.DefaultGather.
 	Gather time.Duration
 	// StatusInterval is how often the stream sends PostgreSQL a standby status update when nothing else is due;
-	// default postgres.DefaultStatusInterval, in [100ms, 30s]: well below wal_sender_timeout (60 s by default),
+	// default stream.DefaultStatusInterval, in [100ms, 30s]: well below wal_sender_timeout (60 s by default),
 	// which ends a replication connection that has been silent that long.
 	StatusInterval time.Duration
 	// MaxTxnChanges caps the row changes kept of one transaction; a larger one refreshes every hot key instead
-	// (postgres.StreamConfig.MaxTxnChanges); default postgres.DefaultMaxTxnChanges, in [1000, 10000000].
+	// (stream.Config.MaxTxnChanges); default stream.DefaultMaxTxnChanges, in [1000, 10000000].
 	MaxTxnChanges int
 }
 
@@ -100,7 +101,7 @@ func (c *Config) FeedingTables() []string {
 }
 
 // FeedColumns returns, for each fed_by table ("schema.table"), the id columns the keyspaces map its changes
-// with: the only columns the stream keeps of its rows (postgres.StreamConfig.Columns).
+// with: the only columns the stream keeps of its rows (stream.Config.Columns).
 func (c *Config) FeedColumns() map[string][]string {
 	out := map[string][]string{}
 	for _, ks := range c.Keyspaces {
@@ -130,10 +131,10 @@ func (c *Config) ChangeKeyspaces() []warmer.ChangeKeyspace {
 }
 
 func decodeChanges(t *table, c *Changes) {
-	c.Slot, c.Publication, c.CreatePublication = pgsource.DefaultSlot, pgsource.DefaultPublication, true
+	c.Slot, c.Publication, c.CreatePublication = stream.DefaultSlot, stream.DefaultPublication, true
 	c.VisibilityTimeout, c.Freshness = warmer.DefaultVisibilityTimeout, warmer.DefaultFreshness
-	c.LeaseTTL, c.Gather = warmer.DefaultLeaseTTL, pgsource.DefaultGather
-	c.StatusInterval, c.MaxTxnChanges = pgsource.DefaultStatusInterval, pgsource.DefaultMaxTxnChanges
+	c.LeaseTTL, c.Gather = stream.DefaultLeaseTTL, stream.DefaultGather
+	c.StatusInterval, c.MaxTxnChanges = stream.DefaultStatusInterval, stream.DefaultMaxTxnChanges
 	t.boolean("enabled", &c.Enabled)
 	t.str("dsn", &c.DSN)
 	t.str("slot", &c.Slot)
@@ -157,10 +158,10 @@ func decodeChanges(t *table, c *Changes) {
 	if t.d.known != nil {
 		return
 	}
-	if !pgsource.ValidIdent(c.Slot) {
+	if !stream.ValidIdent(c.Slot) {
 		t.problem("slot", "%q is not a valid slot name (lower-case letters, digits and _, at most 63)", c.Slot)
 	}
-	if !pgsource.ValidIdent(c.Publication) {
+	if !stream.ValidIdent(c.Publication) {
 		t.problem("publication", "%q is not a valid publication name (lower-case letters, digits and _, at most 63)", c.Publication)
 	}
 	if c.DSN != "" {

@@ -1,4 +1,4 @@
-package warmer
+package stream
 
 import (
 	"context"
@@ -18,11 +18,11 @@ import (
 // DefaultLeaseTTL/5) after the holder died.
 const DefaultLeaseTTL = 5 * time.Second
 
-// StreamLease makes one daemon of a fleet the consumer of a replication slot (a slot has one consumer): the
+// Lease makes one daemon of a fleet the consumer of a replication slot (a slot has one consumer): the
 // holder of a Redis lock, taken and renewed with the lockstep token protocol (SET NX PX, token-checked PEXPIRE
 // and DEL), runs the stream; the others stand by and try to take the lease every TTL/5. The lease only decides who
 // streams: every write still goes through the key's own lock.
-type StreamLease struct {
+type Lease struct {
 	rdb   redis.UniversalClient
 	key   string
 	ttl   time.Duration
@@ -36,16 +36,16 @@ type StreamLease struct {
 	since time.Time
 }
 
-// LeaseStatus is a StreamLease's state.
+// LeaseStatus is a Lease's state.
 type LeaseStatus struct {
 	Key   string    `json:"key"`
 	State string    `json:"state"` // "holder", "standby", "stopped"
 	Since time.Time `json:"since"`
 }
 
-// NewStreamLease returns a lease on key (e.g. "keepwarm:stream:<slot>") with ttl (0: DefaultLeaseTTL). reg
+// NewLease returns a lease on key (e.g. "keepwarm:stream:<slot>") with ttl (0: DefaultLeaseTTL). reg
 // receives keepwarm_stream_lease_held and keepwarm_stream_lease_acquired_total (nil: none).
-func NewStreamLease(rdb redis.UniversalClient, key string, ttl time.Duration, log *slog.Logger, reg prometheus.Registerer) (*StreamLease, error) {
+func NewLease(rdb redis.UniversalClient, key string, ttl time.Duration, log *slog.Logger, reg prometheus.Registerer) (*Lease, error) {
 	if ttl <= 0 {
 		ttl = DefaultLeaseTTL
 	}
@@ -55,7 +55,7 @@ func NewStreamLease(rdb redis.UniversalClient, key string, ttl time.Duration, lo
 	if log == nil {
 		log = slog.Default()
 	}
-	l := &StreamLease{rdb: rdb, key: key, ttl: ttl, token: lockstep.NewToken(), log: log.With("lease", key),
+	l := &Lease{rdb: rdb, key: key, ttl: ttl, token: lockstep.NewToken(), log: log.With("lease", key),
 		state: "stopped", since: time.Now(),
 		held: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keepwarm_stream_lease_held",
@@ -75,13 +75,13 @@ func NewStreamLease(rdb redis.UniversalClient, key string, ttl time.Duration, lo
 }
 
 // Status returns the lease's state.
-func (l *StreamLease) Status() LeaseStatus {
+func (l *Lease) Status() LeaseStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return LeaseStatus{Key: l.key, State: l.state, Since: l.since}
 }
 
-func (l *StreamLease) set(state string) {
+func (l *Lease) set(state string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.state != state {
@@ -101,7 +101,7 @@ func b2f(b bool) float64 {
 // renewal found another token, or Redis did not answer for half the TTL, before the lease can expire); Run then waits for
 // fn and stands by again. When ctx ends it waits for fn and releases the lease. It returns fn's error if fn
 // fails while the lease is held and ctx is live (a configuration PostgreSQL refuses), else nil.
-func (l *StreamLease) Run(ctx context.Context, fn func(ctx context.Context) error) error {
+func (l *Lease) Run(ctx context.Context, fn func(ctx context.Context) error) error {
 	defer l.set("stopped")
 	l.set("standby")
 	retry := l.ttl / 5
@@ -130,7 +130,7 @@ func (l *StreamLease) Run(ctx context.Context, fn func(ctx context.Context) erro
 }
 
 // hold runs fn and renews the lease every ttl/4 until fn returns, the lease is lost, or ctx ends.
-func (l *StreamLease) hold(ctx context.Context, fn func(ctx context.Context) error) error {
+func (l *Lease) hold(ctx context.Context, fn func(ctx context.Context) error) error {
 	l.takes.Inc()
 	l.set("holder")
 	l.log.Info("stream lease acquired: this daemon streams changes")

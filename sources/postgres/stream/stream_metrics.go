@@ -1,4 +1,4 @@
-package postgres
+package stream
 
 import (
 	"time"
@@ -6,9 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// streamMetrics are the change stream's Prometheus metrics (keepwarm_stream_*). Labels are bounded: the resync
+// metrics are the change stream's Prometheus metrics (keepwarm_stream_*). Labels are bounded: the resync
 // reason only.
-type streamMetrics struct {
+type metrics struct {
 	received    prometheus.Counter
 	txns        prometheus.Counter
 	resyncs     *prometheus.CounterVec // reason
@@ -21,8 +21,8 @@ type streamMetrics struct {
 	oldUnknown  prometheus.Counter
 }
 
-func newStreamMetrics() *streamMetrics {
-	m := &streamMetrics{
+func newMetrics() *metrics {
+	m := &metrics{
 		received: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keepwarm_stream_changes_received_total",
 			Help: "Row changes of feeding tables received from the replication slot (committed transactions only).",
@@ -74,7 +74,7 @@ func newStreamMetrics() *streamMetrics {
 }
 
 // register registers m and the lag gauges, read from s, on reg (nil: nothing).
-func (m *streamMetrics) register(reg prometheus.Registerer, s *Stream) {
+func (m *metrics) register(reg prometheus.Registerer, s *Stream) {
 	if reg == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package postgres
+package stream
 
 import (
 	"context"
@@ -15,13 +15,16 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/internal/pgdsn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keepwarm/keepwarm/internal/backoff"
 )
 
-// Defaults of a StreamConfig.
+// Defaults of a Config.
 const (
 	// ReleaseAfter is how long apply may fail in a row before the stream drops its replication connection and
 	// reconnects with back-off. PostgreSQL's shutdown (even -m fast) waits until every logical walsender's client
@@ -38,7 +41,7 @@ const (
 	DefaultPublication = "keepwarm"
 )
 
-// DefaultMaxTxnChanges is StreamConfig.MaxTxnChanges's default.
+// DefaultMaxTxnChanges is Config.MaxTxnChanges's default.
 const DefaultMaxTxnChanges = 100_000
 
 // reconnectMax caps the stream's reconnect back-off. Every change committed while the stream is down is
@@ -47,7 +50,7 @@ const DefaultMaxTxnChanges = 100_000
 const reconnectMax = 5 * time.Second
 
 // DefaultPublicationCheck is how often a streaming Stream re-reads its publication's tables and the feeding
-// tables' OIDs (StreamConfig.PublicationCheck).
+// tables' OIDs (Config.PublicationCheck).
 const DefaultPublicationCheck = 30 * time.Second
 
 var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -56,8 +59,8 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 // 63 bytes, not starting with a digit (a replication slot's own rules, applied to both).
 func ValidIdent(s string) bool { return identRE.MatchString(s) }
 
-// StreamConfig configures a Stream. Zero fields take the defaults noted on them.
-type StreamConfig struct {
+// Config configures a Stream. Zero fields take the defaults noted on them.
+type Config struct {
 	// DSN of the primary (the stream needs one; a replica cannot serve a logical slot before PostgreSQL 16).
 	// "replication=database" is added.
 	DSN string
@@ -103,7 +106,7 @@ type StreamConfig struct {
 	// PublicationCheck is how often, while streaming, the publication's tables and the feeding tables' OIDs are
 	// read again on a second, ordinary connection; default DefaultPublicationCheck, negative: only at each
 	// session's start. A feeding table missing from the publication is added back (with CreatePublication;
-	// else it is reported in StreamStatus.Unpublished) and a table whose OID changed is resynced: both
+	// else it is reported in Status.Unpublished) and a table whose OID changed is resynced: both
 	// reconnect the stream, so that the next session adds it and resyncs before streaming on.
 	PublicationCheck time.Duration
 	// Logger defaults to slog.Default(); Registerer receives the stream's metrics (nil: none).
@@ -111,8 +114,8 @@ type StreamConfig struct {
 	Registerer prometheus.Registerer
 }
 
-// StreamStatus is a Stream's state, for `keepwarm status` and the status page.
-type StreamStatus struct {
+// Status is a Stream's state, for `keepwarm status` and the status page.
+type Status struct {
 	State       string    `json:"state"` // "connecting", "streaming", "resync", "stopped"
 	Slot        string    `json:"slot"`
 	Publication string    `json:"publication"`
@@ -147,14 +150,14 @@ type StreamStatus struct {
 // Unlike LISTEN/NOTIFY, no change is lost while keepwarm is disconnected (PostgreSQL keeps the WAL for the slot)
 // and there is no payload limit.
 type Stream struct {
-	cfg StreamConfig
+	cfg Config
 	log *slog.Logger
-	m   *streamMetrics
+	m   *metrics
 
 	// mu guards the fields below it. The receive loop (stream), the applier (applyLoop, which owns the
 	// transactions not yet applied and publishes their count here), the publication watch and Status share them.
 	mu       sync.Mutex
-	st       StreamStatus
+	st       Status
 	acked    pglogrepl.LSN // may be confirmed to the slot: every transaction up to it was applied
 	server   pglogrepl.LSN
 	pending  int       // transactions received and not yet applied (the applier's queue)
@@ -164,7 +167,7 @@ type Stream struct {
 	ackedAt  time.Time // when acked last moved
 	resync   []string
 	oids     map[string]uint32 // feeding table → its OID at the session's start (0: not found)
-	// tables and columns are the feeds in force (StreamConfig.Tables and Columns, qualified; Reconfigure
+	// tables and columns are the feeds in force (Config.Tables and Columns, qualified; Reconfigure
 	// replaces them): every feeding table has an entry in columns.
 	tables  []string
 	columns map[string][]string
@@ -186,7 +189,7 @@ type Stream struct {
 var errReconfigured = errors.New("feeding tables or columns changed")
 
 // NewStream checks cfg and returns a Stream. It does not connect.
-func NewStream(cfg StreamConfig) (*Stream, error) {
+func New(cfg Config) (*Stream, error) {
 	if cfg.Slot == "" {
 		cfg.Slot = DefaultSlot
 	}
@@ -223,17 +226,17 @@ func NewStream(cfg StreamConfig) (*Stream, error) {
 			errs = append(errs, err)
 		}
 	}
-	if err := ParseDSN(cfg.DSN); err != nil {
+	if err := postgres.ParseDSN(cfg.DSN); err != nil {
 		errs = append(errs, fmt.Errorf("dsn: %w", err))
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("postgres: stream: %w", errors.Join(errs...))
 	}
-	m := newStreamMetrics()
+	m := newMetrics()
 	s := &Stream{cfg: cfg, log: cfg.Logger.With("slot", cfg.Slot), m: m, relationProblems: map[string][]Problem{},
 		reconfig: make(chan struct{}, 1), checkNow: make(chan struct{}, 1)}
 	s.tables, s.columns = qualifyFeeds(cfg.Tables, cfg.Columns)
-	s.st = StreamStatus{State: "stopped", Slot: cfg.Slot, Publication: cfg.Publication, Since: time.Now()}
+	s.st = Status{State: "stopped", Slot: cfg.Slot, Publication: cfg.Publication, Since: time.Now()}
 	m.register(cfg.Registerer, s)
 	return s, nil
 }
@@ -307,7 +310,7 @@ func sortedCopy(in []string) []string {
 }
 
 // Status returns the stream's current state.
-func (s *Stream) Status() StreamStatus {
+func (s *Stream) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.st
@@ -433,13 +436,6 @@ func (s *Stream) setState(state string, err error) {
 	s.m.streaming.Set(b2f(state == "streaming"))
 }
 
-func b2f(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // Run streams until ctx ends, reconnecting with back-off (1 s doubling to reconnectMax) after any failure. It calls
 // apply with batches of whole transactions in commit order, never concurrently; a batch whose apply fails is
 // offered again (with any transactions received since) after a back-off, so apply must be idempotent. Run
@@ -540,7 +536,7 @@ func connConfig(dsn string, connectTimeout time.Duration) (*pgconn.Config, error
 func (s *Stream) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	pc, err := connConfig(replicationDSN(s.cfg.DSN), s.cfg.ConnectTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("parse dsn: %w", scrubParseError(err))
+		return nil, fmt.Errorf("parse dsn: %w", pgdsn.Scrub(err))
 	}
 	if s.cfg.ConnectTimeout > 0 {
 		pc.ConnectTimeout = s.cfg.ConnectTimeout
@@ -642,10 +638,10 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 // CreatePublication is off (Run stops, or streams without those tables and reports them); and a slot of that
 // name with another plugin than pgoutput. `keepwarm validate --check-db` runs it. The error joins one error
 // per problem, each naming the setting to change; a connection failure is returned alone.
-func CheckStream(ctx context.Context, cfg StreamConfig) error {
+func Check(ctx context.Context, cfg Config) error {
 	pc, err := connConfig(cfg.DSN, cfg.ConnectTimeout)
 	if err != nil {
-		return fmt.Errorf("postgres: change stream: parse dsn: %w", scrubParseError(err))
+		return fmt.Errorf("postgres: change stream: parse dsn: %w", pgdsn.Scrub(err))
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {

@@ -1,4 +1,4 @@
-package warmer
+package stream
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package postgres
+package stream
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // returned nil for it: not while apply runs, not when it fails.
 func TestApplyLoopAcksOnlyApplied(t *testing.T) {
 	t.Parallel()
-	s, err := NewStream(StreamConfig{DSN: "postgres://x@127.0.0.1:1/x", Gather: -1})
+	s, err := New(Config{DSN: "postgres://x@127.0.0.1:1/x", Gather: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package postgres
+package stream
 
 import (
 	"context"
@@ -10,11 +10,13 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/keepwarm/keepwarm/sources/postgres/internal/pgdsn"
 )
 
 // The publication: which tables, actions and columns the stream receives. It is read at each session's start and
-// every StreamConfig.PublicationCheck while streaming (readPublication), repaired where keepwarm owns it
-// (StreamConfig.CreatePublication: missing tables added back one by one, missing actions and generated columns
+// every Config.PublicationCheck while streaming (readPublication), repaired where keepwarm owns it
+// (Config.CreatePublication: missing tables added back one by one, missing actions and generated columns
 // published), and every gap that remains is a Problem, which Status reports.
 
 // SplitTable splits "schema.table" (or "table", schema public) into its parts, which must be plain lower-case
@@ -518,7 +520,7 @@ func tableOIDs(ctx context.Context, conn *pgconn.PgConn, tables []string) (map[s
 	return out, nil
 }
 
-// checkPublication is one check of the publication watch (StreamConfig.PublicationCheck), on its own ordinary
+// checkPublication is one check of the publication watch (Config.PublicationCheck), on its own ordinary
 // connection: it reads the publication again (ensurePublication: repairs with CreatePublication, problems
 // recorded either way) and the feeding tables' OIDs. It returns nil while nothing changed that the stream must
 // act on; an error that ends the session, after queueing a resync, when the publication was repaired (a table
@@ -620,7 +622,7 @@ func EnsurePublication(ctx context.Context, dsn, publication string, tables []st
 	}
 	pc, err := connConfig(dsn, 0)
 	if err != nil {
-		return fmt.Errorf("postgres: parse dsn: %w", scrubParseError(err))
+		return fmt.Errorf("postgres: parse dsn: %w", pgdsn.Scrub(err))
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/keepwarm/keepwarm/internal/assemble"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/statuspage"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -35,16 +35,16 @@ func printHealth(w io.Writer, h healthStatus) {
 
 // streamStatus is what /debug/stream returns and `keepwarm status` prints.
 type streamStatus struct {
-	Enabled bool                   `json:"enabled"`
-	Lease   *warmer.LeaseStatus    `json:"lease,omitempty"`
-	Stream  *postgres.StreamStatus `json:"stream,omitempty"`
+	Enabled bool                `json:"enabled"`
+	Lease   *stream.LeaseStatus `json:"lease,omitempty"`
+	Stream  *stream.Status      `json:"stream,omitempty"`
 }
 
 // changeStream is the daemon's change-driven refresh: the stream lease, the replication stream, and the warmer's
 // Changes that apply its transactions.
 type changeStream struct {
-	lease   *warmer.StreamLease
-	stream  *postgres.Stream
+	lease   *stream.Lease
+	stream  *stream.Stream
 	changes *warmer.Changes
 }
 
@@ -58,7 +58,7 @@ func (d *daemon) checkFeedsOf(ctx context.Context, cfg *config.Config) error {
 		return nil
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	warnings, err := postgres.CheckFeeds(cctx, d.pool, assemble.FeedColumns(cfg))
+	warnings, err := stream.CheckFeeds(cctx, d.pool, assemble.FeedColumns(cfg))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("changes: %w", err)
@@ -82,24 +82,24 @@ func newChangeStream(cfg *config.Config, w *warmer.Warmer, rdb redis.UniversalCl
 	}
 	sc := assemble.StreamConfig(cfg)
 	sc.Resync = changes.Resync
-	sc.Owed = warmer.NewOwedResyncs(rdb, assemble.LeaseKey(cfg.Changes.Slot)+":resync")
+	sc.Owed = stream.NewOwedResyncs(rdb, assemble.LeaseKey(cfg.Changes.Slot)+":resync")
 	sc.Logger, sc.Registerer = log.With("component", "stream"), reg
-	stream, err := postgres.NewStream(sc)
+	st, err := stream.New(sc)
 	if err != nil {
 		return nil, err
 	}
-	lease, err := warmer.NewStreamLease(rdb, assemble.LeaseKey(cfg.Changes.Slot), cfg.Changes.LeaseTTL,
+	lease, err := stream.NewLease(rdb, assemble.LeaseKey(cfg.Changes.Slot), cfg.Changes.LeaseTTL,
 		log.With("component", "stream"), reg)
 	if err != nil {
 		return nil, err
 	}
-	return &changeStream{lease: lease, stream: stream, changes: changes}, nil
+	return &changeStream{lease: lease, stream: st, changes: changes}, nil
 }
 
 // run streams while this daemon holds the lease, until ctx ends.
 func (c *changeStream) run(ctx context.Context) error {
 	return c.lease.Run(ctx, func(ctx context.Context) error {
-		return c.stream.Run(ctx, func(ctx context.Context, txns []postgres.Txn) error {
+		return c.stream.Run(ctx, func(ctx context.Context, txns []stream.Txn) error {
 			return c.changes.Apply(ctx, assemble.Txns(txns))
 		})
 	})

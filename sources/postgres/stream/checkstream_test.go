@@ -1,4 +1,4 @@
-package postgres_test
+package stream_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
-	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/sources/postgres/stream"
 )
 
 // TestCheckStreamIgnoresPgxSettings: a [postgres] dsn carrying pgx's own settings (default_query_exec_mode=exec,
@@ -26,13 +26,13 @@ func TestCheckStreamIgnoresPgxSettings(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	name := "kwcheckstream_none"
-	cfg := postgres.StreamConfig{DSN: dsn, Slot: name, Publication: name, Tables: []string{"public.items"},
+	cfg := stream.Config{DSN: dsn, Slot: name, Publication: name, Tables: []string{"public.items"},
 		CreatePublication: true, ConnectTimeout: 5 * time.Second}
-	if err := postgres.CheckStream(ctx, cfg); err != nil {
+	if err := stream.Check(ctx, cfg); err != nil {
 		t.Fatalf("CheckStream with pgx settings in the dsn: %v", err)
 	}
 	cfg.CreatePublication = false
-	err := postgres.CheckStream(ctx, cfg)
+	err := stream.Check(ctx, cfg)
 	if want := `publication "` + name + `" does not exist and [changes] create_publication is false`; err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("CheckStream without the publication: got %v, want %q", err, want)
 	}
