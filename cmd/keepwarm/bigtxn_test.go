@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,7 +23,7 @@ func buildDaemon(t *testing.T) string {
 	t.Helper()
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("go is not on PATH: %v", err)
 	}
 	bin := filepath.Join(t.TempDir(), "keepwarm")
 	out, err := exec.Command(gobin, "build", "-o", bin, ".").CombinedOutput()

@@ -26,7 +26,6 @@ type syncBuffer = testenv.LogBuffer
 // pinned ids, to dir/keepwarm.toml.
 type daemonFixture struct {
 	dir, path, prefix, table string
-	port                     int
 	dsn                      string // the PostgreSQL the config names; "" is the shared one (testenv.PostgresURL)
 }
 
