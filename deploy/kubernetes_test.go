@@ -11,15 +11,19 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/server"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // kustomization is the part of kustomize's Kustomization that deploy/kubernetes uses; decoding is strict, so a
@@ -35,7 +39,7 @@ type kustomization struct {
 
 // k8sManifests decodes every file of deploy/kubernetes strictly (unknown or duplicate fields are errors) into the
 // Kubernetes API type of its kind, and checks that kustomization.yaml lists exactly the other files.
-func k8sManifests(t *testing.T) (dep *appsv1.Deployment, cm *corev1.ConfigMap, sec *corev1.Secret, svc *corev1.Service, pm *monitoringv1.PodMonitor) {
+func k8sManifests(t *testing.T) (dep *appsv1.Deployment, cm *corev1.ConfigMap, sec *corev1.Secret, svc *corev1.Service, pm *monitoringv1.PodMonitor, pdb *policyv1.PodDisruptionBudget) {
 	t.Helper()
 	dir := filepath.Join(root, "deploy", "kubernetes")
 	var k kustomization
@@ -84,6 +88,9 @@ func k8sManifests(t *testing.T) (dep *appsv1.Deployment, cm *corev1.ConfigMap, s
 		case "monitoring.coreos.com/v1 PodMonitor":
 			pm = &monitoringv1.PodMonitor{}
 			obj = pm
+		case "policy/v1 PodDisruptionBudget":
+			pdb = &policyv1.PodDisruptionBudget{}
+			obj = pdb
 		default:
 			t.Fatalf("%s: unexpected kind %q", name, gvk)
 		}
@@ -91,10 +98,10 @@ func k8sManifests(t *testing.T) (dep *appsv1.Deployment, cm *corev1.ConfigMap, s
 			t.Fatalf("%s: strict decode into %T: %v", name, obj, err)
 		}
 	}
-	if dep == nil || cm == nil || sec == nil || svc == nil || pm == nil {
-		t.Fatalf("deploy/kubernetes needs a Deployment, ConfigMap, Secret, Service and PodMonitor")
+	if dep == nil || cm == nil || sec == nil || svc == nil || pm == nil || pdb == nil {
+		t.Fatalf("deploy/kubernetes needs a Deployment, ConfigMap, Secret, Service, PodMonitor and PodDisruptionBudget")
 	}
-	return dep, cm, sec, svc, pm
+	return dep, cm, sec, svc, pm, pdb
 }
 
 func TestKubernetesStrictDecodeCatchesTypos(t *testing.T) {
@@ -106,11 +113,58 @@ func TestKubernetesStrictDecodeCatchesTypos(t *testing.T) {
 }
 
 func TestKubernetesManifests(t *testing.T) {
-	dep, cm, sec, svc, pm := k8sManifests(t)
+	dep, cm, sec, svc, pm, pdb := k8sManifests(t)
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
 		t.Errorf("replicas = %v, want 2", dep.Spec.Replicas)
 	}
 	pod := dep.Spec.Template.Spec
+
+	t.Run("a fleet: no disruption or rollout takes the last warm member down", func(t *testing.T) {
+		podLabels := dep.Spec.Template.Labels
+		matches := func(sel *metav1.LabelSelector) bool {
+			if sel == nil || len(sel.MatchLabels) == 0 || len(sel.MatchExpressions) > 0 {
+				return false
+			}
+			for k, v := range sel.MatchLabels {
+				if podLabels[k] != v {
+					return false
+				}
+			}
+			return true
+		}
+		// The budget keeps one replica up through drains: minAvailable 1 of 2 (or maxUnavailable 1), selecting
+		// exactly the Deployment's pods.
+		switch {
+		case !matches(pdb.Spec.Selector):
+			t.Errorf("PodDisruptionBudget selector %+v does not select the pods %v", pdb.Spec.Selector, podLabels)
+		case pdb.Spec.MinAvailable != nil && (pdb.Spec.MinAvailable.IntValue() < 1 || pdb.Spec.MinAvailable.IntValue() >= int(*dep.Spec.Replicas)):
+			t.Errorf("PodDisruptionBudget minAvailable %v: want at least 1 and fewer than the %d replicas (else no drain can proceed)",
+				pdb.Spec.MinAvailable, *dep.Spec.Replicas)
+		case pdb.Spec.MinAvailable == nil && (pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1):
+			t.Errorf("PodDisruptionBudget: want minAvailable 1 or maxUnavailable 1, got %+v", pdb.Spec)
+		}
+		// A rollout starts the new pod and waits for it to be ready before it stops an old one.
+		ru := dep.Spec.Strategy.RollingUpdate
+		if dep.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType || ru == nil || ru.MaxUnavailable == nil ||
+			ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
+			t.Errorf("strategy %+v: want a RollingUpdate with maxUnavailable 0 and maxSurge >= 1", dep.Spec.Strategy)
+		}
+		// The replicas land on different nodes: a hard spread over hostnames, selecting the pods.
+		spread := false
+		for _, c := range pod.TopologySpreadConstraints {
+			if c.TopologyKey == "kubernetes.io/hostname" && c.MaxSkew == 1 && c.WhenUnsatisfiable == corev1.DoNotSchedule && matches(c.LabelSelector) {
+				spread = true
+			}
+		}
+		if !spread {
+			t.Errorf("topologySpreadConstraints %+v: want maxSkew 1 over kubernetes.io/hostname, DoNotSchedule, selecting the pods", pod.TopologySpreadConstraints)
+		}
+		// The kubelet's SIGKILL comes after the warmer's own grace for in-flight refreshes, with room to release
+		// the locks and the stream lease.
+		if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second < warmer.DefaultGrace+5*time.Second {
+			t.Errorf("terminationGracePeriodSeconds %v: want at least the warmer's grace %v + 5 s", g, warmer.DefaultGrace)
+		}
+	})
 	if len(pod.Containers) != 1 {
 		t.Fatalf("containers: %d, want 1", len(pod.Containers))
 	}
