@@ -4,7 +4,7 @@
 # with SIGKILL at 50 s.
 set -u
 NAME=$1; N=$2; KILL=${3:-}
-cd "${FLEET_DIR:-/tmp/fleet}"  # holds keepwarm, kwb, fleet.toml, scrape.py and report.py (docs/benchmarks.md §5)
+cd "${FLEET_DIR:-/tmp/fleet}"  # holds keepwarm, kwb, fleet.toml, scrape.py and report.py (docs/benchmarks.md §8)
 OUT=$PWD/out/$NAME; rm -rf $OUT; mkdir -p $OUT
 redis-cli -p 28000 flushall >/dev/null
 redis-cli -p 28000 config resetstat >/dev/null
