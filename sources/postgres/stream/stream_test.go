@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -49,10 +50,11 @@ func streamDB(t *testing.T, slot string) (string, *pgxpool.Pool) {
 
 // recorder is an apply function that records what it is given and can be made to fail.
 type recorder struct {
-	mu    sync.Mutex
-	txns  []stream.Txn
-	fail  error
-	calls int
+	mu     sync.Mutex
+	txns   []stream.Txn
+	fail   error
+	calls  int
+	failed []stream.Txn // the transactions offered while failing, in the order offered
 }
 
 func (r *recorder) apply(_ context.Context, txns []stream.Txn) error {
@@ -60,6 +62,7 @@ func (r *recorder) apply(_ context.Context, txns []stream.Txn) error {
 	defer r.mu.Unlock()
 	r.calls++
 	if r.fail != nil {
+		r.failed = append(r.failed, txns...)
 		return r.fail
 	}
 	r.txns = append(r.txns, txns...)
@@ -183,35 +186,32 @@ func TestStreamDeliversAndResumes(t *testing.T) {
 	})
 
 	// Apply fails: the failing commit is not acknowledged, and the change is offered again. The slot may still
-	// move (a keepalive for WAL written before the transaction), but never past the failing commit: its confirmed
-	// LSN stays at or below the WAL insert position read inside the transaction, before its commit record.
+	// move (a keepalive for WAL written before the transaction), but never to the end of the failing commit's
+	// record. The bound is the End the stream itself received for that transaction: a WAL position read by the
+	// test would not do, as other tests' transactions write WAL between it and this commit.
 	rec.setFail(errors.New("origin down"))
-	ftx, err := pool.Begin(ctx)
-	if err != nil {
+	if _, err := pool.Exec(ctx, "update item set name = 'retried' where id = 2"); err != nil {
 		t.Fatal(err)
 	}
-	var beforeCommit string
-	if _, err := ftx.Exec(ctx, "update item set name = 'retried' where id = 2"); err != nil {
-		t.Fatal(err)
-	}
-	if err := ftx.QueryRow(ctx, "select pg_current_wal_insert_lsn()::text").Scan(&beforeCommit); err != nil {
-		t.Fatal(err)
-	}
-	if err := ftx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	testenv.Eventually(t, 10*time.Second, "apply called and failing", func() bool {
+	var failing stream.Txn
+	testenv.Eventually(t, 10*time.Second, "the failing transaction offered 3 times", func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
-		return rec.calls >= 7
+		n := 0
+		for _, tx := range rec.failed {
+			if len(tx.Changes) == 1 && tx.Changes[0].New["name"] == "retried" {
+				failing, n = tx, n+1
+			}
+		}
+		return n >= 3
 	})
 	got := confirmedLSN(t, pool, slot)
 	var passed bool
-	if err := pool.QueryRow(ctx, "select $1::pg_lsn > $2::pg_lsn", got, beforeCommit).Scan(&passed); err != nil {
+	if err := pool.QueryRow(ctx, "select $1::pg_lsn >= $2::pg_lsn", got, pglogrepl.LSN(failing.End).String()).Scan(&passed); err != nil {
 		t.Fatal(err)
 	}
 	if passed {
-		t.Errorf("confirmed LSN %s passed the failing commit (its record starts after %s) while apply failed", got, beforeCommit)
+		t.Errorf("confirmed LSN %s reached the end of the failing commit (%s) while apply failed", got, pglogrepl.LSN(failing.End))
 	}
 	// Stop while failing: the change must come back after a restart.
 	if err := stop(); err != nil {
