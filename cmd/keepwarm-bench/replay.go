@@ -646,8 +646,7 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 	<-sampleDone
 	elapsed := time.Since(start)
 	endNs := int64(time.Since(rl.start))
-	var st []warmer.KeyspaceStatus
-	st = wm.Status(1)
+	st := wm.Status(1)
 	stopDaemon()
 	<-daemonDone
 	for _, cl := range readers {

@@ -237,7 +237,7 @@ func naiveWarm(ctx context.Context, rdb *redis.Client, pool *pgxpool.Pool, table
 		if err := pool.QueryRow(ctx, "select body::text from "+table+" where id = $1", id).Scan(&body); err != nil {
 			return 0, fmt.Errorf("naive select %s: %w", id, err)
 		}
-		if err := rdb.SetEx(ctx, "kwbench-warmup:"+id, body, time.Hour).Err(); err != nil {
+		if err := rdb.Set(ctx, "kwbench-warmup:"+id, body, time.Hour).Err(); err != nil {
 			return 0, err
 		}
 	}
