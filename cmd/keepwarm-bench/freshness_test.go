@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 )
 
@@ -456,7 +457,7 @@ func TestRedisOOM(t *testing.T) {
 		t.Fatalf("%v (scripts/services up installs redis-server)", err)
 	}
 	t.Cleanup(srv.Stop)
-	rdb, err := newRedis(ctx, srv.URL, 4)
+	rdb, err := benchload.NewRedis(ctx, srv.URL, 4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/keepwarm/keepwarm/internal/benchload"
 )
 
 // Causes of a late key that the daemons' freshness counter (keepwarm_changes_late_total) is not expected to
@@ -281,9 +283,9 @@ func (s *freshSummary) print(w io.Writer, r *soakResult) {
 	if len(s.examples) > 0 {
 		fmt.Fprintln(w, "latest keys (late: at least .. at most after the commit returned):")
 		for _, x := range s.examples[:min(10, len(s.examples))] {
-			when := fmt.Sprintf("%s .. %s", dur(x.t.Lo.Sub(x.c.Committed)), dur(x.t.Hi.Sub(x.c.Committed)))
+			when := fmt.Sprintf("%s .. %s", benchload.Dur(x.t.Lo.Sub(x.c.Committed)), benchload.Dur(x.t.Hi.Sub(x.c.Committed)))
 			if x.verdict == verdictNever {
-				when = "never (stale at the last reading, " + dur(x.t.LastStale.Sub(x.c.Committed)) + " after)"
+				when = "never (stale at the last reading, " + benchload.Dur(x.t.LastStale.Sub(x.c.Committed)) + " after)"
 			}
 			cause := x.cause
 			if cause == "" {
@@ -370,7 +372,7 @@ func (s *freshSummary) checks(r *soakResult, f soakFlags, check func(ok bool, na
 		d := ""
 		if len(s.pubGapUncovered) > 0 {
 			x := s.pubGapUncovered[0]
-			d = fmt.Sprintf("e.g. %s (%s) resolved %s after its commit", x.t.Key, x.t.Role, dur(x.t.Hi.Sub(x.c.Committed)))
+			d = fmt.Sprintf("e.g. %s (%s) resolved %s after its commit", x.t.Key, x.t.Role, benchload.Dur(x.t.Hi.Sub(x.c.Committed)))
 		}
 		check(len(s.pubGapUncovered) == 0, "publication gaps covered by the publication_gap resync",
 			fmt.Sprintf("%d gaps, %d late keys explained by a resync, %d resolved later than %v after it", s.pubGaps, s.explained[causePubGap],

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/internal/assemble"
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -209,7 +210,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // setup starts the private servers and the fleet.
 func (s *soak) setup(ctx context.Context, stderr io.Writer) error {
-	root := moduleRoot()
+	root := benchload.ModuleRoot()
 	if s.f.logDir == "" {
 		s.f.logDir = filepath.Join(root, ".run", "soak", fmt.Sprintf("seed-%d-%s", s.f.seed, time.Now().UTC().Format("20060102T150405")))
 	}
@@ -396,17 +397,17 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	warm, tail, plan := s.f.warmUp(), s.f.tail(), s.plan
 	fmt.Fprintf(stderr, "soak: %d faults planned between %v and %v\n", len(plan), warm, d-tail)
 
-	var spaces []*loadSpace
-	lf := loadFlags{workers: s.f.workers, zipf: s.f.zipf, sample: 1, seed: s.f.seed}
+	var spaces []*benchload.Space
+	readers := benchload.Readers{Workers: s.f.workers, Zipf: s.f.zipf, Sample: 1, Seed: s.f.seed}
 	for _, ks := range s.cfg.Keyspaces {
 		if ks.IDsQuery == "" {
 			continue
 		}
-		ls, err := newLoadSpace(ctx, s.rdb, ks, s.srcs[ks.Name], lf)
+		ls, err := benchload.NewSpace(ctx, ks, s.srcs[ks.Name], s.f.seed)
 		if err != nil {
 			return nil, err
 		}
-		ls.maxLat = 100_000
+		ls.MaxLatencies = 100_000
 		spaces = append(spaces, ls)
 	}
 
@@ -470,7 +471,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	// The load.
 	loadCtx, loadStop := context.WithCancel(ctx)
 	var loadWG sync.WaitGroup
-	clients, err := startWorkers(loadCtx, &loadWG, s.rdb, spaces, lf, res.warmEnd, func(ks, id string) bool {
+	clients, err := benchload.StartReaders(loadCtx, &loadWG, s.rdb, spaces, readers, res.warmEnd, func(ks, id string) bool {
 		h := s.hot.Load()
 		return h != nil && h.ids[ks][id]
 	})
@@ -497,7 +498,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 		return nil, err
 	}
 	defer frb.Close()
-	frPool, err := newPool(ctx, s.pg.dsn("chinook"), 4)
+	frPool, err := benchload.NewPool(ctx, s.pg.dsn("chinook"), 4)
 	if err != nil {
 		obsStop()
 		<-gapsCh
@@ -512,17 +513,17 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	go func() { s.fresh.run(frCtx); close(frDone) }()
 
 	// The row updates, until the end of the duration.
-	var upRep changesReport
+	var upRep benchload.UpdateReport
 	upDone := make(chan error, 1)
 	go func() {
-		cf := changesFlags{rate: s.f.updateRate, duration: d, workers: 4, moveEvery: 100, zipf: 1.1, hook: s.fresh}
+		u := benchload.Updates{Rate: s.f.updateRate, Duration: d, Workers: 4, MoveEvery: 100, Zipf: 1.1, Hook: s.fresh}
 		pool, err := assemble.Postgres(ctx, s.cfg, 5*time.Second)
 		if err != nil {
 			upDone <- err
 			return
 		}
 		defer pool.Close()
-		upDone <- updateLoop(ctx, cf, s.cfg, s.rdb, pool, &upRep, io.Discard)
+		upDone <- benchload.RunUpdates(ctx, u, s.cfg, s.rdb, pool, &upRep, io.Discard)
 	}()
 
 	// The nemesis.
@@ -645,7 +646,7 @@ func (s *soak) readHot() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st := daemonStatus(d.addr, hotReadTimeout)
+			st := benchload.DaemonStatus(d.addr, hotReadTimeout)
 			if st == nil {
 				return
 			}
@@ -946,7 +947,7 @@ func (s *soak) observerClient(ctx context.Context) (redis.UniversalClient, error
 	case s.sentinel != nil:
 		c = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sentinelMaster, SentinelAddrs: s.sentinel.sentinelAddrs(), PoolSize: 4})
 	default:
-		return newRedis(ctx, s.redis.URL, 4)
+		return benchload.NewRedis(ctx, s.redis.URL, 4)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

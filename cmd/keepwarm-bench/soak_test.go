@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
@@ -333,7 +334,7 @@ func TestObserverOnRedis(t *testing.T) {
 		t.Fatalf("%v (scripts/services up installs redis-server)", err)
 	}
 	t.Cleanup(srv.Stop)
-	rdb, err := newRedis(ctx, srv.URL, 2)
+	rdb, err := benchload.NewRedis(ctx, srv.URL, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

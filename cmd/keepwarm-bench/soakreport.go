@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
@@ -185,7 +186,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		if excluded(k) {
 			unc = "excluded"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, x.unlogged, dur(x.longest.Length), x.longest.Key)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, x.unlogged, benchload.Dur(x.longest.Length), x.longest.Key)
 	}
 	_ = tw.Flush()
 
@@ -216,21 +217,21 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		totalCounted += x.counted
 		totalObserved += allBy[ks]
 		totalLong += longBy[ks]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%d\t%s\t\n", ks, x.gaps, x.long, x.blinks, x.cold, x.counted, unc, x.unlogged, dur(x.longest.Length))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%d\t%s\t\n", ks, x.gaps, x.long, x.blinks, x.cold, x.counted, unc, x.unlogged, benchload.Dur(x.longest.Length))
 	}
 	_ = tw.Flush()
 	if r.droppedGaps > 0 {
 		fmt.Fprintf(w, "(the observer dropped %d gaps beyond its memory bound)\n", r.droppedGaps)
 	}
 	if longest.Key != "" {
-		fmt.Fprintf(w, "longest gap: %s on %s at %v (%s)\n", dur(longest.Length), longest.Key, longest.Start.Sub(r.start).Round(time.Second), attribute(longest, r.faults, r.invalidations))
+		fmt.Fprintf(w, "longest gap: %s on %s at %v (%s)\n", benchload.Dur(longest.Length), longest.Key, longest.Start.Sub(r.start).Round(time.Second), attribute(longest, r.faults, r.invalidations))
 	}
 	if r.logErr != nil {
 		fmt.Fprintf(w, "daemon logs: %v (the \"not logged\" column is incomplete)\n", r.logErr)
 	}
 	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.minGap)
 	for _, g := range notLogged[:min(10, len(notLogged))] {
-		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
+		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
 	}
 	if r.lostWindows > 0 {
 		fmt.Fprintf(w, "%d kill -9: each victim's counters were scraped just before the kill and kept; what it counted in the milliseconds between is lost\n", r.lostWindows)
@@ -257,7 +258,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	uncDetail := ""
 	if totalUnc > float64(f.maxUncounted) && len(notLogged) > 0 {
 		g := notLogged[0]
-		uncDetail = fmt.Sprintf("e.g. key %s: gap of %s at %v, after fault %s, which no daemon logged as expired", g.Key, dur(g.Length),
+		uncDetail = fmt.Sprintf("e.g. key %s: gap of %s at %v, after fault %s, which no daemon logged as expired", g.Key, benchload.Dur(g.Length),
 			g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
 	} else if totalUnc > float64(f.maxUncounted) {
 		// Name the longest uncounted-keyspace gap and its fault.
@@ -267,7 +268,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 				worst = g
 			}
 		}
-		uncDetail = fmt.Sprintf("keyspace %s: longest gap %s on key %s at %v, after fault %s", worstKS, dur(worst.Length), worst.Key,
+		uncDetail = fmt.Sprintf("keyspace %s: longest gap %s on key %s at %v, after fault %s", worstKS, benchload.Dur(worst.Length), worst.Key,
 			worst.Start.Sub(r.start).Round(time.Second), attribute(worst, r.faults, r.invalidations))
 	}
 	check(totalUnc <= float64(f.maxUncounted), fmt.Sprintf("gaps >= %v counted by the SLO counter (uncounted <= %d)", f.minGap, f.maxUncounted),
