@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -469,8 +469,8 @@ func TestReportChecksCanFail(t *testing.T) {
 			freshGaps:     []time.Duration{50 * time.Millisecond},
 		}
 	}
-	f := soakFlags{interval: 50 * time.Millisecond, minGap: 100 * time.Millisecond, phantomRatio: 1.05, phantomSlack: 3,
-		settle: 5 * time.Second, duration: 2 * time.Minute, freshMaxP99: 500 * time.Millisecond}
+	f := Options{Interval: 50 * time.Millisecond, MinGap: 100 * time.Millisecond, PhantomRatio: 1.05, PhantomSlack: 3,
+		Settle: 5 * time.Second, Duration: 2 * time.Minute, FreshMaxP99: 500 * time.Millisecond}
 	tests := []struct {
 		name  string
 		spoil func(r *soakResult)

@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"fmt"
@@ -331,10 +331,10 @@ const freshnessLegend = `freshness checks, what they prove and what they cannot:
     value that expired before the end is not seen there, only by the observer.`
 
 // freshChecks runs the freshness checks through check.
-func (s *freshSummary) checks(r *soakResult, f soakFlags, check func(ok bool, name, got, detail string)) {
+func (s *freshSummary) checks(r *soakResult, f Options, check func(ok bool, name, got, detail string)) {
 	check(s.judged > 0, "freshness observer judged changes", fmt.Sprintf("%d of %d committed changes, %d keys", s.judged, s.committed, s.keys),
 		"no change was judged (no key was cached when its update committed): the freshness checks would pass vacuously")
-	check(s.p99 <= f.freshMaxP99, fmt.Sprintf("freshness observer kept its cadence (p99 interval <= %v)", f.freshMaxP99),
+	check(s.p99 <= f.FreshMaxP99, fmt.Sprintf("freshness observer kept its cadence (p99 interval <= %v)", f.FreshMaxP99),
 		fmt.Sprintf("p50 %v, p99 %v, longest %v, %d borderline changes", s.p50.Round(time.Millisecond), s.p99.Round(time.Millisecond),
 			s.longest.Round(time.Millisecond), s.borderline),
 		"the observer read too seldom to judge a 1 s bound: its verdicts would be borderline, not late")

@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -341,7 +341,7 @@ func TestFreshAccount(t *testing.T) {
 
 // TestFreshChecksCanFail: each freshness check fails on its own defect and names it.
 func TestFreshChecksCanFail(t *testing.T) {
-	f := soakFlags{freshMaxP99: 500 * time.Millisecond}
+	f := Options{FreshMaxP99: 500 * time.Millisecond}
 	run := func(r *soakResult) []string {
 		var failed []string
 		freshAccount(r).checks(r, f, func(ok bool, name, got, detail string) {
