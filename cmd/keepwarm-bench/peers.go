@@ -480,7 +480,7 @@ func (o *originCounter) hotIndex(id string) int {
 }
 
 // countedSource is a strategy's PostgreSQL source behind the counting wrapper; it is the warmer's Source and, via
-// loaderOf, the apps' loader.
+// benchload.LoaderOf, the apps' loader.
 type countedSource struct {
 	o      *originCounter
 	src    *postgres.Source
