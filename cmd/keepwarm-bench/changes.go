@@ -4,50 +4,23 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/internal/assemble"
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/config"
 )
-
-// changesReport is what `keepwarm-bench changes` measured.
-type changesReport struct {
-	Rate, Achieved  float64
-	Duration        time.Duration
-	Updates, Errors int64
-	Samples         int64 // updates of a cached track whose landing in Redis was timed
-	// Landed: samples whose key stopped serving the old value within 5 s (the new value, a later one, or the key
-	// gone: expired or invalidated, which is not stale either); Absent: of those, the ones that went absent;
-	// Lost: samples whose key still held the old value after 5 s.
-	Landed, Absent, Lost int64
-	P50, P99, Max        time.Duration
-	Windows              []changesWindow
-	Metrics              map[string]float64 // daemon metric deltas over the run
-	Mismatches           int
-	Checked              int
-	MismatchExamples     []string
-}
-
-type changesWindow struct {
-	At       float64 // seconds into the run (window end)
-	P50, P99 float64 // milliseconds
-	N        int
-}
 
 type changesFlags struct {
 	config, daemon, svg, json string
@@ -57,16 +30,6 @@ type changesFlags struct {
 	zipf                      float64
 	verifyOnly, keep          bool
 	moveEvery                 int
-	hook                      updateHook // optional: the soak's freshness observer
-}
-
-// updateHook watches each row update of updateLoop (the soak's freshness observer, freshObserver).
-type updateHook interface {
-	// before runs just before update seq of track id (to name, moving it to album moveTo, 0: no move) is sent;
-	// it returns the function the worker calls with the moment the update returned and its error.
-	before(ctx context.Context, seq int64, id int, name string, moveTo int) func(committed time.Time, err error)
-	// forceMove reports whether the next update should move its track whatever --move-every says.
-	forceMove() bool
 }
 
 // runChanges is `keepwarm-bench changes`: it updates track rows at --rate per second (single-row transactions,
@@ -110,12 +73,12 @@ func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	// Updates go to the primary: [changes] dsn when set ([postgres] dsn may be a read replica).
 	wpool := pool
 	if cfg.Changes.DSN != "" {
-		if wpool, err = newPool(ctx, cfg.Changes.DSN, int32(f.workers)); err != nil {
+		if wpool, err = benchload.NewPool(ctx, cfg.Changes.DSN, int32(f.workers)); err != nil {
 			return err
 		}
 		defer wpool.Close()
 	}
-	var rep changesReport
+	var rep benchload.UpdateReport
 	if !f.verifyOnly {
 		if !f.keep {
 			restore, err := snapshotTracks(ctx, wpool)
@@ -125,7 +88,9 @@ func runChanges(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			defer restore(stderr)
 		}
 		before := daemonMetrics(f.daemon)
-		if err := updateLoop(ctx, f, cfg, rdb, wpool, &rep, stderr); err != nil {
+		u := benchload.Updates{Rate: f.rate, Duration: f.duration, Workers: f.workers, SampleEvery: f.sampleEvery,
+			MoveEvery: f.moveEvery, Zipf: f.zipf}
+		if err := benchload.RunUpdates(ctx, u, cfg, rdb, wpool, &rep, stderr); err != nil {
 			return err
 		}
 		select {
@@ -178,182 +143,8 @@ func snapshotTracks(ctx context.Context, pool *pgxpool.Pool) (func(w io.Writer),
 	}, nil
 }
 
-func updateLoop(ctx context.Context, f changesFlags, cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool,
-	rep *changesReport, stderr io.Writer) error {
-	var ntracks, nalbums int
-	if err := pool.QueryRow(ctx, "select (select count(*) from track), (select count(*) from album)").Scan(&ntracks, &nalbums); err != nil {
-		return fmt.Errorf("count tracks: %w", err)
-	}
-	trackKeys := cfg.Keyspace("track").Keys()
-	rctx, cancel := context.WithTimeout(ctx, f.duration)
-	defer cancel()
-	type sample struct {
-		at  float64
-		lat time.Duration
-	}
-	var mu sync.Mutex
-	var samples []sample
-	var updates, errs, nsamples, landed, lost, absent atomic.Int64
-	jobs := make(chan int64, f.workers*4)
-	start := time.Now()
-	var wg sync.WaitGroup
-	var timers sync.WaitGroup
-	for w := 0; w < f.workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(w), 7))
-			z := rand.NewZipf(r, f.zipf, 1, uint64(ntracks-1))
-			for seq := range jobs {
-				id := int(z.Uint64()) + 1
-				name := fmt.Sprintf("kwb %d", seq)
-				q, qargs := "update track set name = $2 where track_id = $1", []any{id, name}
-				moveTo := 0
-				if f.moveEvery > 0 && seq%int64(f.moveEvery) == 0 || f.hook != nil && f.hook.forceMove() {
-					moveTo = r.IntN(nalbums) + 1
-					q, qargs = "update track set name = $2, album_id = $3 where track_id = $1", []any{id, name, moveTo}
-				}
-				timed := f.sampleEvery > 0 && seq%int64(f.sampleEvery) == 0
-				var key string
-				if timed {
-					ks, _ := trackKeys.For(strconv.Itoa(id))
-					key = ks.Cache
-					if n, err := rdb.Exists(rctx, key).Result(); err != nil || n == 0 {
-						timed = false // not cached: nothing to land
-					}
-				}
-				var done func(time.Time, error)
-				if f.hook != nil {
-					done = f.hook.before(rctx, seq, id, name, moveTo)
-				}
-				_, err := pool.Exec(rctx, q, qargs...)
-				committed := time.Now()
-				if done != nil {
-					done(committed, err)
-				}
-				if err != nil {
-					if rctx.Err() == nil {
-						errs.Add(1)
-					}
-					continue
-				}
-				updates.Add(1)
-				if !timed {
-					continue
-				}
-				nsamples.Add(1)
-				timers.Add(1)
-				go func() {
-					defer timers.Done()
-					want := []byte(`"name" : "` + name + `"`)
-					deadline := committed.Add(5 * time.Second)
-					for time.Now().Before(deadline) {
-						v, err := rdb.Get(context.Background(), key).Bytes()
-						// Our name, or a later update's of the same id (which superseded ours), has landed; a key
-						// gone no longer serves the old value either (the next read rebuilds it from the row).
-						gone := errors.Is(err, redis.Nil)
-						if gone || (err == nil && (bytes.Contains(v, want) || newer(v, name))) {
-							landed.Add(1)
-							if gone {
-								absent.Add(1)
-							}
-							mu.Lock()
-							samples = append(samples, sample{at: committed.Sub(start).Seconds(), lat: time.Since(committed)})
-							mu.Unlock()
-							return
-						}
-						time.Sleep(2 * time.Millisecond)
-					}
-					lost.Add(1)
-				}()
-			}
-		}()
-	}
-	interval := 10 * time.Millisecond
-	perTick := f.rate * interval.Seconds()
-	t := time.NewTicker(interval)
-	var seq int64
-	owed := 0.0
-	last := time.Now()
-loop:
-	for {
-		select {
-		case <-rctx.Done():
-			break loop
-		case now := <-t.C:
-			owed += perTick * float64(now.Sub(last)) / float64(interval)
-			last = now
-			for ; owed >= 1; owed-- {
-				seq++
-				select {
-				case jobs <- seq:
-				case <-rctx.Done():
-					break loop
-				}
-			}
-		}
-	}
-	close(jobs)
-	wg.Wait()
-	elapsed := time.Since(start)
-	timers.Wait()
-	rep.Rate, rep.Duration = f.rate, elapsed
-	rep.Updates, rep.Errors = updates.Load(), errs.Load()
-	rep.Achieved = float64(rep.Updates) / elapsed.Seconds()
-	rep.Samples, rep.Landed, rep.Lost, rep.Absent = nsamples.Load(), landed.Load(), lost.Load(), absent.Load()
-	slices.SortFunc(samples, func(a, b sample) int { return int(a.at*1e6 - b.at*1e6) })
-	var all []time.Duration
-	for _, s := range samples {
-		all = append(all, s.lat)
-	}
-	rep.P50, rep.P99, rep.Max = latPct(all, 0.5), latPct(all, 0.99), latPct(all, 1)
-	const win = 5.0
-	for w0 := 0.0; w0 < elapsed.Seconds(); w0 += win {
-		var lats []time.Duration
-		for _, s := range samples {
-			if s.at >= w0 && s.at < w0+win {
-				lats = append(lats, s.lat)
-			}
-		}
-		if len(lats) > 0 {
-			rep.Windows = append(rep.Windows, changesWindow{At: w0 + win, N: len(lats),
-				P50: ms(latPct(lats, 0.5)), P99: ms(latPct(lats, 0.99))})
-		}
-	}
-	fmt.Fprintf(stderr, "changes: %d updates in %v (%.0f/s), %d errors\n", rep.Updates, elapsed.Round(time.Second), rep.Achieved, rep.Errors)
-	return nil
-}
-
-// newer reports whether v holds a "kwb N" name with N > the sequence number in name.
-func newer(v []byte, name string) bool {
-	mine, _ := strconv.ParseInt(strings.TrimPrefix(name, "kwb "), 10, 64)
-	i := bytes.Index(v, []byte(`"name" : "kwb `))
-	if i < 0 {
-		return false
-	}
-	rest := v[i+len(`"name" : "kwb `):]
-	j := bytes.IndexByte(rest, '"')
-	if j < 0 {
-		return false
-	}
-	n, err := strconv.ParseInt(string(rest[:j]), 10, 64)
-	return err == nil && n > mine
-}
-
-func latPct(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
 // verifyCached compares every cached key of the fed keyspaces with a fresh fetch from the origin.
-func verifyCached(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool, rep *changesReport) error {
+func verifyCached(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, pool *pgxpool.Pool, rep *benchload.UpdateReport) error {
 	srcs, err := assemble.Sources(pool, cfg)
 	if err != nil {
 		return err
@@ -440,7 +231,7 @@ func diffMetrics(before, after map[string]float64) map[string]float64 {
 	return out
 }
 
-func printChanges(w io.Writer, f changesFlags, rep *changesReport) {
+func printChanges(w io.Writer, f changesFlags, rep *benchload.UpdateReport) {
 	if !f.verifyOnly {
 		fmt.Fprintf(w, "changes: %d track updates in %v: %.0f/s (target %.0f/s), %d failed\n", rep.Updates,
 			rep.Duration.Round(time.Second), rep.Achieved, rep.Rate, rep.Errors)
@@ -472,7 +263,7 @@ func printChanges(w io.Writer, f changesFlags, rep *changesReport) {
 	}
 }
 
-func changesSVG(rep *changesReport) []byte {
+func changesSVG(rep *benchload.UpdateReport) []byte {
 	var p50, p99 [][2]float64
 	ymax := 100.0
 	for _, w := range rep.Windows {

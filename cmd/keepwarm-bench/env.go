@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -48,48 +48,6 @@ func (s *services) flags(fs *flag.FlagSet) {
 	fs.StringVar(&s.schema, "schema", "kwbench", "PostgreSQL schema for the benchmark's tables (created if missing)")
 }
 
-// newRedis returns a client with its own connection pool (one "application process") and checks that it answers.
-func newRedis(ctx context.Context, url string, poolSize int) (*redis.Client, error) {
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse redis url: %w", err)
-	}
-	if poolSize > 0 {
-		opt.PoolSize = poolSize
-	}
-	c := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("redis %s is not reachable (start it with `scripts/services up`): %w", opt.Addr, err)
-	}
-	return c, nil
-}
-
-// newPool returns a PostgreSQL pool of at most maxConns connections and checks that it answers.
-func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parse postgres url: %w", err)
-	}
-	if maxConns > 0 {
-		cfg.MaxConns = maxConns
-	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "keepwarm-bench"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("postgres pool: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("postgresql is not reachable (start it with `scripts/services up`): %w", err)
-	}
-	return pool, nil
-}
-
 // ident quotes a PostgreSQL identifier.
 func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
 
@@ -108,7 +66,7 @@ func describeMachine(ctx context.Context, rdb redis.UniversalClient, pool *pgxpo
 	m := machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), CPUModel: cpuModel(), MemGiB: memGiB(), LoadAvg: loadAvg()}
 	if rdb != nil {
 		if info, err := rdb.Info(ctx, "server").Result(); err == nil {
-			m.Redis = infoField(info, "redis_version")
+			m.Redis = benchload.InfoField(info, "redis_version")
 		}
 	}
 	if pool != nil {
@@ -163,33 +121,6 @@ func loadAvg() string {
 	return strings.Join(f[:3], " ")
 }
 
-// infoField returns one field of an INFO reply.
-func infoField(info, name string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return ""
-}
-
-// moduleRoot finds the directory holding go.mod, starting at the working directory, so that --trace defaults
-// resolve the same way from the repo root, from cmd/keepwarm-bench (go test) and from CI's clone.
-func moduleRoot() string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "."
-	}
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-		if filepath.Dir(d) == d {
-			return dir
-		}
-	}
-}
-
 // latencies collects read latencies; percentiles sort a copy.
 type latencies []time.Duration
 
@@ -215,21 +146,6 @@ type latencySummary struct {
 	Max  time.Duration `json:"max_ns"`
 }
 
-// dur formats a duration compactly with 3 significant digits.
-func dur(d time.Duration) string {
-	switch {
-	case d == 0:
-		return "0"
-	case d < time.Millisecond:
-		return strconv.FormatFloat(float64(d)/1e3, 'f', 0, 64) + "µs"
-	case d < 10*time.Millisecond:
-		return strconv.FormatFloat(float64(d)/1e6, 'f', 2, 64) + "ms"
-	case d < time.Second:
-		return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) + "ms"
-	}
-	return strconv.FormatFloat(d.Seconds(), 'f', 2, 64) + "s"
-}
-
 // writeFile writes b to path, creating its directory; "" writes nothing.
 func writeFile(path string, b []byte, stderr io.Writer) error {
 	if path == "" {
@@ -243,22 +159,6 @@ func writeFile(path string, b []byte, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "wrote %s\n", path)
 	return nil
-}
-
-// loaderOf adapts a keyspace's Source, which fetches batches, to the lockstep.Loader of the apps' miss path,
-// which loads one id: the id's value, or lockstep.ErrNotFound when the origin has no row.
-func loaderOf(src warmer.Source) lockstep.Loader {
-	return func(ctx context.Context, id string) ([]byte, error) {
-		vals, _, err := src.Fetch(ctx, []string{id})
-		if err != nil {
-			return nil, err
-		}
-		v, ok := vals[id]
-		if !ok {
-			return nil, lockstep.ErrNotFound
-		}
-		return v, nil
-	}
 }
 
 // startWarmer runs w until ctx ends or the returned stop is called; stop returns once Run has.

@@ -2,14 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"math/rand/v2"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,13 +14,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/keepwarm/keepwarm/internal/assemble"
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/config"
-	"github.com/keepwarm/keepwarm/lockstep"
-	"github.com/keepwarm/keepwarm/sources/postgres"
-	"github.com/keepwarm/keepwarm/warmer"
 )
 
 type loadFlags struct {
@@ -79,7 +71,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	var spaces []*loadSpace
+	var spaces []*benchload.Space
 	for _, ks := range cfg.Keyspaces {
 		if f.keyspaces != "" && !slices.Contains(strings.Split(f.keyspaces, ","), ks.Name) {
 			continue
@@ -90,7 +82,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			}
 			continue
 		}
-		ls, err := newLoadSpace(ctx, rdb, ks, srcs[ks.Name], f)
+		ls, err := benchload.NewSpace(ctx, ks, srcs[ks.Name], f.seed)
 		if err != nil {
 			return err
 		}
@@ -134,7 +126,8 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		defer wg.Done()
 		sampler.run(rctx, rdb, spaces)
 	}()
-	clients, setupErr := startWorkers(rctx, &wg, rdb, spaces, f, warmEnd, func(ks, id string) bool {
+	readers := benchload.Readers{Workers: f.workers, Zipf: f.zipf, Sample: f.sample, Seed: f.seed}
+	clients, setupErr := benchload.StartReaders(rctx, &wg, rdb, spaces, readers, warmEnd, func(ks, id string) bool {
 		h := hotNow.Load()
 		return h != nil && (*h)[ks][id]
 	})
@@ -148,220 +141,26 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	elapsed := time.Since(start)
 
 	hot, source := daemonHot(f.daemonAddr)
+	hotAtEnd := map[string]map[string]bool{} // keyspace → the ids hot at the end of the run
 	for _, ls := range spaces {
-		if h, ok := hot[ls.name]; ok {
-			ls.hot = h
-		} else {
-			ls.hot = ls.topRead(ls.topN)
+		h, ok := hot[ls.Name]
+		if !ok {
+			h = ls.TopRead(ls.Keyspace.TopN)
 			source = "top_n most-read ids of this run (daemon not reachable)"
 		}
-		for _, id := range cfg.Pinned(ls.name) {
-			ls.hot[id] = true
+		for _, id := range cfg.Pinned(ls.Name) {
+			h[id] = true
 		}
+		hotAtEnd[ls.Name] = h
 	}
-	report(stdout, spaces, elapsed, f, source)
+	report(stdout, spaces, hotAtEnd, elapsed, f, source)
 	sampler.report(stdout, spaces)
 	return nil
 }
 
-// startWorkers starts f.workers readers on wg, each with its own lockstep client per keyspace and its own Zipf
-// draw (seeded from f.seed and its number), reading until ctx ends; hot says whether an id was hot at the moment
-// of a read. It returns the clients, which the caller closes after wg.Wait, and the first error setting them up
-// (the workers started before it run on).
-func startWorkers(ctx context.Context, wg *sync.WaitGroup, rdb redis.UniversalClient, spaces []*loadSpace, f loadFlags,
-	warmEnd time.Time, hot func(ks, id string) bool) ([]*lockstep.Client, error) {
-	var clients []*lockstep.Client
-	for w := 0; w < f.workers; w++ {
-		wk := &worker{r: rand.New(rand.NewPCG(f.seed, uint64(w)))}
-		cs := make([]*lockstep.Client, len(spaces))
-		for i, ls := range spaces {
-			c, err := ls.client(rdb, wk, f.sample)
-			if err != nil {
-				return clients, err
-			}
-			cs[i] = c
-			clients = append(clients, c)
-		}
-		zipfs := make([]*rand.Zipf, len(spaces))
-		for i, ls := range spaces {
-			zipfs[i] = rand.NewZipf(wk.r, f.zipf, 1, uint64(len(ls.ids)-1))
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; ctx.Err() == nil; n++ {
-				i := n % len(spaces)
-				ls := spaces[i]
-				id := ls.ids[zipfs[i].Uint64()]
-				wk.outcome = outcomeHit
-				t0 := time.Now()
-				_, err := cs[i].Get(ctx, id)
-				lat := time.Since(t0)
-				if ctx.Err() != nil {
-					return
-				}
-				ls.record(id, wk.outcome, lat, err, t0.After(warmEnd), hot(ls.name, id))
-			}
-		}()
-	}
-	return clients, nil
-}
-
-// Outcomes of one Get, as the worker's recorder saw them.
-const (
-	outcomeHit = iota
-	outcomeMiss
-	outcomeStale
-)
-
-// worker is one reader; its recorder sees only its own Gets, so it can tell each Get's outcome.
-type worker struct {
-	r       *rand.Rand
-	outcome int
-}
-
-// workerRecorder is a lockstep.Recorder that marks the current Get's outcome on its worker.
-type workerRecorder struct {
-	lockstep.NopRecorder
-	w  *worker
-	ls *loadSpace
-}
-
-func (r workerRecorder) Miss(string) {
-	if r.w.outcome == outcomeHit {
-		r.w.outcome = outcomeMiss
-	}
-}
-func (r workerRecorder) StaleServe(string) { r.w.outcome = outcomeStale }
-func (r workerRecorder) Rebuild(_ string, _ time.Duration, result string) {
-	if result == lockstep.ResultOK {
-		r.ls.appRebuilds.Add(1)
-	}
-}
-
-// loadSpace is one keyspace under load, with its results.
-type loadSpace struct {
-	name string
-	ks   *config.Keyspace
-	src  *postgres.Source
-	ids  []string
-	topN int
-
-	mu        sync.Mutex
-	reads     int
-	hits      int
-	misses    int
-	stale     int
-	errs      int
-	firstErr  error
-	latencies []time.Duration
-	maxLat    int                 // keep at most this many latencies (0: all), to bound a long run's memory
-	perID     map[string]*idStats // reads and misses after the warm-up window
-	hot       map[string]bool
-	// reads (and misses) after the warm-up of ids that the daemon held hot at the moment of the read
-	liveHotReads, liveHotMisses int
-
-	appRebuilds atomic.Int64
-}
-
-type idStats struct{ reads, misses int }
-
-func newLoadSpace(ctx context.Context, rdb redis.UniversalClient, ks *config.Keyspace, src *postgres.Source, f loadFlags) (*loadSpace, error) {
-	ls := &loadSpace{name: ks.Name, ks: ks, src: src, topN: ks.TopN, perID: map[string]*idStats{}}
-	err := src.IDs(ctx, func(id string) error {
-		ls.ids = append(ls.ids, id)
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(ls.ids) < 2 {
-		return nil, fmt.Errorf("keyspace %q: ids_query returned %d ids; need at least 2", ks.Name, len(ls.ids))
-	}
-	// Shuffle so that popularity is not tied to id order (which the daemon must not rely on).
-	r := rand.New(rand.NewPCG(f.seed, 99))
-	r.Shuffle(len(ls.ids), func(i, j int) { ls.ids[i], ls.ids[j] = ls.ids[j], ls.ids[i] })
-	return ls, nil
-}
-
-func (ls *loadSpace) client(rdb redis.UniversalClient, w *worker, sample float64) (*lockstep.Client, error) {
-	load := loaderOf(ls.src)
-	opts := []lockstep.Option{
-		lockstep.WithJitter(ls.ks.Jitter),
-		lockstep.WithLockTTL(ls.ks.LockTTL),
-		lockstep.WithAccessRecording(sample),
-		lockstep.WithRecorder(workerRecorder{w: w, ls: ls}),
-		lockstep.WithLogger(slog.New(slog.DiscardHandler)),
-	}
-	if ls.ks.StaleTTL > 0 && !ls.ks.Keys().Stale.IsZero() {
-		opts = append(opts, lockstep.WithStale(ls.ks.StaleTTL))
-	}
-	return lockstep.New(rdb, ls.name, ls.ks.Keys(), load, ls.ks.TTL, opts...)
-}
-
-// record counts one read. hotNow says whether the daemon held id hot when it was read.
-func (ls *loadSpace) record(id string, outcome int, lat time.Duration, err error, afterWarmup, hotNow bool) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	ls.reads++
-	if ls.maxLat == 0 || len(ls.latencies) < ls.maxLat {
-		ls.latencies = append(ls.latencies, lat)
-	}
-	if err != nil && !errors.Is(err, lockstep.ErrNotFound) {
-		ls.errs++
-		if ls.firstErr == nil {
-			ls.firstErr = err
-		}
-	}
-	switch outcome {
-	case outcomeHit:
-		ls.hits++
-	case outcomeMiss:
-		ls.misses++
-	case outcomeStale:
-		ls.misses++
-		ls.stale++
-	}
-	if afterWarmup {
-		s := ls.perID[id]
-		if s == nil {
-			s = &idStats{}
-			ls.perID[id] = s
-		}
-		s.reads++
-		if outcome != outcomeHit {
-			s.misses++
-		}
-		if hotNow {
-			ls.liveHotReads++
-			if outcome != outcomeHit {
-				ls.liveHotMisses++
-			}
-		}
-	}
-}
-
-// topRead returns the n most-read ids after the warm-up.
-func (ls *loadSpace) topRead(n int) map[string]bool {
-	type kv struct {
-		id string
-		n  int
-	}
-	var all []kv
-	for id, s := range ls.perID {
-		all = append(all, kv{id, s.reads})
-	}
-	slices.SortFunc(all, func(a, b kv) int { return b.n - a.n })
-	out := map[string]bool{}
-	for i := 0; i < len(all) && i < n; i++ {
-		out[all[i].id] = true
-	}
-	return out
-}
-
 // daemonHot asks the daemon for its hot set: keyspace → id → true.
 func daemonHot(addr string) (map[string]map[string]bool, string) {
-	st := daemonStatus(addr, 3*time.Second)
+	st := benchload.DaemonStatus(addr, 3*time.Second)
 	if st == nil {
 		return nil, ""
 	}
@@ -376,28 +175,10 @@ func daemonHot(addr string) (map[string]map[string]bool, string) {
 	return out, "the daemon's hot set (/debug/hotkeys)"
 }
 
-// daemonStatus reads the daemon's /debug/hotkeys in full; nil when it does not answer within timeout.
-func daemonStatus(addr string, timeout time.Duration) []warmer.KeyspaceStatus {
-	if addr == "" {
-		return nil
-	}
-	c := http.Client{Timeout: timeout}
-	resp, err := c.Get("http://" + addr + "/debug/hotkeys?limit=0")
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	var st []warmer.KeyspaceStatus
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&st) != nil {
-		return nil
-	}
-	return st
-}
-
-func names(spaces []*loadSpace) string {
+func names(spaces []*benchload.Space) string {
 	var s []string
 	for _, ls := range spaces {
-		s = append(s, fmt.Sprintf("%s (%d ids)", ls.name, len(ls.ids)))
+		s = append(s, fmt.Sprintf("%s (%d ids)", ls.Name, len(ls.IDs)))
 	}
 	return strings.Join(s, ", ")
 }
@@ -410,35 +191,36 @@ func pct(d []time.Duration, p float64) time.Duration {
 	return d[i]
 }
 
-func report(w io.Writer, spaces []*loadSpace, elapsed time.Duration, f loadFlags, hotSource string) {
+// report prints one row per keyspace; hot holds the ids counted as hot at the end of the run, by keyspace.
+func report(w io.Writer, spaces []*benchload.Space, hot map[string]map[string]bool, elapsed time.Duration, f loadFlags, hotSource string) {
 	fmt.Fprintf(w, "load: %d workers for %v, zipf s=%v, warm-up %v\n\n", f.workers, elapsed.Round(time.Second), f.zipf, f.warmup)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "keyspace\treads\thits\tmisses\tstale\tapp rebuilds\terrors\tp50\tp99\tmax\thot ids\thot reads*\thot misses*\thot-when-read reads†\thot-when-read misses†\t")
-	for _, ls := range spaces {
-		ls.mu.Lock()
-		slices.Sort(ls.latencies)
+	stats := make([]benchload.Stats, len(spaces))
+	for i, ls := range spaces {
+		st := ls.Stats()
+		stats[i] = st
 		var hr, hm int
-		for id := range ls.hot {
-			if s := ls.perID[id]; s != nil {
-				hr += s.reads
-				hm += s.misses
+		for id := range hot[ls.Name] {
+			if s, ok := st.PerID[id]; ok {
+				hr += s.Reads
+				hm += s.Misses
 			}
 		}
 		live, liveMiss := "-", "-"
-		if ls.liveHotReads > 0 {
-			live, liveMiss = strconv.Itoa(ls.liveHotReads), strconv.Itoa(ls.liveHotMisses)
+		if st.LiveHotReads > 0 {
+			live, liveMiss = strconv.Itoa(st.LiveHotReads), strconv.Itoa(st.LiveHotMisses)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%d\t%d\t%d\t%s\t%s\t\n", ls.name, ls.reads, ls.hits, ls.misses,
-			ls.stale, ls.appRebuilds.Load(), ls.errs, round(pct(ls.latencies, .5)), round(pct(ls.latencies, .99)),
-			round(pct(ls.latencies, 1)), len(ls.hot), hr, hm, live, liveMiss)
-		ls.mu.Unlock()
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t%d\t%d\t%d\t%s\t%s\t\n", ls.Name, st.Reads, st.Hits, st.Misses,
+			st.Stale, st.AppRebuilds, st.Errors, round(pct(st.Latencies, .5)), round(pct(st.Latencies, .99)),
+			round(pct(st.Latencies, 1)), len(hot[ls.Name]), hr, hm, live, liveMiss)
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\n* after the %v warm-up; hot ids are pinned ids plus %s at the end of the run\n", f.warmup, hotSource)
 	fmt.Fprintf(w, "† after the %v warm-up; reads of ids the daemon held hot at the moment of the read (/debug/hotkeys, re-read every second)\n", f.warmup)
-	for _, ls := range spaces {
-		if ls.firstErr != nil {
-			fmt.Fprintf(w, "%s: first error: %v\n", ls.name, ls.firstErr)
+	for i, ls := range spaces {
+		if stats[i].FirstErr != nil {
+			fmt.Fprintf(w, "%s: first error: %v\n", ls.Name, stats[i].FirstErr)
 		}
 	}
 }

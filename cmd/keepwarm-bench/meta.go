@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/warmer"
@@ -124,7 +125,7 @@ func metaBench(ctx context.Context, c metaConfig, stdout, stderr io.Writer) (*me
 			return nil, err
 		}
 	}
-	rdb, err := newRedis(ctx, srv.URL, 8)
+	rdb, err := benchload.NewRedis(ctx, srv.URL, 8)
 	if err != nil {
 		return nil, err
 	}
@@ -341,7 +342,7 @@ func plainSets(ctx context.Context, rdb *redis.Client, ids []string, src *fixedS
 
 // metaWarmup runs the warmer's own warmup (lock, publish script, pipelined per batch) over ids.
 func metaWarmup(ctx context.Context, url string, keys *lockstep.Keys, ids []string, src *fixedSource, c metaConfig, keepMeta bool) error {
-	rdb, err := newRedis(ctx, url, 8)
+	rdb, err := benchload.NewRedis(ctx, url, 8)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
@@ -303,15 +304,15 @@ func peers(ctx context.Context, c peersConfig, stdout, stderr io.Writer) (*peers
 		redisDesc = "private redis-server " + srv.URL
 	}
 	var err error
-	if e.ctl, err = newRedis(ctx, e.url, 4); err != nil {
+	if e.ctl, err = benchload.NewRedis(ctx, e.url, 4); err != nil {
 		return nil, err
 	}
 	defer e.ctl.Close()
-	if e.base, err = newRedis(ctx, e.url, 16); err != nil {
+	if e.base, err = benchload.NewRedis(ctx, e.url, 16); err != nil {
 		return nil, err
 	}
 	defer e.base.Close()
-	if e.pool, err = newPool(ctx, c.postgresURL, 2); err != nil {
+	if e.pool, err = benchload.NewPool(ctx, c.postgresURL, 2); err != nil {
 		return nil, err
 	}
 	defer e.pool.Close()
@@ -479,7 +480,7 @@ func (o *originCounter) hotIndex(id string) int {
 }
 
 // countedSource is a strategy's PostgreSQL source behind the counting wrapper; it is the warmer's Source and, via
-// loaderOf, the apps' loader.
+// benchload.LoaderOf, the apps' loader.
 type countedSource struct {
 	o      *originCounter
 	src    *postgres.Source
@@ -876,9 +877,9 @@ func printPeers(w io.Writer, rep *peersReport) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%.3f\t%.2f\t%d\t%d (%d)\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
 			r.Strategy, r.Instances, r.Reads, r.ReadsPerS, r.Errors, r.Misses, r.HotReads, r.HotMisses,
 			r.PerHotKeyPerTTL, r.MaxPerHotKeyPerTTL, r.SimultaneousHot, r.OriginQueries, r.DaemonQueries,
-			r.CellQueries, r.CellPGSS, dur(r.Latency.P50), dur(r.Latency.P99), dur(r.Latency.P999),
-			dur(r.HotLatency.P99), dur(r.Baseline.P99), ratio(r.HotLatency.P99, r.Baseline.P99), r.CommandsPerRead,
-			bytesIEC(r.HeapPerInstance), dur(r.Age.P99), dur(r.Age.Max))
+			r.CellQueries, r.CellPGSS, benchload.Dur(r.Latency.P50), benchload.Dur(r.Latency.P99), benchload.Dur(r.Latency.P999),
+			benchload.Dur(r.HotLatency.P99), benchload.Dur(r.Baseline.P99), ratio(r.HotLatency.P99, r.Baseline.P99), r.CommandsPerRead,
+			bytesIEC(r.HeapPerInstance), benchload.Dur(r.Age.P99), benchload.Dur(r.Age.Max))
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, `
@@ -901,7 +902,7 @@ read end − the origin query's clock_timestamp().
 		if r.Strategy == "keepwarm" && len(r.HotMissSamples) > 0 {
 			var ms []string
 			for _, m := range r.HotMissSamples {
-				ms = append(ms, fmt.Sprintf("id %s at %.2fs (%s)", m.ID, m.At.Seconds(), dur(m.Took)))
+				ms = append(ms, fmt.Sprintf("id %s at %.2fs (%s)", m.ID, m.At.Seconds(), benchload.Dur(m.Took)))
 			}
 			fmt.Fprintf(w, "%s N=%d: hot misses: %s\n", r.Strategy, r.Instances, strings.Join(ms, ", "))
 		}
@@ -928,7 +929,7 @@ read end − the origin query's clock_timestamp().
 		rt := ratio(best.HotLatency.P99, best.Baseline.P99)
 		fmt.Fprintf(w, "\nkeepwarm targets at N = %d: origin queries per hot key per TTL %.3f (want <= 1.05) %s; hot-key misses %d (want 0) %s; hot p99 %s vs plain-hit p99 %s: ratio %.2f (want <= 1.2) %s\n",
 			best.Instances, best.PerHotKeyPerTTL, mark(best.PerHotKeyPerTTL <= 1.05), best.HotMisses, mark(best.HotMisses == 0),
-			dur(best.HotLatency.P99), dur(best.Baseline.P99), rt, mark(rt > 0 && rt <= 1.2))
+			benchload.Dur(best.HotLatency.P99), benchload.Dur(best.Baseline.P99), rt, mark(rt > 0 && rt <= 1.2))
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/viccon/sturdyc"
 
 	"github.com/keepwarm/keepwarm/internal/assemble"
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/warmer"
@@ -101,13 +102,13 @@ func (s *peerSetup) release() {
 // conns opens one instance's own Redis client (go-redis's default pool) and PostgreSQL pool, and registers their
 // closing on s.
 func (r *peerRun) conns(ctx context.Context, s *peerSetup) (*redis.Client, *pgxpool.Pool, error) {
-	rdb, err := newRedis(ctx, r.url, 0)
+	rdb, err := benchload.NewRedis(ctx, r.url, 0)
 	if err != nil {
 		return nil, nil, err
 	}
 	rdb.AddHook(firstGetHook{})
 	s.closers = append(s.closers, func() { _ = rdb.Close() })
-	pool, err := newPool(ctx, r.c.postgresURL, int32(r.c.pgConns))
+	pool, err := benchload.NewPool(ctx, r.c.postgresURL, int32(r.c.pgConns))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -135,7 +136,7 @@ func (r *peerRun) appLoader(pool *pgxpool.Pool) (lockstep.Loader, error) {
 	if err != nil {
 		return nil, err
 	}
-	return loaderOf(src), nil
+	return benchload.LoaderOf(src), nil
 }
 
 // app is one app instance's connections and origin: its own Redis client and pool (conns), and the loader that

@@ -24,6 +24,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
 	"github.com/keepwarm/keepwarm/warmer"
@@ -60,7 +61,7 @@ type replayConfig struct {
 // /tmp/x`), beside the repository it was cloned from.
 func defaultTracePath() string {
 	rel := filepath.Join("shared", "data", "traces", "OLTP.lis.zst")
-	root := moduleRoot()
+	root := benchload.ModuleRoot()
 	path := filepath.Join(root, "..", rel)
 	if fileExists(path) {
 		return path
@@ -367,24 +368,24 @@ func replay(ctx context.Context, c replayConfig, stdout, stderr io.Writer) (*rep
 	var covered int
 	e.oracle, covered = topK(w.seq, len(w.ids), c.topK)
 
-	if e.pool, err = newPool(ctx, c.postgresURL, 16); err != nil {
+	if e.pool, err = benchload.NewPool(ctx, c.postgresURL, 16); err != nil {
 		return nil, err
 	}
 	defer e.pool.Close()
-	if e.dpool, err = newPool(ctx, c.postgresURL, 6); err != nil {
+	if e.dpool, err = benchload.NewPool(ctx, c.postgresURL, 6); err != nil {
 		return nil, err
 	}
 	defer e.dpool.Close()
 	per := c.goroutines/c.clients + 4
 	for range c.clients {
-		rdb, err := newRedis(ctx, c.redisURL, per)
+		rdb, err := benchload.NewRedis(ctx, c.redisURL, per)
 		if err != nil {
 			return nil, err
 		}
 		defer rdb.Close()
 		e.apps = append(e.apps, rdb)
 	}
-	if e.daemon, err = newRedis(ctx, c.redisURL, 0); err != nil {
+	if e.daemon, err = benchload.NewRedis(ctx, c.redisURL, 0); err != nil {
 		return nil, err
 	}
 	defer e.daemon.Close()
@@ -533,7 +534,7 @@ func (e *replayEnv) runMode(ctx context.Context, mode string) (*replayResult, er
 	}
 	rl := &refreshLog{src: dsrc, byID: e.byID}
 	var appQueries atomic.Int64
-	appLoad := loaderOf(appSrc)
+	appLoad := benchload.LoaderOf(appSrc)
 	load := func(ctx context.Context, id string) ([]byte, error) {
 		appQueries.Add(1)
 		return appLoad(ctx, id)
@@ -779,7 +780,7 @@ func printReplay(w io.Writer, rep *replayReport, e *replayEnv) {
 		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f%%\t%.2f%%\t%d\t%d\t%d\t%d\t%d of %d (%.1f%%)\t%d+%d\t%d\t%s\t%s\t\n", r.Mode, r.Reads,
 			float64(r.Reads)/r.Elapsed, 100*r.warm(), 100*float64(r.Misses)/float64(max(r.Reads, 1)), r.Errors,
 			r.AppQueries, r.DaemonQueries, r.DaemonRows, r.Wasted, r.Judged, 100*float64(r.Wasted)/float64(max(r.Judged, 1)),
-			r.PGSSApp, r.PGSSDaemon, r.HotExpired, dur(r.Latency.P50), dur(r.Latency.P99))
+			r.PGSSApp, r.PGSSDaemon, r.HotExpired, benchload.Dur(r.Latency.P50), benchload.Dur(r.Latency.P99))
 	}
 	if ra := rep.RefreshAll; ra != nil {
 		fmt.Fprintf(tw, "refresh-all (simulated)\t%d\t\t%.2f%%\t\t\t\t\t%d\t%d of %d (%.1f%%)\t\t\t\t\t\n", len(e.w.seq), 100*ra.Warm,

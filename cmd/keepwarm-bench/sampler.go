@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,10 +36,10 @@ type sampled struct {
 	doubles int           // gaps shorter than ttl/2: a key rebuilt twice within one TTL
 }
 
-func (s *ttlSampler) run(ctx context.Context, rdb redis.UniversalClient, spaces []*loadSpace) {
+func (s *ttlSampler) run(ctx context.Context, rdb redis.UniversalClient, spaces []*benchload.Space) {
 	s.spaces = map[string]*sampled{}
 	for _, ls := range spaces {
-		s.spaces[ls.name] = &sampled{ttl: ls.ks.TTL, jitter: ls.ks.Jitter, lastExp: map[string]int64{},
+		s.spaces[ls.Name] = &sampled{ttl: ls.Keyspace.TTL, jitter: ls.Keyspace.Jitter, lastExp: map[string]int64{},
 			lastW: map[string]int64{}}
 	}
 	t := time.NewTicker(250 * time.Millisecond)
@@ -55,8 +56,8 @@ func (s *ttlSampler) run(ctx context.Context, rdb redis.UniversalClient, spaces 
 	}
 }
 
-func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *loadSpace) {
-	n := min(sampleTop, len(ls.ids))
+func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *benchload.Space) {
+	n := min(sampleTop, len(ls.IDs))
 	pipe := rdb.Pipeline()
 	now := pipe.Time(ctx)
 	type q struct {
@@ -64,8 +65,8 @@ func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *
 		pttl *redis.DurationCmd
 	}
 	qs := make([]q, 0, n)
-	for _, id := range ls.ids[:n] {
-		ks, err := ls.ks.Keys().For(id)
+	for _, id := range ls.IDs[:n] {
+		ks, err := ls.Keyspace.Keys().For(id)
 		if err != nil {
 			continue
 		}
@@ -77,7 +78,7 @@ func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *
 	nowMs := now.Val().UnixMilli()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sp := s.spaces[ls.name]
+	sp := s.spaces[ls.Name]
 	prevAt := sp.prevAt
 	sp.prevAt = nowMs
 	for _, x := range qs {
@@ -121,12 +122,12 @@ func (s *ttlSampler) sample(ctx context.Context, rdb redis.UniversalClient, ls *
 // above the jitter of reading PTTL and TIME in one pipeline.
 const expiryMoveMs = 50
 
-func (s *ttlSampler) report(w io.Writer, spaces []*loadSpace) {
+func (s *ttlSampler) report(w io.Writer, spaces []*benchload.Space) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fmt.Fprintf(w, "\nwrites seen on the %d most popular keys per keyspace (an expiry moving later, by PTTL sampled every 250 ms;\nwritten TTLs and gaps are known to one sample interval):\n", sampleTop)
 	for _, ls := range spaces {
-		sp := s.spaces[ls.name]
+		sp := s.spaces[ls.Name]
 		if sp == nil {
 			continue
 		}
@@ -135,7 +136,7 @@ func (s *ttlSampler) report(w io.Writer, spaces []*loadSpace) {
 			gap = sp.minGap.Round(time.Millisecond).String()
 		}
 		fmt.Fprintf(w, "  %-11s writes %5d  written TTL %v..%v (allowed %v..%v): %d outside;  min gap between writes of one key %s (ttl %v): %d under ttl/2\n",
-			ls.name, sp.writes, sp.minTTL.Round(time.Millisecond), sp.maxTTL.Round(time.Millisecond), sp.ttl,
+			ls.Name, sp.writes, sp.minTTL.Round(time.Millisecond), sp.maxTTL.Round(time.Millisecond), sp.ttl,
 			time.Duration(float64(sp.ttl)*(1+sp.jitter)), sp.outside, gap, sp.ttl, sp.doubles)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/redis/go-redis/v9"
 
@@ -218,7 +219,7 @@ func scale(ctx context.Context, c scaleConfig, stdout, stderr io.Writer) (*scale
 		// Generous bounds: on a loaded machine a 100,000-command pipeline can take longer than go-redis's 3 s default.
 		url = srv.URL + "?read_timeout=30s&write_timeout=30s"
 		if c.notify {
-			admin, err := newRedis(ctx, url, 1)
+			admin, err := benchload.NewRedis(ctx, url, 1)
 			if err != nil {
 				return nil, err
 			}
@@ -230,7 +231,7 @@ func scale(ctx context.Context, c scaleConfig, stdout, stderr io.Writer) (*scale
 		}
 		fmt.Fprintf(stderr, "scale: private redis-server at %s\n", url)
 	}
-	rdb, err := newRedis(ctx, url, 0)
+	rdb, err := benchload.NewRedis(ctx, url, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +321,7 @@ func benchKeys(prefix string) *lockstep.Keys {
 // footprint fills the access set with n ids, lets a warmer (top_n = hot, max_tracked = n) track them all, and
 // measures the heap and RSS it holds; for the largest n it then measures idle CPU.
 func footprint(ctx context.Context, c scaleConfig, url string, n int, idle bool, stderr io.Writer) (*footprintResult, *idleResult, error) {
-	rdb, err := newRedis(ctx, url, 0)
+	rdb, err := benchload.NewRedis(ctx, url, 0)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -446,13 +447,13 @@ func newPinnedRun(ctx context.Context, c scaleConfig, url string, ks warmer.Keys
 			p.close()
 		}
 	}()
-	if p.admin, err = newRedis(ctx, url, 0); err != nil {
+	if p.admin, err = benchload.NewRedis(ctx, url, 0); err != nil {
 		return nil, err
 	}
 	if err := p.admin.FlushAll(ctx).Err(); err != nil {
 		return nil, err
 	}
-	if p.rdb, err = newRedis(ctx, url, 0); err != nil {
+	if p.rdb, err = benchload.NewRedis(ctx, url, 0); err != nil {
 		return nil, err
 	}
 	p.hook = newCmdCounter()

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
@@ -238,23 +239,23 @@ func stampede(ctx context.Context, c stampedeConfig, stdout, stderr io.Writer) (
 	e.prefix = "kwbench-stampede:" + e.run + ":"
 	var err error
 	// Pool sizes: enough connections that the client pool never queues a read (50 workers, one read each).
-	if e.app, err = newRedis(ctx, c.redisURL, c.workers+10); err != nil {
+	if e.app, err = benchload.NewRedis(ctx, c.redisURL, c.workers+10); err != nil {
 		return nil, err
 	}
 	defer e.app.Close()
-	if e.base, err = newRedis(ctx, c.redisURL, c.workers+10); err != nil {
+	if e.base, err = benchload.NewRedis(ctx, c.redisURL, c.workers+10); err != nil {
 		return nil, err
 	}
 	defer e.base.Close()
-	if e.daemon, err = newRedis(ctx, c.redisURL, 0); err != nil {
+	if e.daemon, err = benchload.NewRedis(ctx, c.redisURL, 0); err != nil {
 		return nil, err
 	}
 	defer e.daemon.Close()
-	if e.pool, err = newPool(ctx, c.postgresURL, int32(c.workers+2)); err != nil {
+	if e.pool, err = benchload.NewPool(ctx, c.postgresURL, int32(c.workers+2)); err != nil {
 		return nil, err
 	}
 	defer e.pool.Close()
-	if e.dpool, err = newPool(ctx, c.postgresURL, 4); err != nil {
+	if e.dpool, err = benchload.NewPool(ctx, c.postgresURL, 4); err != nil {
 		return nil, err
 	}
 	defer e.dpool.Close()
@@ -352,7 +353,7 @@ func (e *stampedeEnv) runStrategy(ctx context.Context, st stampedeStrategy) (*st
 	if err != nil {
 		return nil, err
 	}
-	appLoad := loaderOf(appSrc)
+	appLoad := benchload.LoaderOf(appSrc)
 	recompute := func(ctx context.Context) ([]byte, error) {
 		var v []byte
 		err := o.do(false, func() error {
@@ -584,7 +585,7 @@ func printStampede(w io.Writer, rep *stampedeReport) {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d+%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t\n",
 			r.Strategy, r.Samples, r.Hits, r.Misses, r.Recomputes, r.DaemonRecomputes, r.Simultaneous, r.Contentions,
 			r.Early, r.Ducked, r.Stale, r.Errors, r.OriginApp, r.OriginDaemon, r.OriginOverlap, r.OriginPGSS,
-			dur(r.Latency.P50), dur(r.Latency.P99), dur(r.Latency.P999), dur(r.Latency.Max), dur(r.Baseline.P99),
+			benchload.Dur(r.Latency.P50), benchload.Dur(r.Latency.P99), benchload.Dur(r.Latency.P999), benchload.Dur(r.Latency.Max), benchload.Dur(r.Baseline.P99),
 			ratio(r.Latency.P99, r.Baseline.P99))
 	}
 	_ = tw.Flush()
@@ -604,7 +605,7 @@ func printStampede(w io.Writer, rep *stampedeReport) {
 		fmt.Fprintf(w, "\nkeepwarm targets: misses %d (want 0) %s; simultaneous recomputes %d (want 0) %s; client lock contentions %d (want 0) %s; recomputes %d (want duration/expiry = %.1f ±1) %s; p99 %s vs plain-hit p99 %s: ratio %.2f (want 1)\n",
 			r.Misses, mark(r.Misses == 0), r.Simultaneous, mark(r.Simultaneous == 0), r.Contentions, mark(r.Contentions == 0),
 			r.Recomputes, want, mark(float64(r.Recomputes) >= want-1 && float64(r.Recomputes) <= want+1),
-			dur(r.Latency.P99), dur(r.Baseline.P99), ratio(r.Latency.P99, r.Baseline.P99))
+			benchload.Dur(r.Latency.P99), benchload.Dur(r.Baseline.P99), ratio(r.Latency.P99, r.Baseline.P99))
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"strings"
+
+	"github.com/keepwarm/keepwarm/internal/benchload"
 )
 
 // A few hand-written SVG charts: enough for docs/benchmarks.md, no plotting dependency.
@@ -197,9 +199,9 @@ func stampedeSVG(rep *stampedeReport) []byte {
 	var rows []svgRow
 	for _, r := range rep.Results {
 		row := svgRow{label: r.Strategy, note: fmt.Sprintf("%d recomputes, %d simultaneous, %d misses, p99 %s",
-			r.Recomputes, r.Simultaneous, r.Misses, dur(r.Latency.P99))}
+			r.Recomputes, r.Simultaneous, r.Misses, benchload.Dur(r.Latency.P99))}
 		for _, ev := range r.Events {
-			m := svgMark{x: ev.At.Seconds(), color: "#7f7f7f", title: fmt.Sprintf("%.2fs took %s", ev.At.Seconds(), dur(ev.Took))}
+			m := svgMark{x: ev.At.Seconds(), color: "#7f7f7f", title: fmt.Sprintf("%.2fs took %s", ev.At.Seconds(), benchload.Dur(ev.Took))}
 			switch {
 			case ev.Simul:
 				m.color = "#d62728"

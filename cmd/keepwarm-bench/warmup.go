@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -34,12 +35,12 @@ func runWarmup(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	rdb, err := newRedis(ctx, svc.redisURL, 8)
+	rdb, err := benchload.NewRedis(ctx, svc.redisURL, 8)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	pool, err := newPool(ctx, svc.postgresURL, 4)
+	pool, err := benchload.NewPool(ctx, svc.postgresURL, 4)
 	if err != nil {
 		return err
 	}
@@ -171,7 +172,7 @@ func buildKeepwarm(ctx context.Context, log io.Writer) (string, error) {
 	}
 	bin := filepath.Join(dir, "keepwarm")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/keepwarm")
-	cmd.Dir = moduleRoot()
+	cmd.Dir = benchload.ModuleRoot()
 	cmd.Stderr = log
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("build keepwarm: %w", err)

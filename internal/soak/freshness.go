@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
@@ -340,7 +341,7 @@ func (ft *freshTracker) finish() ([]*freshChange, int) {
 	return slices.Clone(ft.changes), ft.skipped
 }
 
-// freshObserver is the freshness observer's Redis side: the updater's hook (updateHook) and the poller.
+// freshObserver is the freshness observer's Redis side: the updater's hook (benchload.UpdateHook) and the poller.
 type freshObserver struct {
 	track    *freshTracker
 	rdb      redis.UniversalClient // the observer's own client, as an app's
@@ -360,13 +361,13 @@ type freshObserver struct {
 // wantMove asks the updater to make its next update a move.
 func (o *freshObserver) wantMove() { o.move.Store(true) }
 
-// forceMove implements updateHook.
-func (o *freshObserver) forceMove() bool { return o.move.Swap(false) }
+// ForceMove implements benchload.UpdateHook.
+func (o *freshObserver) ForceMove() bool { return o.move.Swap(false) }
 
-// before implements updateHook: it serialises the updates of one track (so that their commits return in commit
+// Before implements benchload.UpdateHook: it serialises the updates of one track (so that their commits return in commit
 // order), reads the track's album and genre and the affected keys, and returns the function that registers the
 // outcome and releases the track.
-func (o *freshObserver) before(ctx context.Context, seq int64, id int, name string, moveTo int) func(time.Time, error) {
+func (o *freshObserver) Before(ctx context.Context, seq int64, id int, name string, moveTo int) func(time.Time, error) {
 	mu := &o.trackLocks[id%len(o.trackLocks)]
 	mu.Lock()
 	track := strconv.Itoa(id)
@@ -475,7 +476,7 @@ func cadence(gaps []time.Duration) (p50, p99, longest time.Duration) {
 	if len(gaps) == 0 {
 		return 0, 0, 0
 	}
-	return latPct(gaps, 0.5), latPct(gaps, 0.99), latPct(gaps, 1)
+	return benchload.Percentile(gaps, 0.5), benchload.Percentile(gaps, 0.99), benchload.Percentile(gaps, 1)
 }
 
 // String describes a target for the report.

@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
@@ -333,7 +334,7 @@ func TestObserverOnRedis(t *testing.T) {
 		t.Fatalf("%v (scripts/services up installs redis-server)", err)
 	}
 	t.Cleanup(srv.Stop)
-	rdb, err := newRedis(ctx, srv.URL, 2)
+	rdb, err := benchload.NewRedis(ctx, srv.URL, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,8 +469,8 @@ func TestReportChecksCanFail(t *testing.T) {
 			freshGaps:     []time.Duration{50 * time.Millisecond},
 		}
 	}
-	f := soakFlags{interval: 50 * time.Millisecond, minGap: 100 * time.Millisecond, phantomRatio: 1.05, phantomSlack: 3,
-		settle: 5 * time.Second, duration: 2 * time.Minute, freshMaxP99: 500 * time.Millisecond}
+	f := Options{Interval: 50 * time.Millisecond, MinGap: 100 * time.Millisecond, PhantomRatio: 1.05, PhantomSlack: 3,
+		Settle: 5 * time.Second, Duration: 2 * time.Minute, FreshMaxP99: 500 * time.Millisecond}
 	tests := []struct {
 		name  string
 		spoil func(r *soakResult)

@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
@@ -381,7 +382,7 @@ func (s *soak) degradeRedisLink(ctx context.Context, d time.Duration) (string, e
 func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (string, int, error) {
 	ks := s.cfg.Keyspace("track")
 	keys := ks.Keys()
-	c, err := lockstep.New(s.rdb, ks.Name, keys, loaderOf(s.srcs[ks.Name]), ks.TTL)
+	c, err := lockstep.New(s.rdb, ks.Name, keys, benchload.LoaderOf(s.srcs[ks.Name]), ks.TTL)
 	if err != nil {
 		return "", 0, err
 	}

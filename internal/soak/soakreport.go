@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"bufio"
@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
@@ -67,9 +68,9 @@ type kindRow struct {
 }
 
 // report prints the soak's tables and checks and returns an error naming the failed checks.
-func (r *soakResult) report(w io.Writer, f soakFlags) error {
+func (r *soakResult) report(w io.Writer, f Options) error {
 	fmt.Fprintf(w, "\nsoak: seed %d, %v of load (%v warm-up left out), observer every %v: %d polls, %d failed (Redis not answering), %v in polls slower than 2 intervals, up to %d hot keys\n",
-		r.seed, r.end.Sub(r.start).Round(time.Second), r.warmEnd.Sub(r.start).Round(time.Second), f.interval, r.polls, r.blind,
+		r.seed, r.end.Sub(r.start).Round(time.Second), r.warmEnd.Sub(r.start).Round(time.Second), f.Interval, r.polls, r.blind,
 		r.blindTime.Round(100*time.Millisecond), r.maxHot)
 	fmt.Fprintf(w, "row updates: %d (%d failed)\n\n", r.updates, r.updateErrs)
 
@@ -134,7 +135,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 			if g.Blink {
 				x.blinks++
 			}
-			if g.Length >= f.minGap {
+			if g.Length >= f.MinGap {
 				x.long++
 			}
 			if g.Length > x.longest.Length {
@@ -160,7 +161,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	}
 	var notLogged []gap
 	for _, g := range unlogged(judged, r.logs, 5*time.Minute) {
-		if g.Length >= f.minGap {
+		if g.Length >= f.MinGap {
 			notLogged = append(notLogged, g)
 			row(attribute(g, r.faults, r.invalidations)).unlogged++
 			perKS[g.Keyspace].unlogged++
@@ -170,7 +171,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 
 	fmt.Fprintf(w, "\nmisses by fault kind (observer gaps on hot keys, attributed to the last fault injected before each gap; counted = Σ of the replicas' keepwarm_warmer_hot_expired_total from that fault to the next)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "fault\tinjected\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\tits key\t\n", f.minGap)
+	fmt.Fprintf(tw, "fault\tinjected\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\tits key\t\n", f.MinGap)
 	order := append(append([]string{faultNone}, allFaults...), attributionInvalid, attributionResync, attributionUnowned)
 	for _, k := range order {
 		x := rows[k]
@@ -185,13 +186,13 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		if excluded(k) {
 			unc = "excluded"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, x.unlogged, dur(x.longest.Length), x.longest.Key)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", k, x.injected, x.gaps, x.long, x.blinks, x.cold, counted, unc, x.unlogged, benchload.Dur(x.longest.Length), x.longest.Key)
 	}
 	_ = tw.Flush()
 
 	fmt.Fprintf(w, "\nby keyspace (invalidation and not-hot-for-owner gaps included in gaps; the check below leaves them out)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "keyspace\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\t\n", f.minGap)
+	fmt.Fprintf(tw, "keyspace\tgaps\t>= %v\tblinks\tcold starts\tcounted\tuncounted\tnot logged\tlongest gap\t\n", f.MinGap)
 	var totalUnc, totalCounted float64
 	var totalObserved, totalLong int
 	var worstKS string
@@ -202,7 +203,7 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 			continue
 		}
 		allBy[g.Keyspace]++
-		if g.Length >= f.minGap {
+		if g.Length >= f.MinGap {
 			longBy[g.Keyspace]++
 		}
 	}
@@ -216,21 +217,21 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		totalCounted += x.counted
 		totalObserved += allBy[ks]
 		totalLong += longBy[ks]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%d\t%s\t\n", ks, x.gaps, x.long, x.blinks, x.cold, x.counted, unc, x.unlogged, dur(x.longest.Length))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%d\t%s\t\n", ks, x.gaps, x.long, x.blinks, x.cold, x.counted, unc, x.unlogged, benchload.Dur(x.longest.Length))
 	}
 	_ = tw.Flush()
 	if r.droppedGaps > 0 {
 		fmt.Fprintf(w, "(the observer dropped %d gaps beyond its memory bound)\n", r.droppedGaps)
 	}
 	if longest.Key != "" {
-		fmt.Fprintf(w, "longest gap: %s on %s at %v (%s)\n", dur(longest.Length), longest.Key, longest.Start.Sub(r.start).Round(time.Second), attribute(longest, r.faults, r.invalidations))
+		fmt.Fprintf(w, "longest gap: %s on %s at %v (%s)\n", benchload.Dur(longest.Length), longest.Key, longest.Start.Sub(r.start).Round(time.Second), attribute(longest, r.faults, r.invalidations))
 	}
 	if r.logErr != nil {
 		fmt.Fprintf(w, "daemon logs: %v (the \"not logged\" column is incomplete)\n", r.logErr)
 	}
-	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.minGap)
+	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.MinGap)
 	for _, g := range notLogged[:min(10, len(notLogged))] {
-		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
+		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
 	}
 	if r.lostWindows > 0 {
 		fmt.Fprintf(w, "%d kill -9: each victim's counters were scraped just before the kill and kept; what it counted in the milliseconds between is lost\n", r.lostWindows)
@@ -255,24 +256,24 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 	check(r.polls > 0 && r.maxHot > 0, "observer saw hot keys", fmt.Sprintf("%d polls, up to %d hot keys", r.polls, r.maxHot),
 		"the observer polled no hot key: every other check below would pass vacuously")
 	uncDetail := ""
-	if totalUnc > float64(f.maxUncounted) && len(notLogged) > 0 {
+	if totalUnc > float64(f.MaxUncounted) && len(notLogged) > 0 {
 		g := notLogged[0]
-		uncDetail = fmt.Sprintf("e.g. key %s: gap of %s at %v, after fault %s, which no daemon logged as expired", g.Key, dur(g.Length),
+		uncDetail = fmt.Sprintf("e.g. key %s: gap of %s at %v, after fault %s, which no daemon logged as expired", g.Key, benchload.Dur(g.Length),
 			g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
-	} else if totalUnc > float64(f.maxUncounted) {
+	} else if totalUnc > float64(f.MaxUncounted) {
 		// Name the longest uncounted-keyspace gap and its fault.
 		var worst gap
 		for _, g := range inWindow {
-			if g.Keyspace == worstKS && !g.ColdStart && g.Length >= f.minGap && !excluded(attribute(g, r.faults, r.invalidations)) && g.Length > worst.Length {
+			if g.Keyspace == worstKS && !g.ColdStart && g.Length >= f.MinGap && !excluded(attribute(g, r.faults, r.invalidations)) && g.Length > worst.Length {
 				worst = g
 			}
 		}
-		uncDetail = fmt.Sprintf("keyspace %s: longest gap %s on key %s at %v, after fault %s", worstKS, dur(worst.Length), worst.Key,
+		uncDetail = fmt.Sprintf("keyspace %s: longest gap %s on key %s at %v, after fault %s", worstKS, benchload.Dur(worst.Length), worst.Key,
 			worst.Start.Sub(r.start).Round(time.Second), attribute(worst, r.faults, r.invalidations))
 	}
-	check(totalUnc <= float64(f.maxUncounted), fmt.Sprintf("gaps >= %v counted by the SLO counter (uncounted <= %d)", f.minGap, f.maxUncounted),
+	check(totalUnc <= float64(f.MaxUncounted), fmt.Sprintf("gaps >= %v counted by the SLO counter (uncounted <= %d)", f.MinGap, f.MaxUncounted),
 		fmt.Sprintf("%d gaps, %.0f counted, %.0f uncounted (per keyspace: max(0, gaps - counted))", totalLong, totalCounted, totalUnc), uncDetail)
-	limit := f.phantomRatio*float64(totalObserved) + f.phantomSlack
+	limit := f.PhantomRatio*float64(totalObserved) + f.PhantomSlack
 	phDetail := ""
 	if totalCounted > limit {
 		worstKind, worstExcess := "", 0.0
@@ -283,11 +284,11 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 		}
 		phDetail = fmt.Sprintf("most counted beyond the observed gaps after fault %s (%.0f)", worstKind, worstExcess)
 	}
-	check(totalCounted <= limit, fmt.Sprintf("no phantom misses (counted <= %.2f × gaps + %.0f)", f.phantomRatio, f.phantomSlack),
+	check(totalCounted <= limit, fmt.Sprintf("no phantom misses (counted <= %.2f × gaps + %.0f)", f.PhantomRatio, f.PhantomSlack),
 		fmt.Sprintf("%.0f counted, %d gaps (blinks included), limit %.1f", totalCounted, totalObserved, limit), phDetail)
 	check(len(r.orphanLocks) == 0, "orphaned locks after everything stopped", fmt.Sprintf("%d", len(r.orphanLocks)),
 		"lock keys: "+strings.Join(r.orphanLocks[:min(5, len(r.orphanLocks))], ", "))
-	check(len(r.mismatches) == 0, fmt.Sprintf("cached values of the fed keyspaces equal to PostgreSQL %v after the last update", f.settle),
+	check(len(r.mismatches) == 0, fmt.Sprintf("cached values of the fed keyspaces equal to PostgreSQL %v after the last update", f.Settle),
 		fmt.Sprintf("%d compared (%d hot), %d differ", r.checkedValues, r.checkedHot, len(r.mismatches)), strings.Join(r.mismatches[:min(3, len(r.mismatches))], "; "))
 	fresh.checks(r, f, check)
 	var noBite []string
@@ -318,16 +319,16 @@ func (r *soakResult) report(w io.Writer, f soakFlags) error {
 			check(false, "fault "+fr.Kind+" injected", fr.err.Error(), fmt.Sprintf("%s at %v: %v", fr.Kind, fr.At, fr.err))
 		}
 	}
-	replay := fmt.Sprintf("keepwarm-bench soak --duration %v --seed %d", f.duration, r.seed)
+	replay := fmt.Sprintf("keepwarm-bench soak --duration %v --seed %d", f.Duration, r.seed)
 	if f.mode() != "single" {
 		replay += " --" + f.mode()
 	}
-	if f.faults != "" && f.faults != "all" {
-		replay += " --faults " + f.faults
+	if f.Faults != "" && f.Faults != "all" {
+		replay += " --faults " + f.Faults
 	}
 	fmt.Fprintf(w, "seed %d: replay with %s\n\n%s\n", r.seed, replay, freshnessLegend)
 	if len(failed) > 0 {
-		return fmt.Errorf("soak seed %d: %d checks failed: %s", r.seed, len(failed), strings.Join(failed, "; "))
+		return &ChecksError{Seed: r.seed, Failed: failed}
 	}
 	return nil
 }

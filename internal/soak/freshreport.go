@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"fmt"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/keepwarm/keepwarm/internal/benchload"
 )
 
 // Causes of a late key that the daemons' freshness counter (keepwarm_changes_late_total) is not expected to
@@ -281,9 +283,9 @@ func (s *freshSummary) print(w io.Writer, r *soakResult) {
 	if len(s.examples) > 0 {
 		fmt.Fprintln(w, "latest keys (late: at least .. at most after the commit returned):")
 		for _, x := range s.examples[:min(10, len(s.examples))] {
-			when := fmt.Sprintf("%s .. %s", dur(x.t.Lo.Sub(x.c.Committed)), dur(x.t.Hi.Sub(x.c.Committed)))
+			when := fmt.Sprintf("%s .. %s", benchload.Dur(x.t.Lo.Sub(x.c.Committed)), benchload.Dur(x.t.Hi.Sub(x.c.Committed)))
 			if x.verdict == verdictNever {
-				when = "never (stale at the last reading, " + dur(x.t.LastStale.Sub(x.c.Committed)) + " after)"
+				when = "never (stale at the last reading, " + benchload.Dur(x.t.LastStale.Sub(x.c.Committed)) + " after)"
 			}
 			cause := x.cause
 			if cause == "" {
@@ -329,10 +331,10 @@ const freshnessLegend = `freshness checks, what they prove and what they cannot:
     value that expired before the end is not seen there, only by the observer.`
 
 // freshChecks runs the freshness checks through check.
-func (s *freshSummary) checks(r *soakResult, f soakFlags, check func(ok bool, name, got, detail string)) {
+func (s *freshSummary) checks(r *soakResult, f Options, check func(ok bool, name, got, detail string)) {
 	check(s.judged > 0, "freshness observer judged changes", fmt.Sprintf("%d of %d committed changes, %d keys", s.judged, s.committed, s.keys),
 		"no change was judged (no key was cached when its update committed): the freshness checks would pass vacuously")
-	check(s.p99 <= f.freshMaxP99, fmt.Sprintf("freshness observer kept its cadence (p99 interval <= %v)", f.freshMaxP99),
+	check(s.p99 <= f.FreshMaxP99, fmt.Sprintf("freshness observer kept its cadence (p99 interval <= %v)", f.FreshMaxP99),
 		fmt.Sprintf("p50 %v, p99 %v, longest %v, %d borderline changes", s.p50.Round(time.Millisecond), s.p99.Round(time.Millisecond),
 			s.longest.Round(time.Millisecond), s.borderline),
 		"the observer read too seldom to judge a 1 s bound: its verdicts would be borderline, not late")
@@ -370,7 +372,7 @@ func (s *freshSummary) checks(r *soakResult, f soakFlags, check func(ok bool, na
 		d := ""
 		if len(s.pubGapUncovered) > 0 {
 			x := s.pubGapUncovered[0]
-			d = fmt.Sprintf("e.g. %s (%s) resolved %s after its commit", x.t.Key, x.t.Role, dur(x.t.Hi.Sub(x.c.Committed)))
+			d = fmt.Sprintf("e.g. %s (%s) resolved %s after its commit", x.t.Key, x.t.Role, benchload.Dur(x.t.Hi.Sub(x.c.Committed)))
 		}
 		check(len(s.pubGapUncovered) == 0, "publication gaps covered by the publication_gap resync",
 			fmt.Sprintf("%d gaps, %d late keys explained by a resync, %d resolved later than %v after it", s.pubGaps, s.explained[causePubGap],

@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 )
 
@@ -340,7 +341,7 @@ func TestFreshAccount(t *testing.T) {
 
 // TestFreshChecksCanFail: each freshness check fails on its own defect and names it.
 func TestFreshChecksCanFail(t *testing.T) {
-	f := soakFlags{freshMaxP99: 500 * time.Millisecond}
+	f := Options{FreshMaxP99: 500 * time.Millisecond}
 	run := func(r *soakResult) []string {
 		var failed []string
 		freshAccount(r).checks(r, f, func(ok bool, name, got, detail string) {
@@ -456,7 +457,7 @@ func TestRedisOOM(t *testing.T) {
 		t.Fatalf("%v (scripts/services up installs redis-server)", err)
 	}
 	t.Cleanup(srv.Stop)
-	rdb, err := newRedis(ctx, srv.URL, 4)
+	rdb, err := benchload.NewRedis(ctx, srv.URL, 4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package benchload_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
@@ -27,7 +28,7 @@ func TestLoaderOf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	load := loaderOf(src)
+	load := benchload.LoaderOf(src)
 	tests := []struct {
 		id      string
 		want    string

@@ -1,4 +1,4 @@
-package main
+package soak
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -243,7 +244,7 @@ func redisInfo(ctx context.Context, c redis.UniversalClient, section, field stri
 	if err != nil {
 		return ""
 	}
-	return infoField(info, field)
+	return benchload.InfoField(info, field)
 }
 
 // oomRefusals reads how many commands Redis refused for memory (INFO errorstats, errorstat_OOM:count=N).
