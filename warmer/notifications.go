@@ -404,12 +404,12 @@ func (k *keyspace) onEvent(event, key string) bool {
 	if !ok {
 		return false
 	}
-	k.mail.send(func() { k.event(event, id) })
+	k.mail.Send(func(k *loopState) { k.event(event, id) })
 	return true
 }
 
 // event is onEvent's message, on the loop: one keyevent notification for the hot id.
-func (k *keyspace) event(event, id string) {
+func (k *loopState) event(event, id string) {
 	h := k.hotSet[id]
 	if h == nil || h.persistent || !k.owns(id) {
 		return
