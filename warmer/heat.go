@@ -180,8 +180,10 @@ func formatScore(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) 
 // setHot applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
 // leave the queue but stay tracked.
 func (k *loopState) setHot(hot map[string]bool) {
+	changed := false
 	for id, h := range k.hotSet {
 		if !hot[id] {
+			changed = true
 			k.q.remove(h)
 			k.cq.remove(h)
 			h.e.hot = nil
@@ -194,6 +196,7 @@ func (k *loopState) setHot(hot map[string]bool) {
 		if _, ok := k.hotSet[id]; ok {
 			continue
 		}
+		changed = true
 		e := k.tr.entries[id]
 		if e == nil {
 			e = k.tr.observe(id, 0, now)
@@ -203,6 +206,9 @@ func (k *loopState) setHot(hot map[string]bool) {
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)
+	}
+	if changed || k.hot.Load() == nil {
+		k.publishHot()
 	}
 	k.gauges()
 }

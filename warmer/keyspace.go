@@ -61,6 +61,10 @@ type keyspace struct {
 
 	results    map[string]*atomic.Int64 // refreshes by result, for Status; the map itself is immutable
 	hotExpired atomic.Int64             // the SLO counter, for Status
+
+	// hot is the hot set as the loop last published it (publishHot), for the notification listener.
+	hot    atomic.Pointer[hotIDSet]
+	intake intake // keyspace-notification events for hot ids, waiting for the loop (its own lock)
 }
 
 // loopState is what a keyspace's scheduler loop owns: the hot set, the queues, the tracker, the LFU and fleet
@@ -127,6 +131,10 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		wake:    make(chan struct{}, 1),
 		polled:  make(chan struct{}),
 		results: map[string]*atomic.Int64{},
+		intake:  intake{limit: w.cfg.EventQueue},
+	}
+	if k.intake.limit <= 0 {
+		k.intake.limit = DefaultEventQueue
 	}
 	s := &loopState{
 		keyspace: k,

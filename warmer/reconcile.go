@@ -100,12 +100,7 @@ func (k *loopState) reconcile(ctx context.Context) {
 	now := k.w.now()
 	if ep := k.w.trust.epoch.Load(); ep != k.checkEpoch {
 		k.checkEpoch = ep
-		iv := k.cfg.ReconcileEvery
-		for _, h := range k.hotSet {
-			if due := now.Add(time.Duration(k.rnd.Float64() * float64(iv))); h.cidx < 0 || due.Before(h.checkAt) {
-				k.cq.schedule(h, due)
-			}
-		}
+		k.recheckAll(now)
 	}
 	limit := max(1, int(float64(k.cfg.ReconcileBudget)*reconcileTick(k.cfg).Seconds()))
 	var hs []*hotState
@@ -144,6 +139,17 @@ func (k *loopState) reconcile(ctx context.Context) {
 			if k.reconcileWanted(h) && h.cidx < 0 {
 				k.scheduleCheck(h, now)
 			}
+		}
+	}
+}
+
+// recheckAll brings every hot key's next check forward to a random point within one ReconcileEvery from now
+// (never later than it was): events may have been missed, for any key.
+func (k *loopState) recheckAll(now time.Time) {
+	iv := k.cfg.ReconcileEvery
+	for _, h := range k.hotSet {
+		if due := now.Add(time.Duration(k.rnd.Float64() * float64(iv))); h.cidx < 0 || due.Before(h.checkAt) {
+			k.cq.schedule(h, due)
 		}
 	}
 }

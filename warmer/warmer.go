@@ -34,6 +34,10 @@ type Config struct {
 	// NodeCheckInterval is how often, with Notifications, the warmer re-reads the Cluster's masters and every
 	// node's notify-keyspace-events; default DefaultNodeCheckInterval.
 	NodeCheckInterval time.Duration
+	// EventQueue bounds, with Notifications, how many hot ids may have events waiting for one keyspace's loop
+	// (events for cold ids are dropped, and events for one id coalesce); beyond it events are dropped and every
+	// hot key is re-checked by the reconciliation. Default DefaultEventQueue.
+	EventQueue int
 	// FlushCheckInterval is how often the flush canary is rewritten (flush.go): a FLUSHDB, FLUSHALL, SWAPDB or
 	// a restart that emptied Redis is noticed within it, and every hot key is re-read at once. Default
 	// DefaultFlushCheckInterval; negative turns the canary off.
