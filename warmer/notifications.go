@@ -385,8 +385,7 @@ func (n *notifier) notifyHealth() {
 
 // onEvent handles one keyevent notification for key.
 func (n *notifier) onEvent(event, key string) {
-	spaces := n.w.keyspaces()
-	for _, k := range spaces {
+	for _, k := range *n.w.spaceList.Load() { // published, immutable: no lock on the event path
 		if k.onEvent(event, key) {
 			return
 		}
