@@ -31,7 +31,7 @@ type vanishWindow struct {
 
 // noteVanished counts one hot value that vanished before its expiry, and reports the start of an episode
 // of them vanishing in bulk once.
-func (k *keyspace) noteVanished(now time.Time) {
+func (k *loopState) noteVanished(now time.Time) {
 	v := &k.vanish
 	if now.Sub(v.start) >= bulkVanishWindow {
 		if v.n < k.bulkThreshold() {
@@ -50,7 +50,7 @@ func (k *keyspace) noteVanished(now time.Time) {
 		"vanished", v.n, "within", now.Sub(v.start), "hot_keys", len(k.hotSet))
 }
 
-func (k *keyspace) bulkThreshold() int {
+func (k *loopState) bulkThreshold() int {
 	return max(bulkVanishMin, int(bulkVanishFraction*float64(len(k.hotSet))))
 }
 
@@ -59,7 +59,7 @@ func (k *keyspace) bulkThreshold() int {
 // a set that is gone was evicted or deleted (FLUSHALL, an eviction under an allkeys-* policy), and the hot set
 // now rests on the scores the daemon remembers. That is counted in keepwarm_warmer_access_set_lost_total and
 // logged once per loss.
-func (k *keyspace) checkAccessSet(ctx context.Context, cfg KeyspaceConfig, members int) {
+func (k *loopState) checkAccessSet(ctx context.Context, cfg KeyspaceConfig, members int) {
 	had := k.accessSeen
 	k.accessSeen = members > 0
 	if members > 0 || !had {

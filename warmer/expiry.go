@@ -6,8 +6,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/lockstep"
 )
 
 // pttlChunk is how many PTTLs go in one pipeline.
@@ -54,7 +55,7 @@ func (k *keyspace) pttls(ctx context.Context, keys *lockstep.Keys, ids []string)
 
 // learnExpiries reads the PTTL of newly hot keys (and of keys an app wrote, learnt from notifications) and
 // schedules them: a missing key is due now, a key without TTL is reported and left alone.
-func (k *keyspace) learnExpiries(ctx context.Context) {
+func (k *loopState) learnExpiries(ctx context.Context) {
 	var hs []*hotState
 	for _, h := range k.adopt {
 		if h.e.hot == h && h.needPTTL && !h.inflight && k.owns(h.id) {
@@ -85,7 +86,7 @@ func (k *keyspace) learnExpiries(ctx context.Context) {
 // readPTTLs reads the PTTL of hs (pipelined) and folds each reading into its key's state and schedule, skipping
 // keys that stopped being hot or went in flight meanwhile. It reports false when Redis failed (logged once per
 // outage as what).
-func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) bool {
+func (k *loopState) readPTTLs(ctx context.Context, hs []*hotState, what string) bool {
 	if len(hs) == 0 {
 		return true
 	}
@@ -147,7 +148,7 @@ func (k *keyspace) readPTTLs(ctx context.Context, hs []*hotState, what string) b
 // the expiry the daemon knew: a key found gone is a miss unless it was invalidated or its expiry was never known
 // (noteGone); a value found present after that expiry had passed was rebuilt by someone else after it
 // expired, which is a miss even though the key is there now (judgeReading).
-func (k *keyspace) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
+func (k *loopState) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 	switch {
 	case pttl == pttlPersistent:
 		if !h.persistent {
@@ -188,7 +189,7 @@ func (k *keyspace) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 // one found is someone else's rebuild: an SLO miss, counted once, however short the gap was. A value that can be
 // shown to have been written before the known expiry (its TTL left, taken as written with at least the keyspace's
 // ttl, places its write before that expiry) is an early rewrite the daemon had not learnt of, not a miss.
-func (k *keyspace) judgeReading(h *hotState, now time.Time, pttl time.Duration, why string) {
+func (k *loopState) judgeReading(h *hotState, now time.Time, pttl time.Duration, why string) {
 	if h.expiry.IsZero() || h.counted || h.missing || h.invalidated || pttl <= 0 {
 		return
 	}
@@ -209,7 +210,7 @@ func (k *keyspace) judgeReading(h *hotState, now time.Time, pttl time.Duration, 
 // noteGone judges a hot key found missing: an SLO miss (countMiss) unless the daemon never knew it
 // present (zero expiry), the origin has no row for it, or it was invalidated (a del event: an app's or the
 // change stream's invalidation, the only exclusions of the SLO). Each expiry counts once.
-func (k *keyspace) noteGone(h *hotState, now time.Time) {
+func (k *loopState) noteGone(h *hotState, now time.Time) {
 	if h.counted || h.missing || h.invalidated || h.expiry.IsZero() {
 		return
 	}

@@ -499,7 +499,7 @@ func (w *Warmer) Fleet() FleetStatus {
 
 // owns is the ownership predicate: whether this replica refreshes id. The scheduler asks it where it
 // adopts keys (learns their expiry), reconciles them, queues them and dispatches them.
-func (k *keyspace) owns(id string) bool { return k.view.owns(id) }
+func (k *loopState) owns(id string) bool { return k.view.owns(id) }
 
 // setView installs a new member list: keys this replica no longer owns leave its due queue (a batch in flight
 // finishes); keys it gained are adopted (their expiry is read with PTTL, then they are queued). A gained key
@@ -509,11 +509,11 @@ func (k *keyspace) owns(id string) bool { return k.view.owns(id) }
 // before they expired, so they are judged against that expiry (a miss this replica still owned; the heirs' claims
 // keep it from counting twice).
 func (k *keyspace) setView(v *fleetView, lapsedAt time.Time) {
-	k.mail.send(func() { k.applyView(v, lapsedAt) })
+	k.mail.Send(func(k *loopState) { k.applyView(v, lapsedAt) })
 }
 
 // applyView is setView's message, on the loop.
-func (k *keyspace) applyView(v *fleetView, lapsedAt time.Time) {
+func (k *loopState) applyView(v *fleetView, lapsedAt time.Time) {
 	lapsed := !lapsedAt.IsZero()
 	k.view = v
 	for _, h := range k.hotSet {
@@ -549,7 +549,7 @@ func (k *keyspace) applyView(v *fleetView, lapsedAt time.Time) {
 // gatherWindow is how far ahead a batch gathers due keys: GatherWindow times the number of owners, so
 // that each of n replicas, refreshing 1/n of the keys, still sends batches as large as one replica would, and
 // the fleet's origin queries stay those of one daemon.
-func (k *keyspace) gatherWindow() time.Duration {
+func (k *loopState) gatherWindow() time.Duration {
 	n := 1
 	if k.view != nil {
 		n = max(1, len(k.view.owners))
@@ -558,7 +558,7 @@ func (k *keyspace) gatherWindow() time.Duration {
 }
 
 // owned counts the hot keys this replica owns.
-func (k *keyspace) owned() int {
+func (k *loopState) owned() int {
 	if k.view == nil || len(k.view.owners) <= 1 {
 		return len(k.hotSet)
 	}
@@ -576,7 +576,7 @@ func (k *keyspace) owned() int {
 // expiry, so noteGone alone would not count it). A key hot for less than one TTL is not counted: its
 // previous owner may not have written it yet. Otherwise this is conservative: a key that an app deleted, or that
 // the origin lacks, at that moment is counted too.
-func (k *keyspace) noteHandover(h *hotState, pttl time.Duration, now time.Time) {
+func (k *loopState) noteHandover(h *hotState, pttl time.Duration, now time.Time) {
 	if !h.handover {
 		return
 	}

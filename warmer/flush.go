@@ -235,11 +235,11 @@ func (w *Warmer) rereadAll(why string, emptied time.Time) {
 // ownership change in the next heartbeats would hand the key to a replica that cannot tell it was flushed.
 func (k *keyspace) rereadAll(why string, emptied time.Time) {
 	now := k.w.now()
-	k.mail.send(func() { k.rereadOwned(why, emptied, now) })
+	k.mail.Send(func(k *loopState) { k.rereadOwned(why, emptied, now) })
 }
 
 // rereadOwned is rereadAll's message, on the loop.
-func (k *keyspace) rereadOwned(why string, emptied, now time.Time) {
+func (k *loopState) rereadOwned(why string, emptied, now time.Time) {
 	for id, h := range k.hotSet {
 		if h.persistent || !k.owns(id) {
 			continue

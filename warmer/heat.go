@@ -17,7 +17,7 @@ const syncPage = 10000
 
 // poll reads the hot-key signals (the access sorted set, and Redis LFU counters where enabled), decays and trims
 // the access set, and recomputes the hot set.
-func (k *keyspace) poll(ctx context.Context) {
+func (k *loopState) poll(ctx context.Context) {
 	cfg := k.config()
 	now := k.w.now()
 	window := int64(2 * cfg.TopN)
@@ -83,7 +83,7 @@ func (k *keyspace) poll(ctx context.Context) {
 // page is folded into the tracker as soon as it arrives (on the loop, one page at a time) rather than
 // collected first: with a million tracked ids, growing one slice of every member cost more CPU (copying, and the
 // garbage collections the copies caused) than reading the set did.
-func (k *keyspace) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[string]uint8, unix int64) {
+func (k *loopState) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[string]uint8, unix int64) {
 	for start := int64(0); start < int64(cfg.MaxTracked); start += syncPage {
 		stop := min(start+syncPage, int64(cfg.MaxTracked)) - 1
 		page, err := k.w.rdb.ZRevRangeWithScores(ctx, cfg.AccessKey, start, stop).Result()
@@ -179,9 +179,11 @@ func formatScore(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) 
 
 // setHot applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
 // leave the queue but stay tracked.
-func (k *keyspace) setHot(hot map[string]bool) {
+func (k *loopState) setHot(hot map[string]bool) {
+	changed := false
 	for id, h := range k.hotSet {
 		if !hot[id] {
+			changed = true
 			k.q.remove(h)
 			k.cq.remove(h)
 			h.e.hot = nil
@@ -194,20 +196,25 @@ func (k *keyspace) setHot(hot map[string]bool) {
 		if _, ok := k.hotSet[id]; ok {
 			continue
 		}
+		changed = true
 		e := k.tr.entries[id]
 		if e == nil {
 			e = k.tr.observe(id, 0, now)
 		}
-		h := &hotState{id: id, e: e, idx: -1, cidx: -1, needPTTL: true, hotSince: k.w.now()}
+		k.hotSerial++
+		h := &hotState{id: id, serial: k.hotSerial, e: e, idx: -1, cidx: -1, needPTTL: true, hotSince: k.w.now()}
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)
+	}
+	if changed || k.hot.Load() == nil {
+		k.publishHot()
 	}
 	k.gauges()
 }
 
 // gauges updates the keyspace's gauges.
-func (k *keyspace) gauges() {
+func (k *loopState) gauges() {
 	persistent := 0
 	for _, h := range k.hotSet {
 		if h.persistent {

@@ -27,8 +27,8 @@ const invalidLogEvery = time.Minute
 // removeChunk bounds the members of one ZREM, so that removing a flood of invalid members never blocks Redis.
 const removeChunk = 1000
 
-// invalidIDs accumulates the invalid ids a keyspace skipped since its last summary line. The keyspace's mutex
-// guards it.
+// invalidIDs accumulates the invalid ids a keyspace skipped since its last summary line. The loop owns it
+// (loopState.invalid).
 type invalidIDs struct {
 	logged  time.Time      // when the last summary was logged; zero before the first
 	pending map[string]int // skipped since then, by source
@@ -67,7 +67,7 @@ func (k *keyspace) skipInvalid(ctx context.Context, cfg KeyspaceConfig, source s
 		ex = ex[:64] // a prefix of a long id is enough to find it; the quoting shows every byte
 	}
 	n := len(ids)
-	k.mail.send(func() { // the summary is the loop's (called from batches and the change stream too)
+	k.mail.Send(func(k *loopState) { // the summary is the loop's (called from batches and the change stream too)
 		if k.invalid.pending == nil {
 			k.invalid.pending = make(map[string]int)
 		}
@@ -83,7 +83,7 @@ func (k *keyspace) skipInvalid(ctx context.Context, cfg KeyspaceConfig, source s
 // logInvalid logs the pending summary of invalid ids if there is one and the last was at least
 // invalidLogEvery ago. poll calls it every time, so a summary left pending is logged one interval later even
 // when no new invalid id arrives.
-func (k *keyspace) logInvalid() {
+func (k *loopState) logInvalid() {
 	if len(k.invalid.pending) == 0 {
 		return
 	}

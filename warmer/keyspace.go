@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/keepwarm/keepwarm/warmer/internal/mailbox"
 )
 
 // keyspace is the state of one keyspace, owned by its scheduler loop. Its concepts live in their own files:
 //
-//   - keyspace.go: identity, configuration, the owned state (this file); mailbox.go: how other goroutines reach it;
+//   - keyspace.go: identity, configuration, the loop's state (loopState, this file); internal/mailbox: how other
+//     goroutines reach it;
 //   - scheduler.go: the loop, dispatch, and when each hot key falls due (lead, XFetch offset, back-off);
 //     keyheap.go: the due and check queues;
 //   - heat.go, selection.go (with the tracker), lfu.go, invalid.go: the hot set (access-set and LFU signals,
@@ -26,20 +29,18 @@ import (
 //     reasons.go: what an error means (its reason label); outage.go: the origin's and Redis's outages, logged
 //     once each; sourcecheck.go: the source's check at start, and the refresh streak.
 //
-// Fields above "The loop's fields" are immutable or safe for concurrent use on their own. The fields below it
-// belong to the scheduler loop (loop): only the loop reads or writes them, and every other goroutine reaches them
-// with a message (mail.send, mail.call; see mailbox), which the loop runs between its own steps. No lock guards
-// them; the methods over them (no Locked suffix any more) are called on the loop or inside a message.
+// Its fields are immutable or safe for concurrent use on their own, so any goroutine may hold a *keyspace. What
+// the scheduler loop owns is a loopState, which only the loop and the messages it runs (mail) can reach.
 type keyspace struct {
-	name    string        // immutable: a keyspace renamed by a reload is a new keyspace
-	match   *matcher      // immutable: cache key → id (nil when the template has not exactly one ${id})
-	w       *Warmer       // immutable: the daemon (Redis client, clock, metrics)
-	log     *slog.Logger  // immutable
-	limiter *rate.Limiter // the origin query rate (safe for concurrent use; reset by update)
-	slots   *originSlots  // the origin concurrency, shared by refreshes and warmups (its own lock)
-	rnd     *lockedRand   // jitter and XFetch draws (its own lock)
-	wake    chan struct{} // pokes the scheduler loop (buffered, 1)
-	mail    *mailbox      // messages to the loop, the only way other goroutines reach the owned fields
+	name    string                  // immutable: a keyspace renamed by a reload is a new keyspace
+	match   *matcher                // immutable: cache key → id (nil when the template has not exactly one ${id})
+	w       *Warmer                 // immutable: the daemon (Redis client, clock, metrics)
+	log     *slog.Logger            // immutable
+	limiter *rate.Limiter           // the origin query rate (safe for concurrent use; reset by update)
+	slots   *originSlots            // the origin concurrency, shared by refreshes and warmups (its own lock)
+	rnd     *lockedRand             // jitter and XFetch draws (its own lock)
+	wake    chan struct{}           // pokes the scheduler loop (buffered, 1)
+	mail    *mailbox.Box[loopState] // messages to the loop, the only way other goroutines reach its state
 	// cfgNow is the newest configuration, for goroutines other than the loop (config); the loop's own copy, cfg,
 	// follows it when the update's message runs.
 	cfgNow atomic.Pointer[KeyspaceConfig]
@@ -61,19 +62,34 @@ type keyspace struct {
 	results    map[string]*atomic.Int64 // refreshes by result, for Status; the map itself is immutable
 	hotExpired atomic.Int64             // the SLO counter, for Status
 
-	// The loop's fields.
-	cfg      KeyspaceConfig       // the configuration in force (replaced by update's message)
-	tr       *tracker             // every tracked id and its heat
-	hotSet   map[string]*hotState // the hot ids, each with its expiry knowledge and place in q
-	q        dueQueue             // hot keys by due time
-	adopt    []*hotState          // hot keys whose expiry must be (re)learnt with PTTL
-	lastSync time.Time            // the last full read of the access set
-	lfu      lfuState             // whether Redis LFU counters can be read
-	invalid  invalidIDs           // skipped ids not yet reported in the log
-	p95      rebuildWindow        // recent rebuild durations, for keys not rebuilt yet
-	view     *fleetView           // the fleet's members as last read; nil when sharing is off (fleet.go)
-	waste    wasteRatio           // the refresh feedback's wasted share (selection.go)
-	streak   refreshStreak        // failed refresh batches in a row, for RefreshFailing (sourcecheck.go)
+	// hot is the hot set as the loop last published it (publishHot), for the notification listener.
+	hot    atomic.Pointer[hotIDSet]
+	intake intake // keyspace-notification events for hot ids, waiting for the loop (its own lock)
+}
+
+// loopState is what a keyspace's scheduler loop owns: the hot set, the queues, the tracker, the LFU and fleet
+// views, the streaks, the reconciliation and eviction state. Only the loop holds a *loopState; every other
+// goroutine reaches it with a message (k.mail.Send, mailbox.Call) that the loop runs between its own steps, so
+// code that is handed no *loopState cannot touch it, and the compiler checks that. It embeds its keyspace for
+// what any goroutine may use (identity, the Warmer, the budget, the published views). Its methods run on the loop,
+// or inside a message; goroutines they start (refresh batches) take the keyspace, never the loopState.
+type loopState struct {
+	*keyspace
+
+	cfg    KeyspaceConfig       // the configuration in force (replaced by update's message)
+	tr     *tracker             // every tracked id and its heat
+	hotSet map[string]*hotState // the hot ids, each with its expiry knowledge and place in q
+	// hotSerial numbers the hot spells (hotState.serial), so that a batch's batchKey tells a spell that ended.
+	hotSerial uint64
+	q         dueQueue      // hot keys by due time
+	adopt     []*hotState   // hot keys whose expiry must be (re)learnt with PTTL
+	lastSync  time.Time     // the last full read of the access set
+	lfu       lfuState      // whether Redis LFU counters can be read
+	invalid   invalidIDs    // skipped ids not yet reported in the log
+	p95       rebuildWindow // recent rebuild durations, for keys not rebuilt yet
+	view      *fleetView    // the fleet's members as last read; nil when sharing is off (fleet.go)
+	waste     wasteRatio    // the refresh feedback's wasted share (selection.go)
+	streak    refreshStreak // failed refresh batches in a row, for RefreshFailing (sourcecheck.go)
 	// failSafeBusy: a fail-safe-only batch is in flight (at most one; see dispatch); probes: refresh batches in
 	// flight (while the origin fails, at most one is started).
 	failSafeBusy bool
@@ -113,22 +129,29 @@ func (w *Warmer) newKeyspace(c KeyspaceConfig) *keyspace {
 		slots:   newOriginSlots(c.MaxOriginConcurrency),
 		rnd:     &lockedRand{r: w.newRand()},
 		wake:    make(chan struct{}, 1),
-		mail:    newMailbox(),
 		polled:  make(chan struct{}),
-		cfg:     c,
-		tr:      newTracker(c.MaxTracked, c.DecayHalfLife, c.HistoryHalfLife, w.now().Unix()),
-		hotSet:  make(map[string]*hotState),
 		results: map[string]*atomic.Int64{},
+		intake:  intake{limit: w.cfg.EventQueue},
+	}
+	if k.intake.limit <= 0 {
+		k.intake.limit = DefaultEventQueue
+	}
+	s := &loopState{
+		keyspace: k,
+		cfg:      c,
+		tr:       newTracker(c.MaxTracked, c.DecayHalfLife, c.HistoryHalfLife, w.now().Unix()),
+		hotSet:   make(map[string]*hotState),
 	}
 	if w.fleet != nil {
-		k.view = w.fleet.current()
+		s.view = w.fleet.current()
 	}
+	s.tr.setPinned(c.Pinned, w.now().Unix())
+	k.mail = mailbox.New(s) // from here on only the loop and its messages reach s
 	for _, r := range []string{ResultOK, ResultFresh, ResultLocked, ResultMissing, ResultLockLost, ResultLockGone, ResultTooLarge, ResultError} {
 		k.results[r] = new(atomic.Int64)
 	}
 	k.cfgNow.Store(&c)
 	k.failing.Store(&refreshStreak{})
-	k.tr.setPinned(c.Pinned, w.now().Unix())
 	return k
 }
 
@@ -161,7 +184,7 @@ func (k *keyspace) config() KeyspaceConfig { return *k.cfgNow.Load() }
 // at once; the loop applies it to its state with its next message.
 func (k *keyspace) update(c KeyspaceConfig) {
 	k.cfgNow.Store(&c)
-	k.mail.send(func() {
+	k.mail.Send(func(k *loopState) {
 		k.cfg = c
 		k.tr.resize(c.MaxTracked, c.HistoryHalfLife, k.w.now().Unix())
 		k.tr.halfLife = c.DecayHalfLife

@@ -33,7 +33,7 @@ type lfuState struct {
 // maybeCheckLFU re-reads maxmemory-policy every LFUCheckEvery, and at once when a reload turned the keyspace's
 // LFU setting on or off: an operator can switch the policy at runtime (CONFIG SET), and OBJECT FREQ answers
 // only under an LFU policy.
-func (k *keyspace) maybeCheckLFU(ctx context.Context, cfg KeyspaceConfig, now time.Time) {
+func (k *loopState) maybeCheckLFU(ctx context.Context, cfg KeyspaceConfig, now time.Time) {
 	st := k.lfu
 	if cfg.LFU != st.want || (cfg.LFU && (st.checked.IsZero() || now.Sub(st.checked) >= cfg.LFUCheckEvery)) {
 		k.checkLFU(ctx)
@@ -42,7 +42,7 @@ func (k *keyspace) maybeCheckLFU(ctx context.Context, cfg KeyspaceConfig, now ti
 
 // checkLFU turns the LFU signal on when the keyspace asks for it and Redis's maxmemory-policy is an LFU policy,
 // and off otherwise. It logs only changes, so the periodic re-check is silent while nothing changes.
-func (k *keyspace) checkLFU(ctx context.Context) {
+func (k *loopState) checkLFU(ctx context.Context) {
 	cfg := k.config()
 	now := k.w.now()
 	var policy string
@@ -80,7 +80,7 @@ func (k *keyspace) checkLFU(ctx context.Context) {
 // scanLFU advances the SCAN of the keyspace's key pattern by one step and returns, for each id found, its
 // OBJECT FREQ counter (Redis's logarithmic access counter, 0..255) minus lfuInitVal. Ids at or below
 // lfuInitVal are left out: they carry no signal. Keys whose id part is not a valid id are skipped and counted.
-func (k *keyspace) scanLFU(ctx context.Context, cfg KeyspaceConfig) map[string]uint8 {
+func (k *loopState) scanLFU(ctx context.Context, cfg KeyspaceConfig) map[string]uint8 {
 	st := k.lfu
 	if !st.enabled {
 		return nil

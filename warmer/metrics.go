@@ -76,6 +76,7 @@ type metrics struct {
 	wasteRatio     *prometheus.GaugeVec     // keyspace: wasted / judged over a window of decay_half_life
 	rec            reconcileMetrics
 	ev             evictionMetrics
+	intake         intakeMetrics
 
 	notificationsOn   prometheus.Gauge   // 1 while keyspace notifications are confirmed on every node
 	notificationNodes prometheus.Gauge   // nodes subscribed to keyevents
@@ -187,8 +188,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "keepwarm_warmer_wasted_refresh_ratio",
 			Help: "Share of judged refreshes that were wasted, over a window that fades with decay_half_life (0..1). High: lower top_n or raise min_score.",
 		}, []string{"keyspace"}),
-		rec: newReconcileMetrics(),
-		ev:  newEvictionMetrics(),
+		rec:    newReconcileMetrics(),
+		ev:     newEvictionMetrics(),
+		intake: newIntakeMetrics(),
 		notificationsOn: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "keepwarm_warmer_notifications_enabled",
 			Help: "1 while keyspace notifications are subscribed and notify-keyspace-events has every flag the daemon needs (Exeg$) on every node it listens to (each Cluster master); else 0.",
@@ -205,12 +207,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, c := range append([]prometheus.Collector{m.refreshes, m.refreshErrors, m.refreshSeconds, m.leadSeconds, m.hotExpired, m.vanished, m.lateNotice,
 		m.originQueries, m.originRows, m.originSeconds, m.locks, m.leaseExtends, m.failSafe, m.tracked, m.hot,
 		m.persistent, m.queued, m.owned, m.decays, m.invalidIDs, m.judged, m.wasted, m.wasteRatio, m.notificationsOn,
-		m.notificationNodes, m.flushes}, append(m.rec.collectors(), m.ev.collectors()...)...) {
+		m.notificationNodes, m.flushes}, m.subCollectors()...) {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return m, errors.Join(errs...)
+}
+
+// subCollectors are the collectors of the metrics structs of reconcile.go, eviction.go and intake.go.
+func (m *metrics) subCollectors() []prometheus.Collector {
+	return append(append(m.rec.collectors(), m.ev.collectors()...), m.intake.collectors()...)
 }
 
 // forget removes the keyspace's series, when a reload removes the keyspace.
@@ -222,7 +229,7 @@ func (m *metrics) forget(ks string) {
 		m.invalidIDs, m.judged, m.wasted, m.wasteRatio} {
 		v.DeletePartialMatch(prometheus.Labels{"keyspace": ks})
 	}
-	for _, c := range append(m.rec.collectors(), m.ev.collectors()...) {
+	for _, c := range m.subCollectors() {
 		if v, ok := c.(interface {
 			DeletePartialMatch(prometheus.Labels) int
 		}); ok {

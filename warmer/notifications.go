@@ -385,16 +385,17 @@ func (n *notifier) notifyHealth() {
 
 // onEvent handles one keyevent notification for key.
 func (n *notifier) onEvent(event, key string) {
-	spaces := n.w.keyspaces()
-	for _, k := range spaces {
+	for _, k := range *n.w.spaceList.Load() { // published, immutable: no lock on the event path
 		if k.onEvent(event, key) {
 			return
 		}
 	}
 }
 
-// onEvent reports whether key belongs to this keyspace (its template matches it: immutable, so known at once);
-// the event itself is a message to the loop.
+// onEvent reports whether key belongs to this keyspace (its template matches it: immutable, so known at once).
+// An event for a cold id (not in the hot set the loop last published) is dropped here; one for a hot id joins the
+// keyspace's bounded intake, where events for one id coalesce, and the loop takes them all with one message
+// (takeEvents).
 func (k *keyspace) onEvent(event, key string) bool {
 	m := k.match
 	if m == nil {
@@ -404,12 +405,23 @@ func (k *keyspace) onEvent(event, key string) bool {
 	if !ok {
 		return false
 	}
-	k.mail.send(func() { k.event(event, id) })
+	if !k.isHot(id) {
+		k.w.m.intake.cold.WithLabelValues(k.name).Inc()
+		return true
+	}
+	send, dropped := k.intake.add(event, id)
+	if dropped {
+		k.w.m.intake.overflow.WithLabelValues(k.name).Inc()
+	}
+	if send {
+		k.mail.Send(func(k *loopState) { k.takeEvents() })
+	}
 	return true
 }
 
-// event is onEvent's message, on the loop: one keyevent notification for the hot id.
-func (k *keyspace) event(event, id string) {
+// event runs, on the loop, n keyevent notifications of one kind for the hot id (n > 1 only for evictions, which
+// are counted; the others coalesce: see heardEvents).
+func (k *loopState) event(event, id string, n int) {
 	h := k.hotSet[id]
 	if h == nil || h.persistent || !k.owns(id) {
 		return
@@ -420,7 +432,7 @@ func (k *keyspace) event(event, id string) {
 		// settle reads the key again for it (see settle).
 		if event == "expired" || event == "evicted" || event == "del" {
 			if event == "evicted" {
-				k.w.m.ev.evicted.WithLabelValues(k.name).Inc()
+				k.w.m.ev.evicted.WithLabelValues(k.name).Add(float64(n))
 			}
 			if h.pendingGone != "del" { // an invalidation outranks an expiry: the app meant the key gone
 				h.pendingGone = event
@@ -445,7 +457,7 @@ func (k *keyspace) event(event, id string) {
 		}
 	case "expired", "evicted", "del":
 		if event == "evicted" {
-			k.w.m.ev.evicted.WithLabelValues(k.name).Inc()
+			k.w.m.ev.evicted.WithLabelValues(k.name).Add(float64(n))
 		}
 		h.ownWrite = false
 		if h.missing {

@@ -2,7 +2,9 @@ package warmer_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -168,4 +170,119 @@ func TestNotificationsAutoDeniedByACL(t *testing.T) {
 	if n := logs.count("cannot set notify-keyspace-events"); n != 1 {
 		t.Errorf("refusal logged %d times, want once", n)
 	}
+}
+
+// TestColdKeyStormWhileLoopBlocked: a storm of writes and deletes of cold keys that match the keyspace's template,
+// from several clients, while the keyspace's loop is blocked (as on a Redis call that hangs). The listener drops
+// the cold keys' events before they reach the loop; the hot keys' events wait in a bounded queue, coalesced per id,
+// and the loop's mailbox holds one message for all of them. After the loop is released the hot keys deleted
+// meanwhile are rebuilt on notice. A second storm deletes more hot keys than the queue holds: the overflow is
+// counted, and the reconciliation pass it falls back to rebuilds them all within reconcile_every.
+func TestColdKeyStormWhileLoopBlocked(t *testing.T) {
+	t.Parallel()
+	const bound, hot = 8, 20
+	f := newFixture(t, hot)
+	f.rdb = testenv.PrivateRedis(t)
+	setConfig(t, f.rdb, "notify-keyspace-events", "KEA")
+	ids := pinnedIDs(hot)
+	cfg := f.config(ids...)
+	cfg.TTL, cfg.RefreshAhead, cfg.ReconcileEvery = time.Minute, 10*time.Second, 8*time.Second
+	w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Notifications: true,
+		NodeCheckInterval: 50 * time.Millisecond, EventQueue: bound})
+	ctx := context.Background()
+	testenv.Eventually(t, 10*time.Second, "notifications on and every hot key written", func() bool {
+		n, _ := f.rdb.Exists(ctx, keysOf(f, ids)...).Result()
+		return w.NotificationsHealthy() && n == hot
+	})
+	labels := map[string]string{"keyspace": "items"}
+	overflowAtStart := counter(t, reg, "keepwarm_warmer_notification_overflows_total", labels)
+	w.EventQueuePeak("items") // from now on
+
+	// storm runs clients goroutines, each with its own connection, each writing then deleting cold keys, while
+	// deleting the hot keys gone (one per client, spread over the storm), and returns the most messages that
+	// waited for the loop meanwhile.
+	storm := func(gone []string) (maxQueued int) {
+		const clients, each = 8, 500
+		var wg sync.WaitGroup
+		for c := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rdb := redis.NewClient(f.rdb.Options())
+				defer rdb.Close()
+				for i := range each {
+					cold := f.key(fmt.Sprintf("cold-%d-%d", c, i%50)) // 50 cold ids per client, rewritten
+					if err := rdb.Set(ctx, cold, "x", time.Minute).Err(); err != nil {
+						t.Error(err)
+						return
+					}
+					rdb.Del(ctx, cold)
+					for j := c; j < len(gone); j += clients {
+						if i == each/2 {
+							rdb.Del(ctx, f.key(gone[j]))
+						}
+					}
+				}
+			}()
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		for {
+			maxQueued = max(maxQueued, w.MailboxQueued("items"))
+			select {
+			case <-done:
+				return maxQueued
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	rebuilt := func(what string, within time.Duration, gone []string) {
+		t.Helper()
+		testenv.Eventually(t, within, what, func() bool {
+			n, _ := f.rdb.Exists(ctx, keysOf(f, gone)...).Result()
+			return n == int64(len(gone))
+		})
+	}
+
+	// 1: fewer hot keys deleted than the queue holds: no overflow; they are rebuilt on notice, long before a
+	// reconciliation check could find them.
+	release := w.BlockLoop("items")
+	t.Cleanup(release) // before the warmer stops
+	gone := ids[:5]
+	maxQueued := storm(gone)
+	peak := w.EventQueuePeak("items")
+	cold := counter(t, reg, "keepwarm_warmer_notification_cold_dropped_total", labels)
+	t.Logf("storm 1: events queued at peak %d (bound %d), messages waiting for the loop at most %d, cold events dropped %v",
+		peak, bound, maxQueued, cold)
+	if peak > 5 {
+		t.Errorf("events queued at peak: got %d ids, want at most the 5 hot ids deleted (cold ids are dropped)", peak)
+	}
+	if maxQueued > 3 {
+		t.Errorf("messages waiting for the blocked loop: got %d, want at most 3 (one for every event)", maxQueued)
+	}
+	if cold < 8*500 {
+		t.Errorf("keepwarm_warmer_notification_cold_dropped_total: got %v, want at least %d (every cold write)", cold, 8*500)
+	}
+	if got := counter(t, reg, "keepwarm_warmer_notification_overflows_total", labels); got != overflowAtStart {
+		t.Errorf("keepwarm_warmer_notification_overflows_total: got %v, want %v (5 hot ids fit in %d)", got, overflowAtStart, bound)
+	}
+	release()
+	rebuilt("the deleted hot keys rebuilt on notice", 3*time.Second, gone)
+
+	// 2: every hot key deleted, more than the queue holds: the overflow is counted, and the reconciliation pass
+	// rebuilds the keys whose events were dropped.
+	release = w.BlockLoop("items")
+	t.Cleanup(release)
+	maxQueued = storm(ids)
+	peak = w.EventQueuePeak("items")
+	t.Logf("storm 2: events queued at peak %d (bound %d), messages waiting for the loop at most %d", peak, bound, maxQueued)
+	if peak > bound {
+		t.Errorf("events queued at peak: got %d, want at most %d", peak, bound)
+	}
+	if got := counter(t, reg, "keepwarm_warmer_notification_overflows_total", labels); got <= overflowAtStart {
+		t.Errorf("keepwarm_warmer_notification_overflows_total: got %v, want above %v (%d hot ids deleted, the queue holds %d)",
+			got, overflowAtStart, hot, bound)
+	}
+	release()
+	rebuilt("every deleted hot key rebuilt, by notice or by the reconciliation pass", cfg.ReconcileEvery+5*time.Second, ids)
 }

@@ -36,7 +36,7 @@ const (
 type item struct {
 	id    string
 	ks    lockstep.KeySet
-	h     *hotState     // the daemon's state of a hot key; nil in a warmup
+	hot   batchKey      // the daemon's hot key (its loop finds the state with hotOf); zero in a warmup or a change
 	pttl  time.Duration // TTL left when checked under the lock (daemon only)
 	owned bool          // this batch holds (or may hold) the key's lock: released at the end
 	lost  bool          // a lease renewal found the lock lost, or could not vouch for it (set by the batch)

@@ -64,7 +64,7 @@ func (k *keyspace) trusted(h *hotState) bool {
 
 // markOwnWrite records that the daemon just wrote h's value (so it knows its expiry), and defers its next
 // reconciliation check accordingly.
-func (k *keyspace) markOwnWrite(h *hotState, now time.Time) {
+func (k *loopState) markOwnWrite(h *hotState, now time.Time) {
 	h.ownWrite = true
 	h.ownSetUntil = now.Add(ownSetWindow)
 	h.notifyEpoch = k.w.trust.epoch.Load()
@@ -72,7 +72,7 @@ func (k *keyspace) markOwnWrite(h *hotState, now time.Time) {
 }
 
 // checkInterval is how long h may go without a PTTL check.
-func (k *keyspace) checkInterval(h *hotState) time.Duration {
+func (k *loopState) checkInterval(h *hotState) time.Duration {
 	if k.trusted(h) {
 		return k.cfg.ReconcileTrustedEvery
 	}
@@ -81,14 +81,14 @@ func (k *keyspace) checkInterval(h *hotState) time.Duration {
 
 // scheduleCheck sets h's next check at a random point of the second half of its interval from now, so that
 // keys learnt together are re-checked spread out rather than in one burst.
-func (k *keyspace) scheduleCheck(h *hotState, now time.Time) {
+func (k *loopState) scheduleCheck(h *hotState, now time.Time) {
 	iv := k.checkInterval(h)
 	k.cq.schedule(h, now.Add(iv/2+time.Duration(k.rnd.Float64()*float64(iv/2))))
 }
 
 // reconcileWanted reports whether h is re-checked at all: the one place where a per-key filter goes: only
 // the keys this replica owns (fleet sharing).
-func (k *keyspace) reconcileWanted(h *hotState) bool {
+func (k *loopState) reconcileWanted(h *hotState) bool {
 	return h.e.hot == h && k.owns(h.id)
 }
 
@@ -96,16 +96,11 @@ func (k *keyspace) reconcileWanted(h *hotState) bool {
 // longest overdue first), with one pipelined PTTL each. It is called every reconcileTick. When notifications were
 // lost since the last call, every key's check is first brought forward to a random point within one
 // ReconcileEvery.
-func (k *keyspace) reconcile(ctx context.Context) {
+func (k *loopState) reconcile(ctx context.Context) {
 	now := k.w.now()
 	if ep := k.w.trust.epoch.Load(); ep != k.checkEpoch {
 		k.checkEpoch = ep
-		iv := k.cfg.ReconcileEvery
-		for _, h := range k.hotSet {
-			if due := now.Add(time.Duration(k.rnd.Float64() * float64(iv))); h.cidx < 0 || due.Before(h.checkAt) {
-				k.cq.schedule(h, due)
-			}
-		}
+		k.recheckAll(now)
 	}
 	limit := max(1, int(float64(k.cfg.ReconcileBudget)*reconcileTick(k.cfg).Seconds()))
 	var hs []*hotState
@@ -144,6 +139,17 @@ func (k *keyspace) reconcile(ctx context.Context) {
 			if k.reconcileWanted(h) && h.cidx < 0 {
 				k.scheduleCheck(h, now)
 			}
+		}
+	}
+}
+
+// recheckAll brings every hot key's next check forward to a random point within one ReconcileEvery from now
+// (never later than it was): events may have been missed, for any key.
+func (k *loopState) recheckAll(now time.Time) {
+	iv := k.cfg.ReconcileEvery
+	for _, h := range k.hotSet {
+		if due := now.Add(time.Duration(k.rnd.Float64() * float64(iv))); h.cidx < 0 || due.Before(h.checkAt) {
+			k.cq.schedule(h, due)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/backoff"
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer/internal/mailbox"
 )
 
 // retryBase is the first back-off after a failed or skipped refresh; it doubles per consecutive failure.
@@ -28,7 +29,7 @@ const resultSettled = "settled"
 // under the locks it re-reads PTTL so a key someone else just rebuilt is not rebuilt again, and when a key
 // cannot be refreshed (origin failure, value too large) it keeps the current value alive (fail-safe). Then it
 // reschedules every key.
-func (k *keyspace) refresh(ctx context.Context, batch []*hotState) {
+func (k *keyspace) refresh(ctx context.Context, batch []batchKey) {
 	k.refreshWith(ctx, batch, nil)
 }
 
@@ -38,20 +39,25 @@ var errOriginFailing = errors.New("warmer: not queried: the origin is failing an
 // refreshWith is refresh; a non-nil skipOrigin runs the batch without an origin query, straight to the fail-safe
 // (pipeline.skipOrigin).
 //
-// It runs in its own goroutine: every read or write of the keyspace's state (hot states included) is a message
-// to the loop (recheck, failSafe, settle).
-func (k *keyspace) refreshWith(ctx context.Context, batch []*hotState, skipOrigin error) {
+// It runs in its own goroutine, with no *loopState: every read or write of the loop's state (hot states
+// included) is a message to the loop (recheck, failSafe, settle), which finds each item's hot state by its
+// batchKey (hotOf).
+func (k *keyspace) refreshWith(ctx context.Context, batch []batchKey, skipOrigin error) {
 	cfg := k.config()
 	start := k.w.now()
 	items := make([]*item, 0, len(batch))
-	for _, h := range batch {
-		ks, err := cfg.Keys.For(h.id)
+	for _, b := range batch {
+		ks, err := cfg.Keys.For(b.id)
 		if err != nil { // cannot happen for ids that passed ValidateID; drop the key rather than loop on it
-			k.log.Warn("dropping hot id with no valid key", "id", h.id, "error", err)
-			k.mail.send(func() { h.inflight, h.lastErr = false, err.Error() })
+			k.log.Warn("dropping hot id with no valid key", "id", b.id, "error", err)
+			k.mail.Send(func(k *loopState) {
+				if h := k.hotOf(b); h != nil {
+					h.inflight, h.lastErr = false, err.Error()
+				}
+			})
 			continue
 		}
-		items = append(items, &item{id: h.id, ks: ks, h: h})
+		items = append(items, &item{id: b.id, ks: ks, hot: b})
 	}
 	var p *pipeline
 	p = k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
@@ -70,17 +76,17 @@ func (k *keyspace) refreshWith(ctx context.Context, batch []*hotState, skipOrigi
 // settle hands the batch's items back to the loop, which records each result in its hot state and reschedules it.
 func (k *keyspace) settle(p *pipeline, items []*item, runErr error) {
 	now := k.w.now()
-	k.mail.send(func() { k.settleAll(p, items, runErr, now) })
+	k.mail.Send(func(k *loopState) { k.settleAll(p, items, runErr, now) })
 }
 
 // settleAll is settle's message, on the loop.
-func (k *keyspace) settleAll(p *pipeline, items []*item, runErr error, now time.Time) {
+func (k *loopState) settleAll(p *pipeline, items []*item, runErr error, now time.Time) {
 	k.streak.noteBatch(items, runErr, now)
 	s := k.streak
 	k.failing.Store(&s) // for RefreshFailing
 	for _, it := range items {
 		k.settleOne(p, it, runErr, now)
-		if h := it.h; h.pendingGone != "" {
+		if h := k.hotOf(it.hot); h != nil && h.pendingGone != "" {
 			// A gone event arrived while the refresh was in flight: read the key again and judge it then.
 			h.needPTTL, h.goneEvent, h.pendingGone = true, h.pendingGone, ""
 			k.adopt = append(k.adopt, h)
@@ -89,24 +95,32 @@ func (k *keyspace) settleAll(p *pipeline, items []*item, runErr error, now time.
 }
 
 // settleOne records one item's result in its hot state and reschedules it.
-func (k *keyspace) settleOne(p *pipeline, it *item, runErr error, now time.Time) {
+func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time) {
 	cfg := p.cfg
-	h := it.h
-	h.inflight = false
+	h := k.hotOf(it.hot)
 	if runErr != nil && it.result == "" {
 		// The batch could not run (Redis failed, or shutdown): try again after a back-off.
 		if ctxErr := errors.Is(runErr, context.Canceled) || errors.Is(runErr, context.DeadlineExceeded); !ctxErr {
-			h.lastErr = runErr.Error()
-			h.errors++
 			it.fail(redisReason(runErr), runErr)
 			k.countItem(it)
+			if h != nil {
+				h.lastErr = runErr.Error()
+				h.errors++
+			}
 		}
-		k.retry(h, retryBase)
+		if h != nil {
+			h.inflight = false
+			k.retry(h, retryBase)
+		}
 		return
 	}
 	if it.result != "" && it.result != ResultFresh && it.result != resultSettled {
 		k.countItem(it)
 	}
+	if h == nil {
+		return // no longer hot since the batch was formed: counted, and left to expire
+	}
+	h.inflight = false
 	switch it.result {
 	case ResultLockGone:
 		// The lock vanished while our lease was valid: an app invalidated the key (lockstep.Invalidate deletes
@@ -201,53 +215,53 @@ func (k *keyspace) countItem(it *item) {
 // notification of that write would have made it untrusted.
 //
 // It runs in the batch's goroutine; its reads and writes of the hot states are two messages to the loop
-// (mail.call), one before the PTTLs are read and one after.
+// (mailbox.Call), one before the PTTLs are read and one after.
 func (k *keyspace) recheck(ctx context.Context, items []*item) ([]*item, error) {
 	cfg := k.config()
-	var ids []string
-	var asked []*item
-	var out []*item
 	// The messages write the items (result), which settle reads: they are waited for even past ctx's end.
 	sctx := context.WithoutCancel(ctx)
-	if err := k.mail.call(sctx, func() {
+	type split struct{ trusted, asked []*item }
+	first, err := mailbox.Call(sctx, k.mail, func(k *loopState) (s split) {
 		for _, it := range items {
-			switch {
-			case it.h.e.hot != it.h:
+			switch h := k.hotOf(it.hot); {
+			case h == nil:
 				it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
-			case k.trusted(it.h):
-				out = append(out, it)
+			case k.trusted(h):
+				s.trusted = append(s.trusted, it)
 			default:
-				ids = append(ids, it.id)
-				asked = append(asked, it)
+				s.asked = append(s.asked, it)
 			}
 		}
-	}); err != nil {
+		return s
+	})
+	if err != nil {
 		return nil, err
 	}
-	if len(asked) == 0 {
-		return out, nil
+	if len(first.asked) == 0 {
+		return first.trusted, nil
 	}
-	ttls, err := k.pttls(ctx, cfg.Keys, ids)
+	ttls, err := k.pttls(ctx, cfg.Keys, idsOf(first.asked))
 	if err != nil {
 		return nil, err
 	}
 	now := k.w.now()
-	if err := k.mail.call(sctx, func() { out = k.recheckAfter(asked, ttls, now, out) }); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return mailbox.Call(sctx, k.mail, func(k *loopState) []*item {
+		return k.recheckAfter(first.asked, ttls, now, first.trusted)
+	})
 }
 
 // recheckAfter is recheck's second message, on the loop: it judges each PTTL read and returns out with the items
 // that need the origin appended.
-func (k *keyspace) recheckAfter(asked []*item, ttls []time.Duration, now time.Time, out []*item) []*item {
+func (k *loopState) recheckAfter(asked []*item, ttls []time.Duration, now time.Time, out []*item) []*item {
 	for i, it := range asked {
 		it.pttl = ttls[i]
-		h := it.h
+		h := k.hotOf(it.hot)
+		if h == nil {
+			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
+			continue
+		}
 		ld := k.lead(h)
 		switch {
-		case h.e.hot != h:
-			it.result = resultSettled // no longer hot since the batch was formed: leave it to expire
 		case it.pttl == pttlPersistent:
 			it.result = resultSettled
 			k.applyPTTL(h, it.pttl, now)
@@ -312,25 +326,33 @@ func (k *keyspace) keepAlive(ctx context.Context, cfg KeyspaceConfig, items []*i
 	extend func(sets []lockstep.KeySet, ttl time.Duration) ([]lockstep.Extended, error)) {
 	now := k.w.now()
 	u := k.rnd.Float64()
-	delays := make(map[*item]time.Duration, len(items))
-	byTTL := map[time.Duration][]*item{}
 	// The hot states are the loop's: the draws, the extensions' results and the reschedules are messages to it.
-	// Sent with call on a context that survives ctx's end (the keys are settled even when the batch is cut short).
+	// Sent with Call on a context that survives ctx's end (the keys are settled even when the batch is cut short).
 	sctx := context.WithoutCancel(ctx)
-	k.mail.call(sctx, func() {
+	type plan struct {
+		delays map[*item]time.Duration
+		byTTL  map[time.Duration][]*item
+	}
+	pl, _ := mailbox.Call(sctx, k.mail, func(k *loopState) plan {
+		pl := plan{delays: make(map[*item]time.Duration, len(items)), byTTL: map[time.Duration][]*item{}}
 		for _, it := range items {
-			h := it.h
+			h := k.hotOf(it.hot)
+			if h == nil {
+				h = &hotState{id: it.id} // no longer hot: its value is still kept alive like the others'
+			}
 			h.errors++
-			delays[it] = k.retryDelayDraw(h, retryBase, u)
+			pl.delays[it] = k.retryDelayDraw(h, retryBase, u)
 			if it.lost {
 				continue
 			}
 			// The retry at delay may itself hang for a whole origin query (queryBound) before its own fail-safe:
 			// the extension covers that too, so that a retry against a sick origin still lands inside it.
-			want := delays[it] + k.lead(h) + cfg.queryBound()
-			byTTL[want] = append(byTTL[want], it)
+			want := pl.delays[it] + k.lead(h) + cfg.queryBound()
+			pl.byTTL[want] = append(pl.byTTL[want], it)
 		}
+		return pl
 	})
+	delays, byTTL := pl.delays, pl.byTTL
 
 	for ttl, group := range byTTL { // one group per consecutive-error count
 		sets := make([]lockstep.KeySet, len(group))
@@ -342,35 +364,41 @@ func (k *keyspace) keepAlive(ctx context.Context, cfg KeyspaceConfig, items []*i
 			k.redisError(ctx, "fail-safe extend", err)
 			continue // the items stay owned: the batch releases their locks
 		}
-		k.mail.call(sctx, func() { k.failSafeApplied(cfg, group, res, now, mode) })
+		_ = mailbox.Do(sctx, k.mail, func(k *loopState) { k.failSafeApplied(cfg, group, res, now, mode) })
 	}
-	k.mail.call(sctx, func() {
+	_ = mailbox.Do(sctx, k.mail, func(k *loopState) {
 		for _, it := range items {
 			it.rescheduled = true
-			k.retryAt(it.h, delays[it])
+			if h := k.hotOf(it.hot); h != nil {
+				k.retryAt(h, delays[it])
+			}
 		}
 	})
 }
 
 // failSafeApplied folds one group's extension results into the items and their hot states, on the loop; mode
 // labels the extensions counted.
-func (k *keyspace) failSafeApplied(cfg KeyspaceConfig, group []*item, res []lockstep.Extended, now time.Time, mode string) {
+func (k *loopState) failSafeApplied(cfg KeyspaceConfig, group []*item, res []lockstep.Extended, now time.Time, mode string) {
 	for i, it := range group {
 		r := res[i]
+		h := k.hotOf(it.hot)
+		if h == nil {
+			h = &hotState{id: it.id} // no longer hot: what is learnt of it is not kept
+		}
 		switch {
 		case r.Err == nil:
-			it.h.expiry = now.Add(r.TTL)
+			h.expiry = now.Add(r.TTL)
 			k.w.m.failSafe.WithLabelValues(cfg.Name, mode).Inc()
 			it.owned = false
 		case errors.Is(r.Err, lockstep.ErrStaleLimit):
 			it.owned = false // past max_stale: left to expire on its TTL
 			if r.TTL > 0 {
-				it.h.expiry = now.Add(r.TTL)
+				h.expiry = now.Add(r.TTL)
 			}
 		case errors.Is(r.Err, lockstep.ErrNotFound):
 			it.owned = false // the script released the lock: the value was already gone
-			k.noteGone(it.h, now)
-			it.h.expiry = time.Time{}
+			k.noteGone(h, now)
+			h.expiry = time.Time{}
 		case errors.Is(r.Err, lockstep.ErrLockLost):
 			it.owned = false // not ours any more
 		case errors.Is(r.Err, lockstep.ErrLockHeld):

@@ -9,12 +9,17 @@ import (
 	"github.com/keepwarm/keepwarm/internal/backoff"
 )
 
-// loop is the keyspace's scheduler: it reads the hot-key signals, learns expiries, and dispatches due keys to
-// refresh batches within the origin budget, until ctx ends.
+// loop is the keyspace's scheduler: it takes the loop's state from the mailbox and runs it until ctx ends.
 func (k *keyspace) loop(ctx, workCtx context.Context) {
-	k.mail.activate()
-	defer k.mail.deactivate()
-	k.mail.drain() // sent before it owned the state: ran already (see mailbox); nothing is queued
+	s := k.mail.Activate()
+	defer k.mail.Deactivate()
+	s.run(ctx, workCtx)
+}
+
+// run reads the hot-key signals, learns expiries, and dispatches due keys to refresh batches within the origin
+// budget, until ctx ends.
+func (k *loopState) run(ctx, workCtx context.Context) {
+	k.mail.Drain() // sent before it owned the state: ran already (see mailbox); nothing is queued
 	cfg := k.cfg
 	k.log.Info("keyspace scheduler started", "key", cfg.Keys.Cache.String(), "ttl", cfg.TTL,
 		"refresh_ahead", cfg.RefreshAhead, "top_n", cfg.TopN, "pinned", len(cfg.Pinned))
@@ -27,7 +32,7 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		k.mail.drain()
+		k.mail.Drain()
 		k.learnExpiries(ctx)
 		wait := k.dispatch(ctx, workCtx)
 		k.w.tick()
@@ -39,13 +44,13 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 				return
 			case <-timer.C:
 			case <-k.wake:
-			case <-k.mail.wake:
+			case <-k.mail.Wake():
 				// Messages (a batch's re-check or settle, an event) run at once, but a full pass (PTTL reads,
 				// dispatch) follows only when they left work for now: a key to read, or one due now. A pass on
 				// every message would dispatch keys as soon as they entered the gather window, in smaller
 				// batches: the scale benchmark's steady state went from 0.29 to 0.84 round trips per refresh so.
 				// A batch that ends still pokes the loop (dispatch), as before.
-				k.mail.drain()
+				k.mail.Drain()
 				now := k.w.now()
 				if !k.passWanted(now) {
 					timer.Reset(k.nextWait(now))
@@ -57,7 +62,7 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 				k.reconcile(ctx)
 			}
 		}
-		k.mail.drain()
+		k.mail.Drain()
 		if c := k.cfg; c.PollInterval != cfg.PollInterval || reconcileTick(c) != reconcileTick(cfg) {
 			cfg = c
 			poll.Reset(cfg.PollInterval)
@@ -68,7 +73,7 @@ func (k *keyspace) loop(ctx, workCtx context.Context) {
 
 // dispatch starts refresh batches for the due keys while the origin budget has room, and returns how long to
 // sleep until the next key falls due.
-func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
+func (k *loopState) dispatch(ctx, workCtx context.Context) time.Duration {
 	now := k.w.now()
 	cfg := k.cfg
 	gather := k.gatherWindow()
@@ -99,23 +104,24 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 			h.inflight = true
 		}
 		k.batches.Add(1)
+		ks, keys := k.keyspace, k.batchKeys(batch) // the batch goroutine gets no *loopState
 		if !slot {
 			k.failSafeBusy = true
 			go func() {
-				defer k.batches.Done()
-				k.refreshWith(workCtx, batch, errOriginFailing)
-				k.mail.send(func() { k.failSafeBusy = false })
-				k.poke()
+				defer ks.batches.Done()
+				ks.refreshWith(workCtx, keys, errOriginFailing)
+				ks.mail.Send(func(k *loopState) { k.failSafeBusy = false })
+				ks.poke()
 			}()
 			continue
 		}
 		k.probes++
 		go func() {
-			defer k.batches.Done()
-			k.refresh(workCtx, batch)
-			k.slots.release()
-			k.mail.send(func() { k.probes-- })
-			k.poke()
+			defer ks.batches.Done()
+			ks.refresh(workCtx, keys)
+			ks.slots.release()
+			ks.mail.Send(func(k *loopState) { k.probes-- })
+			ks.poke()
 		}()
 	}
 	due := 0
@@ -129,7 +135,7 @@ func (k *keyspace) dispatch(ctx, workCtx context.Context) time.Duration {
 }
 
 // nextWait is how long the loop may sleep at now until the next key falls due.
-func (k *keyspace) nextWait(now time.Time) time.Duration {
+func (k *loopState) nextWait(now time.Time) time.Duration {
 	next := k.q.peek()
 	if next == nil {
 		return time.Hour
@@ -143,7 +149,7 @@ func (k *keyspace) nextWait(now time.Time) time.Duration {
 
 // passWanted reports whether the messages just run left work for a full pass of the loop at now: a key whose
 // PTTL is to be read (adopt) or a key due now.
-func (k *keyspace) passWanted(now time.Time) bool {
+func (k *loopState) passWanted(now time.Time) bool {
 	if len(k.adopt) > 0 {
 		return true
 	}
@@ -167,7 +173,7 @@ func dueAt(expiry time.Time, ld, rebuild time.Duration, u float64) time.Time {
 }
 
 // schedule queues h for its next refresh given its known expiry.
-func (k *keyspace) schedule(h *hotState) {
+func (k *loopState) schedule(h *hotState) {
 	if h.e.hot != h || h.persistent || !k.owns(h.id) {
 		return
 	}
@@ -180,7 +186,7 @@ func (k *keyspace) schedule(h *hotState) {
 }
 
 // rebuildEstimate is h's rebuild p95, or the keyspace's for a key not rebuilt yet.
-func (k *keyspace) rebuildEstimate(h *hotState) time.Duration {
+func (k *loopState) rebuildEstimate(h *hotState) time.Duration {
 	if h.rebuildP95 > 0 {
 		return h.rebuildP95
 	}
@@ -190,7 +196,7 @@ func (k *keyspace) rebuildEstimate(h *hotState) time.Duration {
 // lead is how long before its expiry h is refreshed: the one place where the lead is computed (see
 // KeyspaceConfig.Lead), used by the scheduler, the re-check under the lock, the short-notice test and the
 // fail-safe alike.
-func (k *keyspace) lead(h *hotState) time.Duration {
+func (k *loopState) lead(h *hotState) time.Duration {
 	return k.cfg.Lead(k.rebuildEstimate(h))
 }
 
@@ -198,7 +204,7 @@ func (k *keyspace) lead(h *hotState) time.Duration {
 const retryMargin = 100 * time.Millisecond
 
 // retry queues h for another attempt after retryDelay (see retryAt).
-func (k *keyspace) retry(h *hotState, base time.Duration) {
+func (k *loopState) retry(h *hotState, base time.Duration) {
 	k.retryAt(h, k.retryDelay(h, base))
 }
 
@@ -207,7 +213,7 @@ func (k *keyspace) retry(h *hotState, base time.Duration) {
 // lockedRecheckMin from now), so that a back-off drawn for a transient failure (TRYAGAIN, ASK, MOVED,
 // CLUSTERDOWN, a lock held elsewhere) cannot carry the retry past the moment the value expires. A key whose value
 // has expired already (or is unknown) keeps the full back-off.
-func (k *keyspace) retryAt(h *hotState, delay time.Duration) {
+func (k *loopState) retryAt(h *hotState, delay time.Duration) {
 	if h.e.hot != h || !k.owns(h.id) {
 		return
 	}
@@ -235,13 +241,13 @@ func retryAt(now time.Time, delay time.Duration, expiry time.Time, rebuild time.
 // retryDelay is the back-off before another attempt at h (backoff.Delay, the daemon's one formula): in
 // [base, 2·base) doubled per consecutive error of h, capped at max(TTL/2, 1s), jittered so that keys that failed
 // together (and replicas) do not retry in step.
-func (k *keyspace) retryDelay(h *hotState, base time.Duration) time.Duration {
+func (k *loopState) retryDelay(h *hotState, base time.Duration) time.Duration {
 	return k.retryDelayDraw(h, base, k.rnd.Float64())
 }
 
 // retryDelayDraw is retryDelay with the uniform draw u in [0, 1) given: the fail-safe draws once per
 // batch (failSafe).
-func (k *keyspace) retryDelayDraw(h *hotState, base time.Duration, u float64) time.Duration {
+func (k *loopState) retryDelayDraw(h *hotState, base time.Duration, u float64) time.Duration {
 	return backoff.Delay(h.errors+1, base, max(k.cfg.TTL/2, time.Second), u)
 }
 

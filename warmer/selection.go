@@ -271,7 +271,7 @@ func (w *wasteRatio) add(now time.Time, judged, wasted int, halfLife time.Durati
 
 // judge runs the refresh feedback for a refresh of h published at now (see tracker.refreshed), before
 // h.lastRefresh moves to now, and updates the keyspace's waste metrics.
-func (k *keyspace) judge(h *hotState, now time.Time) {
+func (k *loopState) judge(h *hotState, now time.Time) {
 	judged, wasted := k.tr.refreshed(h.id, h.e, now.Unix(), now.Sub(h.lastRefresh))
 	if !judged {
 		return
@@ -299,12 +299,13 @@ type entry struct {
 	pinned bool
 }
 
-// hotState is the refresh state of a hot key.
+// hotState is the refresh state of a hot key, owned by the loop (it is reached only through the loopState).
 type hotState struct {
-	id  string
-	e   *entry
-	idx int       // position in the due queue, -1 when not queued
-	due time.Time // when the next refresh is due
+	id     string
+	serial uint64 // this hot spell's number in its keyspace (loopState.hotSerial): a batchKey names it
+	e      *entry
+	idx    int       // position in the due queue, -1 when not queued
+	due    time.Time // when the next refresh is due
 
 	expiry      time.Time     // best known expiry of the cache key; zero when unknown or missing
 	learnedAt   time.Time     // when the value of that expiry was written by the daemon, or first seen
@@ -349,7 +350,7 @@ func (h *hotState) observeRebuild(d time.Duration) {
 	h.rebuildP95 -= (h.rebuildP95 - d) / 16
 }
 
-// tracker holds one keyspace's tracked ids. It is not safe for concurrent use: the keyspace's mutex guards it.
+// tracker holds one keyspace's tracked ids. It is not safe for concurrent use: the loop owns it (loopState.tr).
 type tracker struct {
 	entries  map[string]*entry
 	pinned   map[string]bool
@@ -455,4 +456,29 @@ func (t *tracker) trim() int {
 		delete(t.entries, c.id)
 	}
 	return over
+}
+
+// batchKey is what a refresh batch knows of a hot key: an immutable copy of its id and hot spell (serial), handed
+// to the batch's goroutine instead of the loop's *hotState. The loop's messages find the state again with hotOf.
+type batchKey struct {
+	id     string
+	serial uint64
+}
+
+// batchKeys returns the batchKeys of hs, for a batch's goroutine.
+func (k *loopState) batchKeys(hs []*hotState) []batchKey {
+	out := make([]batchKey, len(hs))
+	for i, h := range hs {
+		out[i] = batchKey{id: h.id, serial: h.serial}
+	}
+	return out
+}
+
+// hotOf returns the hot state that b names, or nil when that hot spell ended (the id left the hot set since the
+// batch was formed, and maybe came back as a new spell) or b names none (a warmup's or a change's item).
+func (k *loopState) hotOf(b batchKey) *hotState {
+	if h := k.hotSet[b.id]; h != nil && b.serial != 0 && h.serial == b.serial {
+		return h
+	}
+	return nil
 }

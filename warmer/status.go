@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/keepwarm/keepwarm/warmer/internal/mailbox"
 )
 
 // KeyStatus is the state of one hot key, as /debug/hotkeys and the status page show it.
@@ -111,7 +113,8 @@ const statusWait = time.Second
 func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 	ctx, cancel := context.WithTimeout(context.Background(), statusWait)
 	defer cancel()
-	_ = k.mail.call(ctx, func() { k.published.Store(k.snapshot(now)) }) // on a timeout, the last one published
+	// On a timeout, the last one published.
+	_ = mailbox.Do(ctx, k.mail, func(k *loopState) { k.published.Store(k.snapshot(now)) })
 	p := k.published.Load()
 	if p == nil {
 		return KeyspaceStatus{Name: k.name, KeyTemplate: k.config().Keys.Cache.String(), HotExpired: k.hotExpired.Load()}
@@ -126,7 +129,7 @@ func (k *keyspace) status(now time.Time, limit int) KeyspaceStatus {
 }
 
 // snapshot is the keyspace's state at now, hot keys unsorted; run on the loop.
-func (k *keyspace) snapshot(now time.Time) *KeyspaceStatus {
+func (k *loopState) snapshot(now time.Time) *KeyspaceStatus {
 	st := KeyspaceStatus{AsOf: now, Name: k.cfg.Name, KeyTemplate: k.cfg.Keys.Cache.String(), Tracked: len(k.tr.entries),
 		Hot: len(k.hotSet), Refreshes: make(map[string]int64, len(k.results)), HotExpired: k.hotExpired.Load(),
 		LFU: k.lfu.enabled, Owned: k.owned(), RefreshesJudged: k.waste.totalJudged,

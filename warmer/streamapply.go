@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer/internal/mailbox"
 )
 
 // What a change to a feeding table does to a keyspace's keys (ChangeKeyspace.OnChange).
@@ -309,12 +310,14 @@ func (c *Changes) Resync(ctx context.Context, reason string) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		var hot []string
-		if err := k.mail.call(ctx, func() {
+		hot, err := mailbox.Call(ctx, k.mail, func(k *loopState) []string {
+			hot := make([]string, 0, len(k.hotSet))
 			for id := range k.hotSet {
 				hot = append(hot, id)
 			}
-		}); err != nil {
+			return hot
+		})
+		if err != nil {
 			return err
 		}
 		ids[s.Keyspace] = hot
@@ -383,9 +386,10 @@ func (c *Changes) invalidateCold(ctx context.Context, k *keyspace) error {
 					ids = append(ids, id)
 				}
 			}
-			if err := k.mail.call(ctx, func() {
-				ids = slices.DeleteFunc(ids, func(id string) bool { return k.hotSet[id] != nil })
-			}); err != nil {
+			ids, err = mailbox.Call(ctx, k.mail, func(k *loopState) []string {
+				return slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return k.hotSet[id] != nil })
+			})
+			if err != nil {
 				return err
 			}
 			for len(ids) > 0 { // SCAN's COUNT is a hint: a page can hold more than the limiter's burst
@@ -661,8 +665,8 @@ func (c *Changes) revoke(ctx context.Context, k *keyspace, items []*item) ([]*it
 	if err != nil {
 		return nil, fmt.Errorf("revoke locks: %w", err)
 	}
-	var out []*item
-	err = k.mail.call(ctx, func() {
+	return mailbox.Call(ctx, k.mail, func(k *loopState) []*item {
+		var out []*item
 		for i, it := range items {
 			_, hot := k.hotSet[it.id]
 			if hot || exists[i].Val() > 0 || dels[i].Val() > 0 {
@@ -671,8 +675,8 @@ func (c *Changes) revoke(ctx context.Context, k *keyspace, items []*item) ([]*it
 			}
 			c.m.applied.WithLabelValues(k.name, ChangeNotCached).Inc()
 		}
+		return out
 	})
-	return out, err
 }
 
 // refreshBatch runs one batch through the pipeline and returns the items to run again (lock revoked under it) and
@@ -760,11 +764,11 @@ func (it *item) reset() *item {
 // noteRefreshed tells the scheduler the new expiry of hot keys that a change refreshed, so that refresh-ahead
 // does not rebuild them again before their new TTL runs down.
 func (c *Changes) noteRefreshed(k *keyspace, p *pipeline, batch []*item) {
-	k.mail.send(func() { noteRefreshedOn(k, p, batch) })
+	k.mail.Send(func(k *loopState) { noteRefreshedOn(k, p, batch) })
 }
 
 // noteRefreshedOn is noteRefreshed's message, on k's loop.
-func noteRefreshedOn(k *keyspace, p *pipeline, batch []*item) {
+func noteRefreshedOn(k *loopState, p *pipeline, batch []*item) {
 	for _, it := range batch {
 		if it.result != ResultOK {
 			continue

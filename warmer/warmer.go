@@ -34,6 +34,10 @@ type Config struct {
 	// NodeCheckInterval is how often, with Notifications, the warmer re-reads the Cluster's masters and every
 	// node's notify-keyspace-events; default DefaultNodeCheckInterval.
 	NodeCheckInterval time.Duration
+	// EventQueue bounds, with Notifications, how many hot ids may have events waiting for one keyspace's loop
+	// (events for cold ids are dropped, and events for one id coalesce); beyond it events are dropped and every
+	// hot key is re-checked by the reconciliation. Default DefaultEventQueue.
+	EventQueue int
 	// FlushCheckInterval is how often the flush canary is rewritten (flush.go): a FLUSHDB, FLUSHALL, SWAPDB or
 	// a restart that emptied Redis is noticed within it, and every hot key is re-read at once. Default
 	// DefaultFlushCheckInterval; negative turns the canary off.
@@ -66,6 +70,9 @@ type Warmer struct {
 
 	mu     sync.Mutex
 	spaces map[string]*keyspace
+	// spaceList is spaces as a slice, published after each change (setSpaces) and never written again, for the
+	// notification listener, which reads it on every event without mu.
+	spaceList atomic.Pointer[[]*keyspace]
 	// startLoop starts a keyspace's scheduler loop while Run runs (nil otherwise), so that Update starts the
 	// keyspaces it adds.
 	startLoop func(*keyspace)
@@ -120,10 +127,23 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 		cfg.Seed = rand.Uint64()
 	}
 	w.seed.Store(cfg.Seed)
+	next := make(map[string]*keyspace, len(spaces))
 	for _, c := range spaces {
-		w.spaces[c.Name] = w.newKeyspace(c)
+		next[c.Name] = w.newKeyspace(c)
 	}
+	w.setSpaces(next)
 	return w, nil
+}
+
+// setSpaces installs the keyspaces in force and publishes them for the listener (spaceList). Callers hold mu,
+// or own w alone (New).
+func (w *Warmer) setSpaces(spaces map[string]*keyspace) {
+	w.spaces = spaces
+	list := make([]*keyspace, 0, len(spaces))
+	for _, k := range spaces {
+		list = append(list, k)
+	}
+	w.spaceList.Store(&list)
 }
 
 func validate(cfgs []KeyspaceConfig) ([]KeyspaceConfig, error) {
@@ -275,7 +295,7 @@ func (w *Warmer) applyLocked(spaces []KeyspaceConfig, start func(*keyspace)) {
 			w.m.forget(name)
 		}
 	}
-	w.spaces = next
+	w.setSpaces(next)
 }
 
 func sameLayout(a, b KeyspaceConfig) bool {
