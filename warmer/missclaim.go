@@ -45,7 +45,7 @@ type miss struct {
 	id, why     string
 	expiry      time.Time
 	learnedAt   time.Time     // when the value of that expiry was written or first seen (hotState.learnedAt)
-	seen        time.Time     // when it was counted (Config.Now): the claim's date
+	seen        time.Time     // when it was counted (Config.Clock): the claim's date
 	since       time.Duration // from the known expiry to the judgement
 	shortNotice bool
 	errors      int
