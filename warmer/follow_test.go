@@ -15,7 +15,7 @@ import (
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
-// Issue 13 §5 and issue 14: the hot set follows reality. These run against the real Redis, with the warmer's
+// The hot set follows reality. These run against the real Redis, with the warmer's
 // clock injected (real time plus an offset the test can move), so that hours of decay take no time.
 
 // offsetClock is the real clock whose Now is moved by an offset the test advances; its timers run in real time.

@@ -53,7 +53,7 @@ type miss struct {
 }
 
 // record counts the miss: keepwarm_warmer_hot_expired_total (and the late-notice breakdown), Status, the log.
-// It may run on the claim loop, without the keyspace's lock: it reads only the keyspace's immutable fields.
+// It may run on the claim loop, off the keyspace's loop: it reads only the keyspace's immutable fields.
 func (m miss) record(note string) {
 	k := m.k
 	k.w.m.hotExpired.WithLabelValues(k.name).Inc()
