@@ -20,7 +20,7 @@ import (
 // through to a batch, as a data error the doors cannot foresee does.
 type fetchOnly struct{ warmer.Source }
 
-// TestNULAccessMemberSkipped (issue 22): an access-set member with a NUL byte (valid UTF-8, so lockstep accepts
+// TestNULAccessMemberSkipped: an access-set member with a NUL byte (valid UTF-8, so lockstep accepts
 // it, but no PostgreSQL text can hold it) is skipped at the door like any invalid id: removed from the set,
 // counted, logged in the summary. The real ids are hot and written, and the origin is never taken for failing.
 func TestNULAccessMemberSkipped(t *testing.T) {
@@ -64,9 +64,9 @@ func TestNULAccessMemberSkipped(t *testing.T) {
 	}
 }
 
-// TestNULChangeSkipped (issue 22): a change whose id holds a NUL byte, in a batch with valid ids, is skipped and
-// counted as an invalid id; the other ids are refreshed and Apply succeeds (before, the whole batch failed in
-// PostgreSQL, and the stream retried it forever).
+// TestNULChangeSkipped: a change whose id holds a NUL byte, in a batch with valid ids, is skipped and
+// counted as an invalid id; the other ids are refreshed and Apply succeeds (otherwise the whole batch would fail in
+// PostgreSQL, and the stream would retry it forever).
 func TestNULChangeSkipped(t *testing.T) {
 	t.Parallel()
 	f, w, c, reg := changesFixture(t, warmer.OnChangeRefresh)
@@ -99,7 +99,7 @@ func TestNULChangeSkipped(t *testing.T) {
 	}
 }
 
-// TestBadInputBatchIsSplit (issue 22): when a batch's query still fails on one id with a data error, the batch is
+// TestBadInputBatchIsSplit: when a batch's query still fails on one id with a data error, the batch is
 // split until that id is alone: the other ids of the batch are written to Redis, the bad id is counted as an
 // invalid id (source origin) and a bad_input refresh error, retried with back-off rather than in a loop, and the
 // keyspace is not reported as failing: no "origin failing" line, no failed origin query, no RefreshFailing entry.
@@ -198,7 +198,7 @@ func TestNULPinnedIDRefused(t *testing.T) {
 	}
 }
 
-// TestBadInputChangeSplit (issue 22): a change batch whose query fails on one id with a data error (22P02 from a
+// TestBadInputChangeSplit: a change batch whose query fails on one id with a data error (22P02 from a
 // cast) applies the other changes; the bad id is counted as invalid_id, its cached value (stale since the change)
 // is invalidated, and Apply succeeds rather than failing the batch for the stream to retry forever.
 func TestBadInputChangeSplit(t *testing.T) {

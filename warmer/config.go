@@ -57,8 +57,8 @@ const (
 	// MaxTopN bounds TopN (and so MaxTracked's default): hot sets are read and sorted in full each poll.
 	MaxTopN              = 1_000_000
 	DefaultDecayHalfLife = 10 * time.Minute
-	// DefaultHistoryFactor is HistoryHalfLife's default in multiples of DecayHalfLife (see sketch.go; issue 25
-	// measured 3× and 6× on the ARC and key-value traces: docs/benchmarks.md §13).
+	// DefaultHistoryFactor is HistoryHalfLife's default in multiples of DecayHalfLife (see sketch.go; 3× and
+	// 6× measured on the ARC and key-value traces: docs/benchmarks.md §13).
 	DefaultHistoryFactor = 6
 	DefaultMaxStale      = 5 * time.Minute
 	DefaultLeadMultiple  = 3.0                   // lead is at least this many times the rebuild p95

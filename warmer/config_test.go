@@ -132,7 +132,7 @@ func TestResolveBounds(t *testing.T) {
 		{"top_n", func(c *warmer.KeyspaceConfig) { c.TopN = warmer.MaxTopN + 1 }, `keyspace "a": top_n: 1000001 is not in [0, 1000000]`},
 		// One owner of max_tracked ≥ top_n: an error here (it was silently raised), as in the config file.
 		{"max_tracked below top_n", func(c *warmer.KeyspaceConfig) { c.TopN, c.MaxTracked = 100, 50 }, `keyspace "a": max_tracked: 50 must be at least top_n (100)`},
-		// Issue 25: the sketch is allocated for max_tracked at start, and ages in whole seconds.
+		// The sketch is allocated for max_tracked at start, and ages in whole seconds.
 		{"max_tracked above the limit", func(c *warmer.KeyspaceConfig) { c.MaxTracked = warmer.MaxTrackedLimit + 1 }, `keyspace "a": max_tracked: 10000001 is above the limit of 10000000`},
 		{"history below decay", func(c *warmer.KeyspaceConfig) { c.DecayHalfLife, c.HistoryHalfLife = time.Hour, time.Minute }, `keyspace "a": history_half_life: 1m0s is below decay_half_life (1h0m0s)`},
 		{"history below 1s", func(c *warmer.KeyspaceConfig) {
@@ -140,7 +140,7 @@ func TestResolveBounds(t *testing.T) {
 		}, `keyspace "a": history_half_life: 900ms is below 1s`},
 		{"refresh_ahead fraction", func(c *warmer.KeyspaceConfig) { c.RefreshAheadFraction = 1 }, `keyspace "a": refresh_ahead: 1 is not a fraction of the ttl in (0, 1)`},
 		{"missing", func(c *warmer.KeyspaceConfig) { c.Missing = "drop" }, `keyspace "a": missing: "drop" is not a policy: want "delete", "keep" or "tombstone"`},
-		// Issue 22: the derived 10 × ttl was bounded only when set, so validate showed 8790h and run refused it.
+		// The derived 10 × ttl is bounded like a set one, so that validate and run agree.
 		{"derived stale ttl", func(c *warmer.KeyspaceConfig) { c.TTL = 879 * time.Hour }, `keyspace "a": stale_ttl: the default 10 × ttl (879h0m0s) = 8790h0m0s is above the limit`},
 		{"derived lock ttl", func(c *warmer.KeyspaceConfig) {
 			c.TTL, c.Keys = warmer.MaxDuration, nostale(t)

@@ -14,7 +14,7 @@
 // The hot set is the pinned ids plus at most top_n admitted ids, best ranked first, each ranking at least
 // min_score: an id is admitted once reads were seen in two polls (a doorkeeper against scans, after TinyLFU and
 // ARC), its rank fades with decay_half_life once no signal names it, and it loses its admission when its
-// refreshes keep going unread (see selection.go; issue 14). top_n is a ceiling, not a target. The hot set is
+// refreshes keep going unread (see selection.go). top_n is a ceiling, not a target. The hot set is
 // frozen during an origin outage. The tracked set is bounded by max_tracked; when it is full the coldest entry
 // leaves first. Cold keys are never refreshed: the daemon spends no origin budget on the long tail.
 //

@@ -221,11 +221,11 @@ type fleet struct {
 	lastBeat time.Time
 	lastErr  string
 	failing  bool
-	// failSince is when the first heartbeat of the current run of failures was sent (Config.Now); zero while
+	// failSince is when the first heartbeat of the current run of failures was sent (Config.Clock); zero while
 	// they succeed. Failures that began while the heartbeat was still valid mean Redis stopped answering this
 	// replica while it ran: an outage, not a stall of this process (see outageLocked).
 	failSince time.Time
-	// beating is when the heartbeat in flight was sent (Config.Now); zero between heartbeats. One sent while the
+	// beating is when the heartbeat in flight was sent (Config.Clock); zero between heartbeats. One sent while the
 	// heartbeat was valid and still unanswered means Redis is not answering: an outage, not a stall.
 	beating time.Time
 

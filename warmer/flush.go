@@ -47,7 +47,7 @@ func (c *canaries) refresh(ctx context.Context, rdb redis.UniversalClient) error
 		}
 		return nil
 	}
-	slots, err := cc.ClusterSlots(ctx).Result()
+	slots, err := cc.ClusterSlots(ctx).Result() //lint:ignore SA1019 CLUSTER SHARDS is Redis 7.0+; the daemon supports 6.2, whose only map is CLUSTER SLOTS
 	if err != nil {
 		return fmt.Errorf("read cluster slots: %w", err)
 	}
@@ -89,7 +89,7 @@ func (c *canaries) refresh(ctx context.Context, rdb redis.UniversalClient) error
 // canary's SET succeeded. A canary whose SET was refused has its TTL renewed with PEXPIRE instead, which Redis
 // does not refuse for memory: without it, an OOM episode longer than canaryTTL would let the canary expire and
 // its first SET after the episode would report a flush that never happened. A real flush during the episode
-// frees memory, so the next SET is taken and finds the canary gone, as before.
+// frees memory, so the next SET is taken and finds the canary gone, as it would without the episode.
 func (c *canaries) check(ctx context.Context, rdb redis.UniversalClient) (flushed []string, refused error, allOK bool, err error) {
 	type probe struct {
 		key string

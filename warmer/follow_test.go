@@ -9,17 +9,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
-// Issue 13 §5 and issue 14: the hot set follows reality. These run against the real Redis, with the warmer's
+// The hot set follows reality. These run against the real Redis, with the warmer's
 // clock injected (real time plus an offset the test can move), so that hours of decay take no time.
 
-// offsetClock is time.Now plus an offset the test advances.
-type offsetClock struct{ off atomic.Int64 }
+// offsetClock is the real clock whose Now is moved by an offset the test advances; its timers run in real time.
+type offsetClock struct {
+	clockwork.Clock
+	off atomic.Int64
+}
 
-func (c *offsetClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func newOffsetClock() *offsetClock { return &offsetClock{Clock: clockwork.NewRealClock()} }
+
+func (c *offsetClock) Now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *offsetClock) advance(d time.Duration) { c.off.Add(int64(d)) }
 
 // reader stands for the apps' access recording: it adds 1 to each id's access score every 20 ms until stopped.
@@ -81,9 +88,9 @@ func TestHotSetShrinksWhenTheAccessSetIsLost(t *testing.T) {
 			ctx := context.Background()
 			cfg := f.config()
 			cfg.TopN, cfg.MinScore, cfg.DecayHalfLife, cfg.HistoryHalfLife = 5, tc.minScore, time.Minute, 3*time.Minute
-			var clock offsetClock
+			clock := newOffsetClock()
 			stopReads := reader(t, f, cfg.AccessKey, "1", "2", "3")
-			w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Now: clock.now})
+			w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Clock: clock})
 			testenv.Eventually(t, 5*time.Second, "ids 1, 2, 3 hot and written", func() bool {
 				n, _ := f.rdb.Exists(ctx, f.key("1"), f.key("2"), f.key("3")).Result()
 				return n == 3 && slices.Equal(hotSet(w), []string{"1", "2", "3"})
@@ -140,9 +147,9 @@ func TestOutageFreezesHotSet(t *testing.T) {
 	cfg.Src = sw
 	cfg.TopN, cfg.DecayHalfLife, cfg.MaxStale = 2, time.Minute, time.Hour
 	cfg.TTL, cfg.RefreshAhead = 4*time.Second, 2*time.Second // room for the fail-safe on a loaded machine (as TestFailSafeKeepsHotKeysReadable)
-	var clock offsetClock
+	clock := newOffsetClock()
 	reader(t, f, cfg.AccessKey, "1", "1", "2") // 1 is read twice as often as 2, the key at the cut-off
-	w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Now: clock.now})
+	w, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Clock: clock})
 	testenv.Eventually(t, 5*time.Second, "ids 1 and 2 hot and written", func() bool {
 		n, _ := f.rdb.Exists(ctx, f.key("1"), f.key("2")).Result()
 		return n == 2 && slices.Equal(hotSet(w), []string{"1", "2"})

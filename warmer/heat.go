@@ -66,7 +66,7 @@ func (k *loopState) poll(ctx context.Context) {
 	}
 	k.tr.halfLife = cfg.DecayHalfLife
 	// The hot set is frozen while the origin fails: the fail-safe keeps every hot value alive, and a key that
-	// dropped out at the top_n cut-off now would expire into the outage (issue 13 §5). Pins still apply (update).
+	// dropped out at the top_n cut-off now would expire into the outage. Pins still apply (update).
 	if !k.origin.ongoing() {
 		k.setHot(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore, unix))
 	}
@@ -116,7 +116,7 @@ func (k *loopState) fullSync(ctx context.Context, cfg KeyspaceConfig, lfu map[st
 // (lockstep.Keys.ValidateID fails: invalid UTF-8, empty, too long; or the source refuses them, IDValidator: a NUL
 // byte for PostgreSQL). Those never take a hot slot: reading goes on past them, up to max_tracked members in
 // all, so a flood of invalid members cannot hide the real hot ids.
-// Without invalid members it is one ZREVRANGE of window members, as before.
+// Without invalid members it is one ZREVRANGE of window members.
 func (k *keyspace) readTop(ctx context.Context, cfg KeyspaceConfig, window int64) (zs []redis.Z, bad []string, err error) {
 	limit := max(int64(cfg.MaxTracked), window)
 	n := window

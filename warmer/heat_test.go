@@ -97,8 +97,8 @@ func TestNotificationsGiveEarlyNotice(t *testing.T) {
 
 // TestLFUAdmissionKeepsOneOffKeysOut: under allkeys-lfu, with Redis's default logarithmic counter (lfu-log-factor
 // 10), keys written and read once never take a hot slot, however many spare slots there are, and keys read
-// hundreds of times still become hot through the LFU signal alone (issue 25: one LFU increment used to admit, and
-// 1,000 such keys took all 150 spare slots). The observer is outside the warmer's selection: the hot set it
+// hundreds of times still become hot through the LFU signal alone (were one LFU increment to admit, 1,000 such
+// keys would take all 150 spare slots). The observer is outside the warmer's selection: the hot set it
 // reports at every poll, and the ids the origin was asked for.
 func TestLFUAdmissionKeepsOneOffKeysOut(t *testing.T) {
 	t.Parallel()

@@ -45,7 +45,7 @@ type miss struct {
 	id, why     string
 	expiry      time.Time
 	learnedAt   time.Time     // when the value of that expiry was written or first seen (hotState.learnedAt)
-	seen        time.Time     // when it was counted (Config.Now): the claim's date
+	seen        time.Time     // when it was counted (Config.Clock): the claim's date
 	since       time.Duration // from the known expiry to the judgement
 	shortNotice bool
 	errors      int
@@ -53,7 +53,7 @@ type miss struct {
 }
 
 // record counts the miss: keepwarm_warmer_hot_expired_total (and the late-notice breakdown), Status, the log.
-// It may run on the claim loop, without the keyspace's lock: it reads only the keyspace's immutable fields.
+// It may run on the claim loop, off the keyspace's loop: it reads only the keyspace's immutable fields.
 func (m miss) record(note string) {
 	k := m.k
 	k.w.m.hotExpired.WithLabelValues(k.name).Inc()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -54,7 +55,7 @@ func TestLockedKeyRecheckedWithinTheLead(t *testing.T) {
 	cfg := KeyspaceConfig{Name: "k", Keys: keys, Src: nopSource{}, TTL: 10 * time.Second, RefreshAhead: 2 * time.Second,
 		StatementTimeout: time.Second, PoolWaitTimeout: 500 * time.Millisecond, LockTTL: 5 * time.Second}
 	w, err := New(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), Config{Keyspaces: []KeyspaceConfig{cfg},
-		Now: func() time.Time { return now }})
+		Clock: clockwork.NewFakeClockAt(now)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,6 +36,12 @@ func (k *keyspace) refresh(ctx context.Context, batch []batchKey) {
 // errOriginFailing is the cause of the keys a fail-safe-only batch extended without an origin query.
 var errOriginFailing = errors.New("warmer: not queried: the origin is failing and a probe query is in flight; value kept by the fail-safe")
 
+// jitteredTTL returns the TTL draw for the values a batch writes with cfg: lockstep.Jitter, the apps' own
+// formula, so TTL × (1 + U[0, Jitter)). The draw is safe for concurrent use (k.rnd has its own lock).
+func (k *keyspace) jitteredTTL(cfg KeyspaceConfig) func() time.Duration {
+	return func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) }
+}
+
 // refreshWith is refresh; a non-nil skipOrigin runs the batch without an origin query, straight to the fail-safe
 // (pipeline.skipOrigin).
 //
@@ -59,8 +65,7 @@ func (k *keyspace) refreshWith(ctx context.Context, batch []batchKey, skipOrigin
 		}
 		items = append(items, &item{id: b.id, ks: ks, hot: b})
 	}
-	var p *pipeline
-	p = k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
+	p := k.newPipeline(cfg, k.jitteredTTL(cfg))
 	p.recheck = k.recheck
 	p.failSafe = func(ctx context.Context, items []*item) { k.failSafe(ctx, p.cfg, p.token, items) }
 	p.failSafeUnlocked = func(ctx context.Context, items []*item) { k.failSafeUnlocked(ctx, p.cfg, items) }

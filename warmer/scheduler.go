@@ -25,11 +25,11 @@ func (k *loopState) run(ctx, workCtx context.Context) {
 		"refresh_ahead", cfg.RefreshAhead, "top_n", cfg.TopN, "pinned", len(cfg.Pinned))
 	k.checkLFU(ctx)
 	k.poll(ctx)
-	poll := time.NewTicker(cfg.PollInterval)
+	poll := k.w.cfg.Clock.NewTicker(cfg.PollInterval)
 	defer poll.Stop()
-	reconcile := time.NewTicker(reconcileTick(cfg))
+	reconcile := k.w.cfg.Clock.NewTicker(reconcileTick(cfg))
 	defer reconcile.Stop()
-	timer := time.NewTimer(time.Hour)
+	timer := k.w.cfg.Clock.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		k.mail.Drain()
@@ -42,7 +42,7 @@ func (k *loopState) run(ctx, workCtx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-timer.C:
+			case <-timer.Chan():
 			case <-k.wake:
 			case <-k.mail.Wake():
 				// Messages (a batch's re-check or settle, an event) run at once, but a full pass (PTTL reads,
@@ -56,9 +56,9 @@ func (k *loopState) run(ctx, workCtx context.Context) {
 					timer.Reset(k.nextWait(now))
 					idle = true
 				}
-			case <-poll.C:
+			case <-poll.Chan():
 				k.poll(ctx)
-			case <-reconcile.C:
+			case <-reconcile.Chan():
 				k.reconcile(ctx)
 			}
 		}

@@ -212,8 +212,8 @@ func TestMatcher(t *testing.T) {
 }
 
 // A retry after a transient Redis failure (TRYAGAIN, ASK, MOVED, CLUSTERDOWN) or a lock held elsewhere is never
-// scheduled after the value's known expiry: a 2–4 s back-off drawn 1 s before the expiry became a 44 ms expiry in
-// a slot migration (issue 20).
+// scheduled after the value's known expiry: a 2–4 s back-off drawn 1 s before the expiry would let the value
+// expire, as it did for 44 ms in a slot migration.
 func TestRetryAtNeverAfterExpiry(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)

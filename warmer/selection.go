@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// How the hot set is chosen (scan resistance and refreshes that pay off, issue 14).
+// How the hot set is chosen: scan resistance, and refreshes that pay off.
 //
 // The access sorted set is a frequency estimate that ages: apps add 1 per read (ZINCRBY), and the daemon halves
 // every score each decay_half_life. On its own it lets a scan pollute the hot set: every id read once enters with
@@ -34,7 +34,7 @@ import (
 // An id's rank is its last score (plus its LFU counter), faded by decay_half_life for the time since a signal last
 // named it. So when the access set is lost (FLUSHALL, eviction) and no new data arrives, the in-memory scores decay
 // on their own and the refresh feedback demotes the keys nobody reads, instead of keeping a stale hot set warm
-// for ever (issue 13 §5). During an origin outage the hot set is frozen (see keyspace.poll): the fail-safe keeps
+// for ever. During an origin outage the hot set is frozen (see keyspace.poll): the fail-safe keeps
 // every hot value alive, and no key near the cut-off drops out meanwhile.
 
 // admitReads is how many polls must have seen evidence of a read before an id may become hot.
@@ -112,8 +112,8 @@ func (t *tracker) lookup(id string) (e *entry, remembered uint8) {
 
 // observeLFU records id's LFU counter above lfuInitVal, f > 0. It passes the same doorkeeper as the access set: a
 // counter higher than the last one read is evidence of a read, of two when it rose by 2 or more. Redis counts
-// only above lfuInitVal, so a key written and read once shows 1, which does not admit it (before issue 25 any
-// counter above lfuInitVal admitted: 1,000 keys read once took every spare hot slot). Rises go into the frequency
+// only above lfuInitVal, so a key written and read once shows 1, which does not admit it (were any counter above
+// lfuInitVal to admit, 1,000 keys read once would take every spare hot slot). Rises go into the frequency
 // sketch as one read each: the counter is logarithmic, so a rise says "read again", not how often.
 func (t *tracker) observeLFU(id string, f uint8, now int64) {
 	e, _ := t.lookup(id)
@@ -133,7 +133,7 @@ func (t *tracker) observeLFU(id string, f uint8, now int64) {
 // (frequencySketch.rate) and tie is that faded score. So ids are ranked by the reads of the last few
 // history_half_lives, and ids whose counts are equal (the sketch's counters saturate at 255, so the hottest
 // all are) by their recent reads. An id read once a minute keeps the rank its reads earn between them instead of
-// decaying to nothing. Issue 25 simulated the alternatives on the ARC and key-value traces: the larger of the two
+// decaying to nothing. Simulated on the ARC and key-value traces, the larger of the two
 // gained nothing, their sum gained on the disk traces and lost 0.3 points on Zipf; this order gained 0.06 to 0.97
 // points on every trace (docs/benchmarks.md §13).
 //
@@ -319,7 +319,6 @@ type hotState struct {
 	lastRefresh time.Time
 	lastErr     string
 	errors      int       // consecutive failed refreshes, for back-off
-	staleSince  time.Time // when the fail-safe first kept this value past its TTL, in the current outage
 	counted     bool      // this expiry was already counted as an SLO miss (re-armed by each new value learnt)
 	shortNotice bool      // the expiry was learnt less than one lead before it (a breakdown of misses, not an exemption)
 	invalidated bool      // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
@@ -357,8 +356,8 @@ type tracker struct {
 	max      int
 	gen      uint32        // bumped by each selectHot, to skip duplicate candidates without a set of its own
 	halfLife time.Duration // decay_half_life: how fast an id's score fades once no signal names it any more
-	// sketch is the long memory of reads (sketch.go), sized for max; nil turns it off (the selection before
-	// issue 25, kept for the simulation's comparison).
+	// sketch is the long memory of reads (sketch.go), sized for max; nil turns it off (the selection without
+	// the long memory, kept for the simulation's comparison).
 	sketch *frequencySketch
 	// risen are the ids whose access score rose (a read) since the last selectHot, wherever the signal came from
 	// (the top of the access set, or the full sync's whole tracked window): with the sketch, an id read below the

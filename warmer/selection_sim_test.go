@@ -34,7 +34,7 @@ type simConfig struct {
 	topN       int
 	maxTracked int
 	minScore   float64
-	history    float64 // history_half_life in seconds; 0: no frequency sketch (the selection before issue 25)
+	history    float64 // history_half_life in seconds; 0: no frequency sketch
 	oracle     []int32 // pinned ids instead of top_n when set
 	late       bool    // the oracle pins each of its ids only from the poll after its first read (no foresight of it)
 	// exact, when set, replaces the tracker with an online ranker that has the exact, unbounded history of every
@@ -42,7 +42,7 @@ type simConfig struct {
 	exact *exactRanker
 }
 
-// exactRanker is one of the reference online rankers of issue 25: at every poll the hot set is the top_n ids
+// exactRanker is one of the reference online rankers: at every poll the hot set is the top_n ids
 // among those read at least admit times so far, ranked by what kind says, from the exact history of reads.
 type exactRanker struct {
 	kind  string  // "lfu": all reads so far; "decay": reads faded with half-life param; "window": reads in the last param seconds
@@ -552,7 +552,7 @@ func simWorkloads(tb testing.TB, dir string, limit int, only []string) []simWork
 
 // exactRankers are the reference online rankers, with exact and unbounded history, for decay half-life hl: LFU,
 // exact decayed counts at 1, 3 and 6 half-lives, and reads in the last 3 half-lives (100 s at the replay's 33 s),
-// each admitting ids read once or only those read twice. The reference of issue 25 is the best of them.
+// each admitting ids read once or only those read twice. The reference is the best of them.
 func exactRankers(hl float64) []*exactRanker {
 	var rs []*exactRanker
 	for _, admit := range []int{1, 2} {
@@ -567,7 +567,7 @@ func exactRankers(hl float64) []*exactRanker {
 
 // BenchmarkSelectionSimulated prints, for each workload, the simulated warm fraction and wasted refreshes of the
 // static top-K oracle, of the best exact online ranker (exactRankers), and of keepwarm's selection without the
-// frequency sketch (before issue 25) and with it, on the first 600,000 reads, with the replay's default flags
+// frequency sketch and with it, on the first 600,000 reads, with the replay's default flags
 // (3,000 reads/s, TTL = length/30, decay_half_life = length/6, K = 10,000):
 //
 //	KEEPWARM_TRACES=$PWD/../shared/data/traces go test -run '^$' -bench SelectionSimulated -benchtime 1x ./warmer/

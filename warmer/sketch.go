@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// The long memory of the hot-key selection (issue 25).
+// The long memory of the hot-key selection.
 //
 // A tracked entry forgets: its access score halves every decay_half_life, and when the tracked set is full the
 // coldest entries leave it, history and all. Ids re-read at gaps longer than a few half-lives (on disk-like

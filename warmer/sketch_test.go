@@ -98,7 +98,7 @@ func TestSketchRateMatchesTheAccessScale(t *testing.T) {
 }
 
 // TestSketchRemembersTrimmedIDs: an id whose entry was trimmed between two reads is admitted at its second read
-// with the sketch, as if its entry had stayed; without it, it starts again from nothing (issue 25).
+// with the sketch, as if its entry had stayed; without it, it starts again from nothing.
 func TestSketchRemembersTrimmedIDs(t *testing.T) {
 	t.Parallel()
 	for _, hist := range []time.Duration{0, 6 * time.Minute} {
@@ -140,7 +140,7 @@ func TestLongHistoryOutranksOneRecentRead(t *testing.T) {
 }
 
 // TestLFUPassesTheDoorkeeper: an LFU counter of 1 above Redis's initial value (a key written and read once) is one
-// read's evidence, which does not admit; a rise of 2 or more is two, which does (issue 25).
+// read's evidence, which does not admit; a rise of 2 or more is two, which does.
 func TestLFUPassesTheDoorkeeper(t *testing.T) {
 	t.Parallel()
 	tr := newTracker(100, time.Minute, 6*time.Minute, 0)

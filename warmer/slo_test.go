@@ -20,7 +20,7 @@ import (
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
-// The SLO tests (issue 20): every miss an independent observer sees is counted by
+// The SLO tests: every miss an independent observer sees is counted by
 // keepwarm_warmer_hot_expired_total, once per expiry, whoever rebuilt the key afterwards; an invalidation is not
 // a miss. The observer is a poller with its own Redis client: it trusts nothing the daemon says.
 

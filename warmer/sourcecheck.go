@@ -153,7 +153,8 @@ type RefreshFailure struct {
 	Err      error     // the last batch's error (wrapping the Redis or PostgreSQL error, e.g. NOPERM or 42501)
 }
 
-// refreshStreak is a keyspace's run of failed refresh batches (guarded by keyspace.mu).
+// refreshStreak is a keyspace's run of failed refresh batches. The loop owns it; RefreshFailing reads the copy
+// the loop publishes (keyspace.failing).
 type refreshStreak struct {
 	since   time.Time
 	batches int

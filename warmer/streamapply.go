@@ -685,7 +685,7 @@ func (c *Changes) refreshBatch(ctx context.Context, k *keyspace, cfg KeyspaceCon
 	if err := k.slots.acquire(ctx); err != nil {
 		return nil, nil, err
 	}
-	p := k.newPipeline(cfg, func() time.Duration { return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64()) })
+	p := k.newPipeline(cfg, k.jitteredTTL(cfg))
 	err = p.run(ctx, batch)
 	k.slots.release()
 	k.poke() // a refresh batch may be waiting for the slot

@@ -174,9 +174,9 @@ func TestChangesRejectsBadConfig(t *testing.T) {
 	}
 }
 
-// A resync owed at start-up (the slot was created, or lost while the daemon was down) used to snapshot the hot
-// set at once, alongside the warmer's first poll: it covered 0 keys (issue 21). It waits for each keyspace's
-// first poll now: called before the warmer runs, it covers every hot key once the warmer has looked.
+// A resync owed at start-up (the slot was created, or lost while the daemon was down) waits for each keyspace's
+// first poll: a snapshot of the hot set taken alongside that poll would cover 0 keys. Called before the warmer
+// runs, it covers every hot key once the warmer has looked.
 func TestResyncWaitsForTheFirstPoll(t *testing.T) {
 	t.Parallel()
 	_, w, c, reg := changesFixture(t, "", "1", "2", "3", "4", "5")
@@ -201,9 +201,9 @@ func TestResyncWaitsForTheFirstPoll(t *testing.T) {
 	<-runDone
 }
 
-// After a TRUNCATE every cached key of the fed keyspaces is known wrong, hot or not. Before, the resync refreshed
-// the hot keys only: 2,994 cold cached tracks served truncated rows 5 s later (issue 21). Now the cold ones are
-// invalidated too (SCAN of the key template), and the hot ones refreshed, not deleted.
+// After a TRUNCATE every cached key of the fed keyspaces is known wrong, hot or not. A resync that refreshed the
+// hot keys only would leave cold cached rows serving truncated data, so the cold ones are invalidated too (SCAN of
+// the key template), and the hot ones refreshed, not deleted.
 func TestResyncAfterTruncateInvalidatesColdKeys(t *testing.T) {
 	t.Parallel()
 	f, w, c, _ := changesFixture(t, "", "1", "2")

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
@@ -48,8 +49,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the warmer's metrics; nil registers none.
 	Registerer prometheus.Registerer
-	// Now is the clock that expiry estimates and due times are computed with; default time.Now.
-	Now func() time.Time
+	// Clock is the one clock of the warmer and its schedules: expiry estimates and due times are read from it,
+	// and the keyspace loops and Cron wait on its timers. Default clockwork.NewRealClock(); tests pass a
+	// clockwork.FakeClock.
+	Clock clockwork.Clock
 	// Seed seeds jitter and XFetch draws; 0 seeds from the runtime's random source.
 	Seed uint64
 	// Fleet makes several replicas share the hot keys, each refreshing the ones it owns (see FleetConfig); the
@@ -78,7 +81,7 @@ type Warmer struct {
 	startLoop func(*keyspace)
 
 	progress  atomic.Int64 // unix nanos of the last scheduler loop pass of any keyspace
-	lastFlush atomic.Int64 // unix nanos (Config.Now) of the last flush the canary noticed; 0 before any
+	lastFlush atomic.Int64 // unix nanos (Config.Clock) of the last flush the canary noticed; 0 before any
 	running   atomic.Bool
 	checks    checks        // keyspaces whose source check has not passed yet (see Checker)
 	notify    notifier      // the keyspace-notification listener (notifications.go)
@@ -99,8 +102,8 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
 	}
 	spaces, err := validate(cfg.Keyspaces)
 	fleetCfg, ferr := cfg.Fleet.Resolve()
@@ -112,7 +115,7 @@ func New(rdb redis.UniversalClient, cfg Config) (*Warmer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("warmer: register metrics: %w", err)
 	}
-	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Now,
+	w := &Warmer{rdb: rdb, cfg: cfg, log: cfg.Logger, m: m, now: cfg.Clock.Now,
 		spaces: make(map[string]*keyspace)}
 	w.notify.w = w
 	if err := w.registerRefusals(cfg.Registerer); err != nil {

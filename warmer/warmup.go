@@ -10,8 +10,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
-
-	"github.com/keepwarm/keepwarm/lockstep"
 )
 
 // MaxFailedIDs is how many failed ids a WarmupResult lists.
@@ -113,13 +111,11 @@ func (w *Warmer) Warmup(ctx context.Context, keyspace string, ids IDSource, opt 
 		hi = cfg.TTL + opt.Spread
 	}
 	res.TTLs = newHistogram(cfg.TTL, hi, HistogramBins)
-	var mu sync.Mutex             // guards res and written
-	var written []keptCheck       // every value written, for the final sweep (sweepKept)
-	ttl := func() time.Duration { // safe for concurrent use: k.rnd has its own lock
-		if opt.Spread > 0 {
-			return cfg.TTL + time.Duration(k.rnd.Float64()*float64(opt.Spread))
-		}
-		return lockstep.Jitter(cfg.TTL, cfg.Jitter, k.rnd.Float64())
+	var mu sync.Mutex       // guards res and written
+	var written []keptCheck // every value written, for the final sweep (sweepKept)
+	ttl := k.jitteredTTL(cfg)
+	if opt.Spread > 0 {
+		ttl = func() time.Duration { return cfg.TTL + time.Duration(k.rnd.Float64()*float64(opt.Spread)) }
 	}
 	var extra *rate.Limiter
 	if opt.Rate > 0 {

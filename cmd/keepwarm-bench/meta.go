@@ -23,7 +23,7 @@ import (
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
-// The meta scenario (issue 13 §3) measures, side by side in one run on a private redis-server, what a cached key
+// The meta scenario measures, side by side in one run on a private redis-server, what a cached key
 // costs Redis when keepwarm writes it with and without the meta hash, against a plain pipelined SET of the same
 // values with the same TTL: memory per key (INFO memory), Redis CPU per key (INFO commandstats and INFO cpu), and
 // warmup keys/s; and, as the ceiling of a locked write, redis-benchmark running the same Redis-side work as one

@@ -27,7 +27,7 @@ import (
 	"github.com/keepwarm/keepwarm/sources/postgres"
 )
 
-// The peers scenario (issue 24) puts keepwarm beside the libraries a Go team would pick instead, in one run, on
+// The peers scenario puts keepwarm beside the libraries a Go team would pick instead, in one run, on
 // the same Redis, PostgreSQL and workload, with a fleet of app instances: for each strategy (peerStrategies) and
 // each fleet size N, N instances, each with its own Redis client and PostgreSQL pool as separate processes would
 // have, read Zipf-distributed ids at a fixed planned rate; their origin is a real PostgreSQL query. Each cell

@@ -87,9 +87,9 @@ func peakRSS(t *testing.T, pid int) int64 {
 	return 0
 }
 
-// One transaction updates 300,000 rows of a fed table (issue 21: the daemon held the whole transaction, two column
-// maps per row, until its commit: RSS 374–561 MiB, OOM-killed under deploy/kubernetes's 256Mi, restarted, and given
-// the same transaction again). Under GOMEMLIMIT=200MiB the daemon, in a process of its own, must stay under
+// One transaction updates 300,000 rows of a fed table (a daemon that held the whole transaction, two column maps
+// per row, until its commit reached RSS 374–561 MiB, was OOM-killed under deploy/kubernetes's 256Mi, restarted, and
+// given the same transaction again). Under GOMEMLIMIT=200MiB the daemon, in a process of its own, must stay under
 // 256 MiB of peak RSS, turn the transaction into a resync (it is above max_transaction_changes) and so bring a
 // cached hot key up to its new row.
 func TestRunBigTransactionStaysUnderTheMemoryLimit(t *testing.T) {

@@ -25,7 +25,7 @@ import (
 // from the config but never connect, plus the HTTP listen address and validate's own summary.
 //
 // The seed corpus is the checked-in configs (config.toml, deploy/kubernetes/configmap.yaml's config.toml) and
-// testdata/fuzz/FuzzConfig (a minimal config and the disagreements of issue 22); `go test` runs it. To search
+// testdata/fuzz/FuzzConfig (a minimal config and known disagreements between validate and run); `go test` runs it. To search
 // (about 500 inputs a second on one core; a count, not a duration: with -fuzztime 30m, go1.26 can end a clean
 // run with a bare "context deadline exceeded" and no reproducer, golang/go#75804):
 //

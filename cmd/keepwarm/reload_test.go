@@ -80,7 +80,7 @@ func logTime(t *testing.T, line string) time.Time {
 	return at
 }
 
-// TestRunReloadsBesideBusySiblingAndOwnDebugLog is issue 22's acceptance criterion: "A reload is applied within
+// TestRunReloadsBesideBusySiblingAndOwnDebugLog checks: "A reload is applied within
 // 2 s of the last write to the config file while a sibling file in the same directory is written every 200 ms,
 // and while the daemon logs at debug level into that directory." The daemon's log file sits beside its config and
 // the daemon logs at debug level; the config watcher writes a handful of lines to it, not one per event. The
@@ -141,7 +141,7 @@ func TestRunReloadsBesideBusySiblingAndOwnDebugLog(t *testing.T) {
 // TestRunHoldsBackAKeyspaceRemoval: a config cut before its second [[keyspace]] (valid TOML) by a writer that
 // then pauses 1.5 s is never applied, no keyspace vanishes, and the completed file is; a real removal is applied
 // once the file stayed the same for reload.DefaultSettle, and logged with the keyspace's name; SIGHUP applies a
-// removal at once, logged too. The cut file used to be applied after the 1 s quiet period (issue 22).
+// removal at once, logged too. The cut file must not be applied after the 1 s quiet period.
 func TestRunHoldsBackAKeyspaceRemoval(t *testing.T) {
 	// Serial: `keepwarm run` sets go-redis's process-wide logger (routeRedisLogs).
 	f := newDaemonFixture(t)

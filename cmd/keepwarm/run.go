@@ -143,10 +143,11 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 					}
 					return nil
 				},
-				Schedules: func() []statuspage.Schedule {
+				Schedules: func(ctx context.Context) []statuspage.Schedule {
 					var out []statuspage.Schedule
 					if d.readyWarmer() != nil {
-						for _, s := range d.cron.Status() {
+						sched, _ := d.cron.Status(ctx) // nil when the page request ends first
+						for _, s := range sched {
 							out = append(out, statuspage.Schedule{Name: s.Name, Keyspace: s.Keyspace, Cron: s.Spec,
 								Next: s.Next, Last: s.Last, LastResult: s.LastResult})
 						}
@@ -187,10 +188,14 @@ func startDaemon(ctx context.Context, path string, cfg *config.Config, log *slog
 				w.Header().Set("Content-Type", "application/json")
 				_ = json.NewEncoder(w).Encode(st)
 			})
-			mux.HandleFunc("GET /debug/schedules", func(w http.ResponseWriter, _ *http.Request) {
+			mux.HandleFunc("GET /debug/schedules", func(w http.ResponseWriter, r *http.Request) {
 				sched := []warmer.ScheduleStatus{}
 				if d.readyWarmer() != nil {
-					sched = d.cron.Status()
+					var err error
+					if sched, err = d.cron.Status(r.Context()); err != nil {
+						http.Error(w, err.Error(), http.StatusServiceUnavailable)
+						return
+					}
 				}
 				w.Header().Set("Content-Type", "application/json")
 				_ = json.NewEncoder(w).Encode(sched)

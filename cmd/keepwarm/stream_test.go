@@ -128,8 +128,8 @@ func TestMigrateChanges(t *testing.T) {
 }
 
 // TestValidateCheckDBChecksTheChangeStream: validate --check-db refuses what the change stream would stop on or
-// report at run (issue 22: a publication that did not exist, with create_publication = false, passed
-// --check-db, and run exited 1): the missing publication, a publication lacking a feeding table, and a slot of
+// report at run (a publication that does not exist, with create_publication = false, must not pass
+// --check-db and then make run exit 1): the missing publication, a publication lacking a feeding table, and a slot of
 // another plugin, each named.
 func TestValidateCheckDBChecksTheChangeStream(t *testing.T) {
 	// Serial: t.Setenv changes the process environment.

@@ -72,7 +72,7 @@ func TestRunNotifiesSystemd(t *testing.T) {
 }
 
 // TestRunKeepsRunningWithABadWatchdogSetting: an invalid WATCHDOG_USEC disables the watchdog with one warning; the
-// daemon keeps running and exits 0 on SIGTERM (issue 22: WATCHDOG_USEC=0 sent READY=1, then exited 1).
+// daemon keeps running and exits 0 on SIGTERM (not READY=1 followed by exit 1).
 func TestRunKeepsRunningWithABadWatchdogSetting(t *testing.T) {
 	// Serial: t.Setenv changes the process environment.
 	for _, usec := range []string{"0", "soon"} {

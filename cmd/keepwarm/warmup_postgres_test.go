@@ -12,7 +12,7 @@ import (
 )
 
 // TestWarmupQueryOneConnection runs `keepwarm warmup --query` over every Chinook track with max_conns = 1
-// (issue 11: the ids stream held the pool's only connection and 3,200 of 3,503 ids failed).
+// (when the ids stream held the pool's only connection, 3,200 of 3,503 ids failed).
 func TestWarmupQueryOneConnection(t *testing.T) {
 	// Serial: t.Setenv changes the process environment.
 	t.Setenv("KEEPWARM_POSTGRES_DSN", chinookDSN(t))
@@ -80,8 +80,8 @@ func TestValidateBehindPgBouncer(t *testing.T) {
 }
 
 // TestWarmupThroughPgBouncer runs `keepwarm warmup --query` twice over every Chinook track through PgBouncer in
-// transaction mode, with the documented DSN (default_query_exec_mode=exec). Issue 11: with the default DSN more
-// than half of the 3,503 ids failed with SQLSTATE 42P05, and a second warmup failed before it started.
+// transaction mode, with the documented DSN (default_query_exec_mode=exec). With the default DSN more
+// than half of the 3,503 ids fail with SQLSTATE 42P05, and a second warmup fails before it starts.
 func TestWarmupThroughPgBouncer(t *testing.T) {
 	// Serial: t.Setenv changes the process environment.
 	dsn := pgBouncerChinookDSN(t)

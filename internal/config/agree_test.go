@@ -11,9 +11,9 @@ import (
 	"github.com/keepwarm/keepwarm/internal/config"
 )
 
-// The configs of issue 22 that `validate` accepted and `run` then failed on (exited, never became ready, or ran
-// a warmup every second), and the rejections that did not name their field. Each is now refused by Load, the
-// function both commands call, with a message that names the field (and the environment variable that set it).
+// Configs that `run` cannot start on (it would exit, never become ready, or run a warmup every second), which
+// `validate` must refuse too: Load, the function both commands call, refuses each with a message that names the
+// field (and the environment variable that set it).
 func TestLoadRefusesWhatRunCannotStartOn(t *testing.T) {
 	sched := func(cron, extra string) string {
 		return cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"" + cron + "\"\nkeyspace = \"track\"\nids = [\"1\"]\n" + extra})
@@ -111,8 +111,8 @@ func TestFloorsAcceptSensibleSettings(t *testing.T) {
 	}
 }
 
-// A run whose local time a spring-forward skips runs right after the gap unless dst_gap = "skip" (issue 22: a
-// pre-promotion warmup at 02:00 America/Los_Angeles silently did not happen on that day).
+// A run whose local time a spring-forward skips runs right after the gap unless dst_gap = "skip", so that a
+// pre-promotion warmup at 02:00 America/Los_Angeles does not silently skip that day.
 func TestDSTGapDefaultsToRun(t *testing.T) {
 	text := cfg(map[string]string{"REST": "[[schedule]]\nname = \"s\"\ncron = \"CRON_TZ=America/Los_Angeles 0 2 * * *\"\nkeyspace = \"track\"\nids = [\"1\"]\n"})
 	if c := mustLoad(t, text, nil); c.Schedules[0].DSTGap != config.DSTGapRun {

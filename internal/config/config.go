@@ -23,7 +23,7 @@ const (
 	DefaultLogLevel  = "info"
 	DefaultLogFormat = "json"
 
-	// Floors of the timeouts (issue 22: a config that validate accepted with "1ns" timeouts never became ready).
+	// Floors of the timeouts: a daemon with "1ns" timeouts would never become ready, so validate refuses them.
 	MinRedisTimeout   = time.Millisecond       // [redis] read_timeout, write_timeout
 	MinConnectTimeout = 100 * time.Millisecond // [redis] dial_timeout, [postgres] connect_timeout
 

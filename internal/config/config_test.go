@@ -306,7 +306,7 @@ func TestBadConfigs(t *testing.T) {
 			`daemon: listen: "localhost:http": port "http" is not a number in [0, 65535]`},
 		{"daemon log level", cfg(map[string]string{"DAEMON": `log_level = "verbose"`}), nil,
 			`daemon: log_level: "verbose" is not a level`},
-		// Issue 11 §3: every duration has an upper bound, named by its field; warmer's own checks (here top_n's
+		// Every duration has an upper bound, named by its field; warmer's own checks (here top_n's
 		// bound) are Load's too, with the same message as at start-up.
 		{"ttl above a year", strings.Replace(cfg(map[string]string{"KEYSPACE": `stale = "old:${key}"`}), `ttl = "30s"`, `ttl = "876000h"`, 1), nil,
 			`keyspace "track": ttl: "876000h" is above the limit of 8784h0m0s (one year)`},

@@ -77,8 +77,8 @@ func TestHotkeysInlineBadIDStaysAnError(t *testing.T) {
 	}
 }
 
-// TestNULIDsRejectedAtLoad (issue 22): an id with a NUL byte is valid UTF-8, so lockstep accepts it, but no
-// PostgreSQL text can hold it, and at run time it failed every batch it was in (22021). A list file's NUL line is
+// TestNULIDsRejectedAtLoad: an id with a NUL byte is valid UTF-8, so lockstep accepts it, but no
+// PostgreSQL text can hold it, and at run time it would fail every batch it was in (22021). A list file's NUL line is
 // skipped and reported with its file:line; an inline pinned or scheduled id with one is a problem naming the
 // field.
 func TestNULIDsRejectedAtLoad(t *testing.T) {

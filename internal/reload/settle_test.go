@@ -37,7 +37,7 @@ func (g *removalGuard) history() []string {
 	return append([]string(nil), g.applied...)
 }
 
-// TestCutConfigNotApplied is issue 22's cut config: the writer stops after the first keyspace (the rest of the
+// TestCutConfigNotApplied writes a cut config: the writer stops after the first keyspace (the rest of the
 // file is still to come), pauses until the cut has been tried, and completes it. The cut file is valid but
 // removes a keyspace, so it waits for the settle period; the completed file arrives within it and is applied;
 // the cut one never is. It used to be applied after the quiet period, a keyspace vanishing until the writer was

@@ -66,8 +66,8 @@ type Config struct {
 	// Degraded lists the parts of the job not being done while the daemon is ready (the same list /readyz
 	// reports); nil or empty omits the section. It must not do I/O.
 	Degraded func() []string
-	// Schedules returns the cron schedules; nil omits the section.
-	Schedules func() []Schedule
+	// Schedules returns the cron schedules, asked with the page request's context; nil omits the section.
+	Schedules func(context.Context) []Schedule
 	// Stream returns the change stream's state (change-driven refresh); nil, or a nil result, omits the section.
 	Stream  func() *Stream
 	Version string        // shown in the header
@@ -225,7 +225,7 @@ func (h *Handler) build(ctx context.Context) page {
 	}
 	if h.cfg.Schedules != nil {
 		p.ShowSched = true
-		for _, s := range h.cfg.Schedules() {
+		for _, s := range h.cfg.Schedules(ctx) {
 			sv := scheduleView{Name: s.Name, Keyspace: s.Keyspace, Cron: s.Cron, Next: "-", Last: "never", Res: s.LastResult}
 			if !s.Next.IsZero() {
 				sv.Next, sv.NextAt = "in "+short(s.Next.Sub(now)), s.Next.UTC().Format(time.RFC3339)

@@ -34,7 +34,7 @@ func TestPageEscapesKeysAndValues(t *testing.T) {
 			},
 		}}
 	}
-	sched := func() []Schedule {
+	sched := func(context.Context) []Schedule {
 		return []Schedule{{Name: `<svg onload=alert(1)>`, Keyspace: "ks", Cron: "@every 1m", LastResult: `"ok"`}}
 	}
 	resp, body := render(t, Config{Status: status, Schedules: sched, Version: `v1<2>`})
@@ -93,7 +93,7 @@ func TestPageSections(t *testing.T) {
 		{
 			name: "running",
 			cfg: Config{Status: status, Ready: func(context.Context) error { return nil }, Refresh: 3 * time.Second,
-				Schedules: func() []Schedule {
+				Schedules: func(context.Context) []Schedule {
 					return []Schedule{{Name: "charts", Keyspace: "track", Cron: "0 30 7 * * mon-fri",
 						Next: now.Add(90 * time.Minute), Last: now.Add(-22 * time.Hour), LastResult: "ok"}}
 				}},

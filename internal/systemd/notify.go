@@ -39,7 +39,7 @@ func notify(state, status string) (bool, error) {
 // It returns nil at once when the watchdog is not enabled (no $WATCHDOG_USEC, or $WATCHDOG_PID names another
 // process), and nil when ctx ends. A $WATCHDOG_USEC that is not a positive number, or a $WATCHDOG_PID that is
 // not a number, disables the watchdog with one WARN line: the service keeps running without pings rather than
-// stopping on a bad environment (issue 22: WATCHDOG_USEC=0 made the daemon exit 1 right after READY=1). The
+// stopping on a bad environment (WATCHDOG_USEC=0 would otherwise make it exit 1 right after READY=1). The
 // scheduler has interval/2 from the call to make its first pass. Socket errors are logged, not returned: a
 // missed ping is systemd's to judge. log defaults to slog.Default().
 func Watchdog(ctx context.Context, progress func() time.Time, log *slog.Logger) error {

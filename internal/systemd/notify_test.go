@@ -185,7 +185,7 @@ func TestWatchdogDisabled(t *testing.T) {
 	}{
 		{"no WATCHDOG_USEC", "", "", false},
 		{"another process's watchdog", "400000", strconv.Itoa(os.Getpid() + 1), false},
-		// Issue 22: these made the daemon exit 1 right after READY=1.
+		// Each of these must not make the daemon exit 1 right after READY=1.
 		{"malformed WATCHDOG_USEC", "soon", "", true},
 		{"WATCHDOG_USEC=0", "0", "", true},
 		{"negative WATCHDOG_USEC", "-5", "", true},

@@ -22,7 +22,7 @@ func isBadInput(err error) bool {
 	return errors.As(err, &bi) && bi.BadInput()
 }
 
-// TestBadInputInEveryExecMode (issue 22): in each of pgx's exec modes, a batch that fails on one id comes back as
+// TestBadInputInEveryExecMode: in each of pgx's exec modes, a batch that fails on one id comes back as
 // a BadInput error, not as a plain origin failure, and the connection is still good for the next batch.
 //   - An id with a NUL byte never reaches the server (in simple_protocol mode it cost the connection, 08P01):
 //     the source refuses it (ValidID, also offered to the warmer as a method) and Fetch fails with ErrBadInput

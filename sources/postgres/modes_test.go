@@ -38,8 +38,8 @@ func withParam(url, kv string) string {
 }
 
 // TestValuesInEveryExecMode writes known bytes through each value type and reads them back with Fetch in each of
-// pgx's five query exec modes: the bytes must be the same in all of them (issue 11: jsonb failed with "unknown
-// binary version" and bytea came back as its hex text in exec and simple_protocol modes).
+// pgx's five query exec modes: the bytes must be the same in all of them (jsonb can fail with "unknown binary
+// version", and bytea come back as its hex text, in exec and simple_protocol modes).
 func TestValuesInEveryExecMode(t *testing.T) {
 	t.Parallel()
 	setup := testenv.Postgres(t)

@@ -62,8 +62,8 @@ func setDSNParam(dsn, key, value string) string {
 
 // TestPgBouncerWarmup runs a warmup-sized fetch through PgBouncer in transaction mode, with the documented DSN
 // setting (default_query_exec_mode=exec): 3,503 ids streamed from ids_query, fetched in batches of 500 by four
-// goroutines, twice (issue 11: the default DSN failed on more than half of them with SQLSTATE 42P05, and a
-// second warmup failed before it started). Values are jsonb and bytea, which come back in text format here.
+// goroutines, twice (with the default DSN more than half of them fail with SQLSTATE 42P05, and a second
+// warmup fails before it starts). Values are jsonb and bytea, which come back in text format here.
 func TestPgBouncerWarmup(t *testing.T) {
 	// Serial: PgBouncer's pool (transaction mode) is shared; its server connections carry other clients' prepared statements.
 	direct := testenv.Postgres(t)

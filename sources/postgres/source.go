@@ -78,8 +78,8 @@ const (
 	// small for the load, and the lead would have to be as long.
 	MaxPoolWaitTimeout = time.Minute
 	// MinPoolWaitTimeout is the smallest Config.PoolWaitTimeout other than 0: a busy pool hands a connection over
-	// in about that long, so a shorter wait fails nearly every fetch as pool exhausted (issue 22: 1ns made a
-	// daemon that was ready and refreshed nothing).
+	// in about that long, so a shorter wait fails nearly every fetch as pool exhausted (1ns makes a daemon that
+	// is ready and refreshes nothing).
 	MinPoolWaitTimeout = 10 * time.Millisecond
 	// ClientTimeoutMargin is how much longer than StatementTimeout the client-side backstop waits before pgx
 	// cancels the query itself (which costs the connection). The server's statement_timeout should fire first.

@@ -10,7 +10,7 @@ import (
 
 // OwedResyncs keeps the resyncs a change stream owes in Redis (a set of reasons under one key, next to the
 // stream lease: "keepwarm:stream:<slot>:resync"), so that a daemon killed between a replication slot's creation
-// and the end of its resync leaves the resync to the next holder of the lease (issue 21: 60 of 60 updated hot
+// and the end of its resync leaves the resync to the next holder of the lease (without it, 60 of 60 updated hot
 // tracks kept their old values after such a kill -9). It implements postgres.OwedStore. The key has no TTL: it
 // is removed when nothing is owed.
 //

@@ -333,7 +333,7 @@ func TestCheckFeeds(t *testing.T) {
 	}
 }
 
-// TestStreamPartitionedTable (issue 21): a fed table that is partitioned, in a publication created without
+// TestStreamPartitionedTable: a fed table that is partitioned, in a publication created without
 // publish_via_partition_root. Its changes arrive under the root's name (the stream turns the option on), and a
 // restart finds the table published
 // (through pg_publication_rel: pg_publication_tables lists the partitions) instead of failing on ALTER
@@ -395,7 +395,7 @@ func TestStreamPartitionedTable(t *testing.T) {
 	}
 }
 
-// TestStreamFollowsATableRebuild (issue 21): a migration rebuilds the fed table the online way (create a new
+// TestStreamFollowsATableRebuild: a migration rebuilds the fed table the online way (create a new
 // table, copy, drop the old one, rename): the publication silently lost it, and the stream went on "streaming"
 // nothing. The publication watch notices within PublicationCheck, the next session adds the table back and
 // resyncs (changes made while it was unpublished were never streamed), and later updates arrive again. Without
@@ -457,7 +457,7 @@ func TestStreamFollowsATableRebuild(t *testing.T) {
 	}
 }
 
-// TestStreamBoundsATransaction (issue 21): rows keep only the mapped columns (Config.Columns), and a
+// TestStreamBoundsATransaction: rows keep only the mapped columns (Config.Columns), and a
 // transaction above MaxTxnChanges is delivered empty, marked Overflowed, after a resync of every hot key, instead
 // of being held in memory whole (a 300,000-row UPDATE took the daemon to 374-561 MiB). The rows it changed are
 // still counted as received.
@@ -533,7 +533,7 @@ func (o *owedMap) Save(_ context.Context, r []string) error {
 	return nil
 }
 
-// TestStreamOwedResyncSurvivesACrash (issue 21): a stream creates its slot and dies before its resync finished
+// TestStreamOwedResyncSurvivesACrash: a stream creates its slot and dies before its resync finished
 // (here: the resync keeps failing until the process is stopped, as a kill -9 would leave it). The next stream
 // finds the slot already there, so nothing but the owed record tells it that changes before the slot were never
 // seen: it resyncs, then clears the record. Before, the resync owed lived in memory only: 60 of 60 updated hot

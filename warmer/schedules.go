@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -50,13 +49,6 @@ type ScheduleStatus struct {
 	LastResult string    `json:"last_result"` // ok, failed, interrupted, skipped (another replica ran it) or skipped_dst
 }
 
-// CronOption configures a Cron.
-type CronOption func(*Cron)
-
-// WithCronClock makes the Cron read time and wait on timers from clk (tests pass a clockwork.FakeClock).
-// The default is the real clock, with Now taken from the Warmer's Config.Now.
-func WithCronClock(clk clockwork.Clock) CronOption { return func(c *Cron) { c.clk = clk } }
-
 // Cron runs [[schedule]] warmups inside the daemon. Each scheduled time runs once across the fleet: the first
 // replica to claim "keepwarm:cron:<name>:<wall-clock time>" in Redis (SET NX, CronClaimTTL) runs it, the
 // others skip it. A schedule whose previous run is still going skips the new time (as robfig/cron's
@@ -67,6 +59,12 @@ func WithCronClock(clk clockwork.Clock) CronOption { return func(c *Cron) { c.cl
 // built from the wall-clock time in the schedule's zone, so it runs once. A local time that a change skips
 // (02:30 on the spring-forward night) does not exist: by default that run happens at the first valid time after
 // the gap (cronie's behaviour), logged; with ScheduleConfig.SkipDSTGap it is skipped and logged.
+//
+// Concurrency: as in robfig/cron's run(), one goroutine owns the schedules (a *cronState). While Run runs, that
+// is Run's loop: Update and Status send it their operation over a channel, and each run reports its result back
+// over another. While Run does not run, the state waits in a channel of one, and Update or Status takes it for
+// the time of its operation. There is no mutex. Cron reads time and waits on timers from the Warmer's
+// Config.Clock.
 type Cron struct {
 	w   *Warmer
 	rec RunRecorder
@@ -74,11 +72,26 @@ type Cron struct {
 	m   cronMetrics
 	clk clockwork.Clock
 
-	updates chan map[string]*schedEntry
+	idle chan *cronState       // holds the state while Run does not run (capacity 1)
+	ops  chan func(*cronState) // operations for Run's loop (Update, Status)
+	done chan runDone          // one per run started by Run's loop, when the run ends
 
-	mu      sync.Mutex
+	// fired, when not nil, is called on the owner of the state for each firing counted in
+	// keepwarm_schedule_runs_total, with its result; tests set it before Run to wait on firings.
+	fired func(schedule, result string)
+}
+
+// cronState is what Cron's owner holds: the schedules and the runs in progress.
+type cronState struct {
 	scheds  map[string]*schedEntry
 	running map[string]bool // names with a run in progress on this daemon (kept across reloads)
+}
+
+// runDone is one finished run's report to Run's loop.
+type runDone struct {
+	name    string
+	result  string
+	written int64
 }
 
 type schedEntry struct {
@@ -100,15 +113,13 @@ type cronMetrics struct {
 // NewCron returns a Cron for w's keyspaces; rec may be nil (runs are then not recorded). Its metrics are
 // keepwarm_schedule_runs_total{schedule,result}, keepwarm_schedule_last_run_timestamp_seconds{schedule} and
 // keepwarm_schedule_keys_written_total{schedule}; a schedule removed by Update loses its series.
-func NewCron(w *Warmer, rec RunRecorder, reg prometheus.Registerer, log *slog.Logger, opts ...CronOption) (*Cron, error) {
+func NewCron(w *Warmer, rec RunRecorder, reg prometheus.Registerer, log *slog.Logger) (*Cron, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	c := &Cron{w: w, rec: rec, log: log, updates: make(chan map[string]*schedEntry, 1), scheds: map[string]*schedEntry{},
-		running: map[string]bool{}, clk: warmerClock{Clock: clockwork.NewRealClock(), now: w.now}}
-	for _, o := range opts {
-		o(c)
-	}
+	c := &Cron{w: w, rec: rec, log: log, clk: w.cfg.Clock, idle: make(chan *cronState, 1),
+		ops: make(chan func(*cronState)), done: make(chan runDone)}
+	c.idle <- &cronState{scheds: map[string]*schedEntry{}, running: map[string]bool{}}
 	c.m = cronMetrics{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_schedule_runs_total",
@@ -132,14 +143,6 @@ func NewCron(w *Warmer, rec RunRecorder, reg prometheus.Registerer, log *slog.Lo
 	}
 	return c, nil
 }
-
-// warmerClock is the real clock with Now from the Warmer's Config.Now, so that Cron and Warmer read one clock.
-type warmerClock struct {
-	clockwork.Clock
-	now func() time.Time
-}
-
-func (c warmerClock) Now() time.Time { return c.now() }
 
 // parse checks scheds: names unique, specs valid, keyspaces known. The error names each bad schedule. A spec
 // already parsed (ScheduleConfig.Cron) is not parsed again.
@@ -173,71 +176,53 @@ func (c *Cron) parse(scheds []ScheduleConfig) (map[string]*schedEntry, error) {
 }
 
 // Update replaces the schedules. It validates first and changes nothing on error. A schedule whose run is in
-// progress is not started again by the reload: the run goes on, and the new entry skips while it does.
+// progress is not started again by the reload: the run goes on, and the new entry skips while it does. When
+// Update returns, the new schedules are in place (Status shows them).
 func (c *Cron) Update(scheds []ScheduleConfig) error {
 	next, err := c.parse(scheds)
 	if err != nil {
 		return err
 	}
+	// The owner runs an operation at once and does no I/O, so this cannot wait long: no context is needed.
+	return c.do(context.Background(), func(st *cronState) { c.apply(st, next) })
+}
+
+// do runs op with the state: on Run's loop while Run runs, else here, holding the state meanwhile. It returns
+// when op has run, or ctx's error if ctx ends first; op may then still run later, so it must send its results
+// on a buffered channel that only a caller which got no error reads.
+func (c *Cron) do(ctx context.Context, op func(*cronState)) error {
+	ran := make(chan struct{})
 	select {
-	case <-c.updates:
-	default:
+	case st := <-c.idle:
+		defer func() { c.idle <- st }()
+		op(st)
+		return nil
+	case c.ops <- func(st *cronState) { op(st); close(ran) }:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	c.updates <- next
-	return nil
+	select {
+	case <-ran:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Run fires the schedules and blocks until ctx ends; then it stops starting runs, interrupts runs in progress
-// (their locks are released, and their records say interrupted) and waits for them.
+// (their locks are released, and their records say interrupted) and waits for them. Only one Run runs at a
+// time: a second one waits for the first to return.
 func (c *Cron) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	// Apply a pending Update before the first firing.
+	var st *cronState
 	select {
-	case next := <-c.updates:
-		c.apply(next)
-	default:
+	case st = <-c.idle:
+	case <-ctx.Done():
+		return nil
 	}
+	defer func() { c.idle <- st }()
 	for {
 		now := c.clk.Now()
-		var wake time.Time
-		c.mu.Lock()
-		for name, e := range c.scheds {
-			if e.next.IsZero() {
-				c.plan(e, now)
-			}
-			// Fire a due entry once, then plan from now: after a pause (a suspended process) the missed
-			// times are not run one after the other.
-			if !e.next.IsZero() && !e.next.After(now) {
-				at, wall, gap := e.next, e.wall, e.gap
-				c.plan(e, now)
-				if gap && e.cfg.SkipDSTGap {
-					c.log.Warn("schedule: a daylight-saving change skipped this run's local time; not running it (set dst_gap = \"run\" to run it after the gap)",
-						"schedule", name, "skipped_local_time", wall.Format("2006-01-02 15:04:05"), "zone", e.spec.loc.String())
-					c.m.runs.WithLabelValues(name, "skipped_dst").Inc()
-					e.last, e.lastR = at, "skipped_dst"
-				} else if c.running[name] {
-					c.log.Info("schedule: previous run still in progress; skipping this time", "schedule", name,
-						"scheduled", at)
-					c.m.runs.WithLabelValues(name, "skipped_running").Inc()
-				} else {
-					if gap {
-						c.log.Warn("schedule: a daylight-saving change skipped this run's local time; running it now, right after the gap (dst_gap = \"run\")",
-							"schedule", name, "skipped_local_time", wall.Format("2006-01-02 15:04:05"), "zone", e.spec.loc.String())
-					}
-					c.running[name] = true
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						c.runScheduled(ctx, name, at, wall)
-					}()
-				}
-			}
-			if !e.next.IsZero() && (wake.IsZero() || e.next.Before(wake)) {
-				wake = e.next
-			}
-		}
-		c.mu.Unlock()
+		wake := c.fireDue(ctx, st, now)
 		var fire <-chan time.Time
 		var timer clockwork.Timer
 		if !wake.IsZero() {
@@ -246,22 +231,69 @@ func (c *Cron) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			if timer != nil {
-				timer.Stop()
-			}
-			return nil
-		case next := <-c.updates:
-			c.apply(next)
+		case op := <-c.ops:
+			op(st)
+		case r := <-c.done:
+			c.finish(st, r)
 		case <-fire:
 		}
 		if timer != nil {
 			timer.Stop()
 		}
+		if ctx.Err() != nil {
+			// The runs in progress see ctx end too; wait for their reports, serving operations meanwhile.
+			for len(st.running) > 0 {
+				select {
+				case op := <-c.ops:
+					op(st)
+				case r := <-c.done:
+					c.finish(st, r)
+				}
+			}
+			return nil
+		}
 	}
 }
 
+// fireDue starts the runs that are due at now and returns when the next firing is due (zero: none is).
+func (c *Cron) fireDue(ctx context.Context, st *cronState, now time.Time) (wake time.Time) {
+	for name, e := range st.scheds {
+		if e.next.IsZero() {
+			c.plan(e, now)
+		}
+		// Fire a due entry once, then plan from now: after a pause (a suspended process) the missed
+		// times are not run one after the other.
+		if !e.next.IsZero() && !e.next.After(now) {
+			at, wall, gap := e.next, e.wall, e.gap
+			c.plan(e, now)
+			switch {
+			case gap && e.cfg.SkipDSTGap:
+				c.log.Warn("schedule: a daylight-saving change skipped this run's local time; not running it (set dst_gap = \"run\" to run it after the gap)",
+					"schedule", name, "skipped_local_time", wall.Format("2006-01-02 15:04:05"), "zone", e.spec.loc.String())
+				e.last, e.lastR = at, "skipped_dst"
+				c.counted(name, "skipped_dst")
+			case st.running[name]:
+				c.log.Info("schedule: previous run still in progress; skipping this time", "schedule", name,
+					"scheduled", at)
+				c.counted(name, "skipped_running")
+			default:
+				if gap {
+					c.log.Warn("schedule: a daylight-saving change skipped this run's local time; running it now, right after the gap (dst_gap = \"run\")",
+						"schedule", name, "skipped_local_time", wall.Format("2006-01-02 15:04:05"), "zone", e.spec.loc.String())
+				}
+				st.running[name] = true
+				go c.runScheduled(ctx, e.cfg, at, wall)
+			}
+		}
+		if !e.next.IsZero() && (wake.IsZero() || e.next.Before(wake)) {
+			wake = e.next
+		}
+	}
+	return wake
+}
+
 // plan sets e's next firing: the spec's first activation after t, or, when a daylight-saving gap before it
-// skips a time the spec names, the end of that gap (run or only logged, per SkipDSTGap). c.mu is held.
+// skips a time the spec names, the end of that gap (run or only logged, per SkipDSTGap).
 func (c *Cron) plan(e *schedEntry, t time.Time) {
 	next := e.spec.Next(t)
 	e.gap = false
@@ -277,13 +309,13 @@ func (c *Cron) plan(e *schedEntry, t time.Time) {
 
 // apply installs the parsed schedules: unchanged entries keep their next firing and their last run;
 // removed ones lose their metric series.
-func (c *Cron) apply(next map[string]*schedEntry) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for name, old := range c.scheds {
+func (c *Cron) apply(st *cronState, next map[string]*schedEntry) {
+	for name, old := range st.scheds {
 		n, ok := next[name]
 		if !ok {
-			c.deleteSeries(name)
+			c.m.runs.DeletePartialMatch(prometheus.Labels{"schedule": name})
+			c.m.last.DeleteLabelValues(name)
+			c.m.written.DeleteLabelValues(name)
 			continue
 		}
 		n.last, n.lastR = old.last, old.lastR
@@ -291,70 +323,59 @@ func (c *Cron) apply(next map[string]*schedEntry) {
 			n.next, n.wall, n.gap = old.next, old.wall, old.gap
 		}
 	}
-	c.scheds = next
+	st.scheds = next
 }
 
-// deleteSeries removes a schedule's metric series. c.mu is held.
-func (c *Cron) deleteSeries(name string) {
-	c.m.runs.DeletePartialMatch(prometheus.Labels{"schedule": name})
-	c.m.last.DeleteLabelValues(name)
-	c.m.written.DeleteLabelValues(name)
-}
-
-// runScheduled runs schedule name for the time at (wall: that time's wall clock in the schedule's zone), if
-// no replica has claimed it. c.running[name] was set by the caller.
-func (c *Cron) runScheduled(ctx context.Context, name string, at, wall time.Time) {
-	c.mu.Lock()
-	e := c.scheds[name]
-	c.mu.Unlock()
-	result := "failed"
+// runScheduled runs cfg's schedule for the time at (wall: that time's wall clock in the schedule's zone), if
+// no replica has claimed it, and reports the result to Run's loop, which waits for the report.
+func (c *Cron) runScheduled(ctx context.Context, cfg ScheduleConfig, at, wall time.Time) {
+	r := runDone{name: cfg.Name, result: "failed"}
 	defer func() {
-		if r := recover(); r != nil {
-			c.log.Error("schedule: run panicked", "schedule", name, "error", fmt.Errorf("panic: %v", r))
-			c.count(name, "failed", 0)
+		if p := recover(); p != nil {
+			c.log.Error("schedule: run panicked", "schedule", cfg.Name, "error", fmt.Errorf("panic: %v", p))
 		}
-		c.mu.Lock()
-		delete(c.running, name)
-		if cur := c.scheds[name]; cur != nil {
-			cur.last, cur.lastR = c.clk.Now(), result
-		}
-		c.mu.Unlock()
+		c.done <- r
 	}()
+	r.result, r.written = c.runOnce(ctx, cfg, at, wall)
+}
+
+// finish takes a run's report: the schedule may run again, and the result is counted, unless the schedule
+// was removed meanwhile (its series are gone for good).
+func (c *Cron) finish(st *cronState, r runDone) {
+	delete(st.running, r.name)
+	e := st.scheds[r.name]
 	if e == nil {
 		return
 	}
-	result = c.runOnce(ctx, e.cfg, at, wall)
+	e.last, e.lastR = c.clk.Now(), r.result
+	if r.result != "skipped" {
+		c.m.last.WithLabelValues(r.name).Set(float64(e.last.Unix()))
+		c.m.written.WithLabelValues(r.name).Add(float64(r.written))
+	}
+	c.counted(r.name, r.result)
 }
 
-// count records one run's result, unless the schedule was removed meanwhile (its series are gone for good).
-func (c *Cron) count(name, result string, written int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.scheds[name] == nil {
-		return
-	}
+// counted counts one firing of schedule name with its result. The state's owner calls it.
+func (c *Cron) counted(name, result string) {
 	c.m.runs.WithLabelValues(name, result).Inc()
-	if result != "skipped" {
-		c.m.last.WithLabelValues(name).Set(float64(c.clk.Now().Unix()))
-		c.m.written.WithLabelValues(name).Add(float64(written))
+	if c.fired != nil {
+		c.fired(name, result)
 	}
 }
 
 // runOnce claims the scheduled time for cfg across the fleet and, if this replica won, runs and records the
-// warmup. It returns the run's result label.
-func (c *Cron) runOnce(ctx context.Context, cfg ScheduleConfig, at, wall time.Time) string {
+// warmup. It returns the run's result label and the number of keys written; it counts nothing.
+func (c *Cron) runOnce(ctx context.Context, cfg ScheduleConfig, at, wall time.Time) (result string, written int64) {
 	host, _ := os.Hostname()
 	ok, err := c.w.rdb.SetNX(ctx, ClaimKey(cfg.Name, wall), host, CronClaimTTL).Result()
 	if err != nil {
 		c.log.Error("schedule: cannot claim its run; skipping it", "schedule", cfg.Name, "scheduled", at, "error", err)
-		c.count(cfg.Name, "failed", 0)
-		return "failed"
+		return "failed", 0
 	}
 	if !ok {
 		c.log.Debug("schedule: another replica (or an earlier instant of a repeated local time) ran this time",
 			"schedule", cfg.Name, "scheduled", at)
-		c.count(cfg.Name, "skipped", 0)
-		return "skipped"
+		return "skipped", 0
 	}
 	var runID int64
 	if c.rec != nil {
@@ -369,12 +390,11 @@ func (c *Cron) runOnce(ctx context.Context, cfg ScheduleConfig, at, wall time.Ti
 			c.log.Warn("schedule: run end not recorded", "schedule", cfg.Name, "error", ferr)
 		}
 	}
-	result := RunStatus(res, err)
-	c.count(cfg.Name, result, res.Written)
+	result = RunStatus(res, err)
 	c.log.Info("schedule: warmup done", "schedule", cfg.Name, "result", result, "requested", res.Requested,
 		"written", res.Written, "skipped_locked", res.SkippedLocked, "missing", res.Missing, "failed", res.Failed,
 		"duration", res.Duration, "error", errors.Join(err, res.FirstError))
-	return result
+	return result, res.Written
 }
 
 // ClaimKey is the Redis key that claims one scheduled time of a schedule for one replica:
@@ -388,19 +408,27 @@ func ClaimKey(name string, scheduled time.Time) string {
 	return "keepwarm:cron:" + name + ":" + strconv.FormatInt(wall, 10)
 }
 
-// Status returns each schedule's next and last run, by name.
-func (c *Cron) Status() []ScheduleStatus {
+// Status returns each schedule's next and last run, by name. It asks Run's loop while Run runs, and returns
+// ctx's error if ctx ends before the loop answers.
+func (c *Cron) Status(ctx context.Context) ([]ScheduleStatus, error) {
+	reply := make(chan []ScheduleStatus, 1)
+	if err := c.do(ctx, func(st *cronState) { reply <- c.snapshot(st) }); err != nil {
+		return nil, err
+	}
+	return <-reply, nil
+}
+
+// snapshot is Status's answer, made by the state's owner.
+func (c *Cron) snapshot(st *cronState) []ScheduleStatus {
 	now := c.clk.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]ScheduleStatus, 0, len(c.scheds))
-	for name, e := range c.scheds {
-		st := ScheduleStatus{Name: name, Keyspace: e.cfg.Keyspace, Spec: e.cfg.Spec, Next: e.next, Last: e.last,
+	out := make([]ScheduleStatus, 0, len(st.scheds))
+	for name, e := range st.scheds {
+		s := ScheduleStatus{Name: name, Keyspace: e.cfg.Keyspace, Spec: e.cfg.Spec, Next: e.next, Last: e.last,
 			LastResult: e.lastR}
-		if st.Next.IsZero() {
-			st.Next = e.spec.Next(now)
+		if s.Next.IsZero() {
+			s.Next = e.spec.Next(now)
 		}
-		out = append(out, st)
+		out = append(out, s)
 	}
 	slices.SortFunc(out, func(a, b ScheduleStatus) int { return strings.Compare(a.Name, b.Name) })
 	return out

@@ -110,43 +110,39 @@ func scheduleRuns(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	return out
 }
 
-func total(m map[string]float64) float64 {
-	var n float64
-	for _, v := range m {
-		n += v
-	}
-	return n
-}
-
 // cronDaemon is one replica's Cron under a fake clock, with its own Redis client, warmer and registry.
 type cronDaemon struct {
-	c    *warmer.Cron
-	reg  *prometheus.Registry
-	rec  *recorder
-	logs *testenv.LogBuffer
+	c     *warmer.Cron
+	reg   *prometheus.Registry
+	rec   *recorder
+	logs  *testenv.LogBuffer
+	fired chan string // the result of each firing the Cron counted, shared by the daemons of a test
 }
 
-// newCronDaemons builds n daemons; rec, if not nil, gives daemon i's RunRecorder (else a *recorder).
+// newCronDaemons builds n daemons whose warmers (and so Crons) read clk; rec, if not nil, gives daemon i's
+// RunRecorder (else a *recorder).
 func newCronDaemons(t *testing.T, f *fixture, clk clockwork.Clock, n int, rec func(i int) warmer.RunRecorder,
 	scheds ...warmer.ScheduleConfig) []*cronDaemon {
 	t.Helper()
 	cfg := f.config()
 	cfg.TTL, cfg.RefreshAhead = time.Minute, 10*time.Second // the written keys outlive the test
+	fired := make(chan string, 256)
 	var out []*cronDaemon
 	for i := 0; i < n; i++ {
-		w, err := warmer.New(testenv.Redis(t), warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
+		w, err := warmer.New(testenv.Redis(t), warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}, Clock: clk})
 		if err != nil {
 			t.Fatal(err)
 		}
-		d := &cronDaemon{reg: prometheus.NewRegistry(), rec: &recorder{}, logs: &testenv.LogBuffer{}}
+		d := &cronDaemon{reg: prometheus.NewRegistry(), rec: &recorder{}, logs: &testenv.LogBuffer{}, fired: fired}
 		log := slog.New(slog.NewTextHandler(d.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		var r warmer.RunRecorder = d.rec
 		if rec != nil {
 			r = rec(i)
 		}
-		if d.c, err = warmer.NewCron(w, r, d.reg, log, warmer.WithCronClock(clk)); err != nil {
+		if d.c, err = warmer.NewCron(w, r, d.reg, log); err != nil {
 			t.Fatal(err)
 		}
+		warmer.SetCronFired(d.c, func(_, result string) { fired <- result })
 		if err := d.c.Update(scheds); err != nil {
 			t.Fatal(err)
 		}
@@ -193,17 +189,29 @@ func advance(t *testing.T, clk *clockwork.FakeClock, loops int, step time.Durati
 // perInstant more firings (of any result): the runs of one instant end before the next instant comes.
 func fire(t *testing.T, clk *clockwork.FakeClock, ds []*cronDaemon, perInstant int, at ...time.Time) {
 	t.Helper()
-	count := func() (n float64) {
-		for _, d := range ds {
-			n += total(scheduleRuns(t, d.reg))
-		}
-		return n
-	}
-	want := count()
 	for _, a := range at {
 		advance(t, clk, len(ds), a.Sub(clk.Now()), a)
-		want += float64(perInstant)
-		testenv.Eventually(t, 20*time.Second, fmt.Sprintf("%v firings counted by %v", want, a), func() bool { return count() >= want })
+		for i := 0; i < perInstant; i++ {
+			waitFired(t, ds[0].fired, "", fmt.Sprintf("firing %d of %d at %v", i+1, perInstant, a))
+		}
+	}
+}
+
+// waitFired waits for the next firing counted on fired, and fails the test after 20 s. With want set, it
+// waits for a firing with that result, passing over others.
+func waitFired(t *testing.T, fired <-chan string, want, what string) {
+	t.Helper()
+	deadline := time.NewTimer(20 * time.Second)
+	defer deadline.Stop()
+	for {
+		select {
+		case got := <-fired:
+			if want == "" || got == want {
+				return
+			}
+		case <-deadline.C:
+			t.Fatalf("no %s counted within 20 s", what)
+		}
 	}
 }
 
@@ -321,7 +329,10 @@ func TestCronRunsOncePerTimeAcrossDaemons(t *testing.T) {
 	if v := f.rdb.Exists(context.Background(), f.key("1"), f.key("2"), f.key("3")).Val(); v != 3 {
 		t.Errorf("%d of 3 keys written", v)
 	}
-	st := ds[0].c.Status()
+	st, err := ds[0].c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if want := at.Add(8 * time.Second); len(st) != 1 || !st[0].Next.Equal(want) {
 		t.Errorf("status = %+v, want one schedule whose next run is at %v", st, want)
 	}
@@ -381,9 +392,7 @@ func TestCronReloadNeverDuplicatesARun(t *testing.T) {
 		t.Fatal(err)
 	}
 	advance(t, clk, 1, time.Second, start.Add(3*time.Second))
-	testenv.Eventually(t, 10*time.Second, "a firing skipped while the run is in progress", func() bool {
-		return scheduleRuns(t, d.reg)["skipped_running"] >= 1
-	})
+	waitFired(t, d.fired, "skipped_running", "firing skipped while the run is in progress")
 	close(release)
 	<-d.rec.done
 	stop()
@@ -433,8 +442,41 @@ func TestCronReloadDeletesRemovedSchedulesSeries(t *testing.T) {
 	if err := d.c.Update([]warmer.ScheduleConfig{kept}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "the removed schedule's series deleted", func() bool { return series(gone.Name) == 0 })
-	if st := d.c.Status(); len(st) != 1 || st[0].Name != kept.Name {
+	if n := series(gone.Name); n != 0 { // Update returns once the schedules are replaced
+		t.Errorf("%d series for the removed schedule after Update returned, want 0", n)
+	}
+	st, err := d.c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 1 || st[0].Name != kept.Name {
 		t.Errorf("status after the reload = %+v, want only %q", st, kept.Name)
 	}
+}
+
+// TestCronStatusWithoutRun asks for the status before Run and after it returned: the caller holds the schedules
+// for that time, and Next is the spec's next activation.
+func TestCronStatusWithoutRun(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	clk := clockwork.NewFakeClockAt(time.Date(2026, 5, 4, 10, 0, 0, 0, time.UTC))
+	sched := warmer.ScheduleConfig{Name: f.prefix + "daily", Spec: "CRON_TZ=UTC 0 3 * * *", Keyspace: "items",
+		IDs: warmer.SliceIDs([]string{"1"})}
+	d := newCronDaemons(t, f, clk, 1, nil, sched)[0]
+	want := time.Date(2026, 5, 5, 3, 0, 0, 0, time.UTC)
+	check := func(when string) {
+		t.Helper()
+		st, err := d.c.Status(context.Background())
+		if err != nil {
+			t.Fatalf("%s: Status: %v", when, err)
+		}
+		if len(st) != 1 || st[0].Name != sched.Name || !st[0].Next.Equal(want) {
+			t.Errorf("%s: status = %+v, want %q next at %v", when, st, sched.Name, want)
+		}
+	}
+	check("before Run")
+	stop := runCrons(t, []*cronDaemon{d})
+	check("while Run runs")
+	stop()
+	check("after Run returned")
 }
