@@ -625,8 +625,8 @@ func (p *pipeline) expireLeasesLocked(items []*item) {
 }
 
 // foldLeasesLocked marks lost the items whose lease the renewal gave up, at a point where the batch decides what
-// to do with them. Called with p.mu held, on the batch's goroutine (the fail-safe reads lost under the keyspace's
-// lock, so only this goroutine writes it).
+// to do with them. Called with p.mu held, on the batch's goroutine: only it writes lost (the fail-safe reads it
+// in a message on the loop while this goroutine waits for the answer).
 func (p *pipeline) foldLeasesLocked(items []*item) {
 	p.expireLeasesLocked(items)
 	for _, it := range items {

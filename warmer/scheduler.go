@@ -48,8 +48,8 @@ func (k *loopState) run(ctx, workCtx context.Context) {
 				// Messages (a batch's re-check or settle, an event) run at once, but a full pass (PTTL reads,
 				// dispatch) follows only when they left work for now: a key to read, or one due now. A pass on
 				// every message would dispatch keys as soon as they entered the gather window, in smaller
-				// batches: the scale benchmark's steady state went from 0.29 to 0.84 round trips per refresh so.
-				// A batch that ends still pokes the loop (dispatch), as before.
+				// batches, at about three times the round trips per refresh (the scale benchmark). A batch that
+				// ends still pokes the loop (dispatch).
 				k.mail.Drain()
 				now := k.w.now()
 				if !k.passWanted(now) {

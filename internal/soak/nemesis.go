@@ -16,7 +16,7 @@ import (
 	"github.com/keepwarm/keepwarm/lockstep"
 )
 
-// The nemesis's fault kinds, in the order issue 20 ranks them for the soak. Each is one method of soak below.
+// The nemesis's fault kinds, in the order the usage lists them. Each is one method of soak below.
 const (
 	faultFlush         = "flushdb"               // FLUSHDB on the Redis the fleet uses
 	faultRedisStop     = "redis-sigstop"         // Redis paused (SIGSTOP) for 5–20 s
@@ -329,7 +329,7 @@ func (s *soak) postgresOutage(ctx context.Context, d time.Duration) (string, err
 // exhaustPool holds an ACCESS EXCLUSIVE lock on the track table for d: every origin query of the demo's
 // keyspaces joins track, so the daemons' fetches hang until their statement_timeout, holding their pool's
 // connections, and the fetches queued behind them wait for a connection until pool_wait_timeout (the "hung
-// rebuilds hold the pool" fault of issue 20).
+// rebuilds hold the pool" fault).
 func (s *soak) exhaustPool(ctx context.Context, d time.Duration) (string, error) {
 	conn, err := pgx.Connect(ctx, s.pg.dsn("chinook"))
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// observer is the independent miss observer of issue 20 (§7): it polls every hot key with one pipelined PTTL
+// observer is the independent miss observer: it polls every hot key with one pipelined PTTL
 // per key every interval, through its own Redis client, and records every gap (the key absent while hot) with
 // its start, its length and its keyspace. It trusts nothing the daemon says about misses; the only thing it takes
 // from the daemons is which keys are hot (the union of the replicas' /debug/hotkeys, re-read every second by the

@@ -18,7 +18,7 @@ import (
 )
 
 // invalidationWindow is how long after an app's Invalidate a gap on that key is put down to the invalidation:
-// the SLO excludes explicit invalidations (issue 20 §1), and the next read or the daemon rebuilds the key well
+// the SLO excludes explicit invalidations (docs/operations.md, "The SLO, precisely"), and the next read or the daemon rebuilds the key well
 // within it.
 const invalidationWindow = 10 * time.Second
 
