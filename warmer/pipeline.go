@@ -98,7 +98,7 @@ type pipeline struct {
 	failSafeUnlocked func(ctx context.Context, items []*item)
 	// skipOrigin, when set, runs the batch without an origin query: the owned keys go straight to failSafe with
 	// this error (ReasonOriginFailing), and the origin budget (limiter) is not waited for. The daemon uses it for
-	// due keys while the origin fails and a probe batch is in flight (see keyspace.dispatch).
+	// due keys while the origin fails and a probe batch is in flight (see loopState.dispatch).
 	skipOrigin error
 	// extra limits the batch further than the keyspace's budget (a warmup's --rate); may be nil.
 	extra interface {

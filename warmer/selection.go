@@ -34,7 +34,7 @@ import (
 // An id's rank is its last score (plus its LFU counter), faded by decay_half_life for the time since a signal last
 // named it. So when the access set is lost (FLUSHALL, eviction) and no new data arrives, the in-memory scores decay
 // on their own and the refresh feedback demotes the keys nobody reads, instead of keeping a stale hot set warm
-// for ever. During an origin outage the hot set is frozen (see keyspace.poll): the fail-safe keeps
+// for ever. During an origin outage the hot set is frozen (see loopState.poll): the fail-safe keeps
 // every hot value alive, and no key near the cut-off drops out meanwhile.
 
 // admitReads is how many polls must have seen evidence of a read before an id may become hot.

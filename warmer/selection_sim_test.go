@@ -236,7 +236,7 @@ func simulate(seq []int32, nids int, c simConfig) simResult {
 		}
 		members = live
 		unix := int64(now)
-		tr.age(unix) // as keyspace.poll does, before the poll's reads go in
+		tr.age(unix) // as loopState.poll does, before the poll's reads go in
 		if full {    // the full sync observes every member, then the poll reads the top
 			for _, id := range members {
 				tr.observe(names[id], score[id], unix)
