@@ -19,8 +19,10 @@ import (
 // and an outside poller must never find a key missing. Before SET NX GET, such a lock stayed until lock_ttl
 // (10 s here) and its key expired.
 func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
-	// Serial: timing-sensitive (a 1.5 s lead through a 25 ms proxy that cuts replies); beside 7 other tests it
-	// missed a refresh (2 SLO misses at -parallel 8).
+	// Serial: timing-sensitive (a 3 s lead through a 25 ms proxy that cuts replies). With a 1.5 s lead (TTL 3 s)
+	// a loaded 2-core machine made refreshes land up to 240 ms late (the daemon counted each as a miss): the lead
+	// is the slack a busy machine needs, and the property tested (no lock found held, no key missing through the
+	// resets) does not depend on its size.
 	f := newFixture(t, 20)
 	ids := pinnedIDs(20)
 	hs := testenv.HandshakeBytes(t)
@@ -32,7 +34,7 @@ func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	cfg := f.config(ids...)
 	cfg.TopN = 0
-	cfg.TTL, cfg.RefreshAhead, cfg.Jitter = 3*time.Second, 1500*time.Millisecond, 0.2
+	cfg.TTL, cfg.RefreshAhead, cfg.Jitter = 6*time.Second, 3*time.Second, 0.2
 	cfg.LockTTL, cfg.StatementTimeout = 10*time.Second, time.Second
 	_, reg, stop := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 	testenv.Eventually(t, 15*time.Second, "all 20 keys written", func() bool {
@@ -42,7 +44,7 @@ func TestDaemonKeepsLocksThroughReplyResets(t *testing.T) {
 	obs := observe(t, f.rdb, keysOf(f, ids)...)
 	// The poller watches the keys through four rounds of refreshes.
 	ok0 := refreshes(t, reg, warmer.ResultOK)
-	testenv.Eventually(t, 30*time.Second, "four refresh rounds", func() bool {
+	testenv.Eventually(t, 60*time.Second, "four refresh rounds", func() bool {
 		return refreshes(t, reg, warmer.ResultOK) >= ok0+4*float64(len(ids))
 	})
 	obs.stop()
