@@ -245,6 +245,18 @@ func (k *loopState) rereadOwned(why string, emptied, now time.Time) {
 			continue
 		}
 		h.invalidated = false // an earlier invalidation does not excuse what the flush removed
+		if !emptied.IsZero() && !h.lockGoneAt.IsZero() && !h.lockGoneAt.Before(emptied) {
+			// A refresh found its lock gone after Redis was emptied and took it for an invalidation: it was this
+			// flush, which removed the value too. A miss, dated by the expiry known before it (the key may have
+			// been rebuilt since, by the refresh settle scheduled at once).
+			if h.expiry.IsZero() {
+				h.expiry = h.lockGoneExpiry
+			}
+			if !h.counted && !h.expiry.IsZero() {
+				k.countMiss(h, now, "flushed while its refresh was in flight")
+			}
+		}
+		h.lockGoneAt = time.Time{}
 		h.ownWrite = false
 		if h.inflight {
 			h.pendingGone = why

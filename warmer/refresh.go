@@ -128,9 +128,16 @@ func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time
 	h.inflight = false
 	switch it.result {
 	case ResultLockGone:
+		if h.pendingGone == "flush" || h.pendingGone == "failover" {
+			// A flush (or failover) noticed while the batch was in flight took the lock with the value: not an
+			// invalidation. settleAll has the key re-read, judged against the expiry known before the flush.
+			break
+		}
 		// The lock vanished while our lease was valid: an app invalidated the key (lockstep.Invalidate deletes
 		// the value and the lock) after our origin query read the old row. An invalidation, not an SLO miss;
-		// rebuild it at once, so that the new row is cached within one refresh, not one recheck later.
+		// rebuild it at once, so that the new row is cached within one refresh, not one recheck later. Unless a
+		// flush the canary has not noticed yet took the lock: rereadOwned looks at lockGoneAt then.
+		h.lockGoneAt, h.lockGoneExpiry = now, h.expiry
 		h.invalidated = true
 		h.needPTTL = false
 		h.expiry = time.Time{}
