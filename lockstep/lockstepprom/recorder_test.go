@@ -29,6 +29,10 @@ func TestRecorder(t *testing.T) {
 	rec.EarlyRefresh("product")
 	rec.Rebuild("product", 30*time.Millisecond, lockstep.ResultOK)
 	rec.Wait("product", 120*time.Millisecond, lockstep.WaitStale)
+	rec.NearHit("product")
+	rec.NearBypass("product")
+	rec.NearInvalidation("product")
+	rec.NearBytes("product", 4096)
 
 	problems, err := testutil.CollectAndLint(rec)
 	if err != nil {
@@ -45,7 +49,9 @@ func TestRecorder(t *testing.T) {
 		"keepwarm_lockstep_hits_total": true, "keepwarm_lockstep_misses_total": true,
 		"keepwarm_lockstep_stale_serves_total": true, "keepwarm_lockstep_lock_contentions_total": true,
 		"keepwarm_lockstep_early_refreshes_total": true, "keepwarm_lockstep_rebuild_duration_seconds": true,
-		"keepwarm_lockstep_wait_duration_seconds": true,
+		"keepwarm_lockstep_wait_duration_seconds": true, "keepwarm_lockstep_near_hits_total": true,
+		"keepwarm_lockstep_near_bypasses_total": true, "keepwarm_lockstep_near_invalidations_total": true,
+		"keepwarm_lockstep_near_bytes": true,
 	}
 	for _, f := range families {
 		if !want[f.GetName()] {
