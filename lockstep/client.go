@@ -584,7 +584,9 @@ func (c *Client) refreshAsync(ctx context.Context, ks KeySet) {
 // Invalidate is the write path's delete (see the package function Invalidate): it deletes the cache key, meta
 // hash and lock of id in one DEL, so the next Get rebuilds it and a rebuild in flight (by this process, another
 // app or keepwarm's daemon) cannot publish the value it read before the change. Call it after the origin's
-// transaction commits. The stale copy stays (still served to followers that time out). The call is bounded like
+// transaction commits. The stale copy stays (still served to followers that time out). With WithNearCache the
+// id is also dropped from this Client's near cache before Invalidate returns (other processes drop it when Redis's
+// invalidation reaches them). The call is bounded like
 // every Redis call of the Client (WithRedisTimeout). Errors: ErrInvalidID, ErrClosed, ErrRedisTimeout, or the
 // Redis error.
 func (c *Client) Invalidate(ctx context.Context, id string) error {
@@ -595,7 +597,13 @@ func (c *Client) Invalidate(ctx context.Context, id string) error {
 	if c.closedFlag.Load() {
 		return ErrClosed
 	}
-	return c.call(ctx, func(ctx context.Context) error { return Invalidate(ctx, c.rdb, ks) })
+	err = c.call(ctx, func(ctx context.Context) error { return Invalidate(ctx, c.rdb, ks) })
+	if c.near != nil {
+		// Now, not when Redis's invalidation comes back: this process reads its own write at once, and a fill
+		// that read the old value before the DEL is refused. Also after a failed DEL, which may have run.
+		c.near.invalidate(ks.Cache)
+	}
+	return err
 }
 
 // Close stops the Client: later Gets return ErrClosed, followers still waiting get ErrClosed, and Close waits

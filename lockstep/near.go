@@ -21,6 +21,9 @@ const DefaultNearMaxLag = 500 * time.Millisecond
 // message says which and why.
 var ErrNearUnsupported = errors.New("lockstep: near cache unsupported")
 
+// minNearMaxLag is the smallest NearCache.MaxLag: the heartbeat runs every MaxLag/2.
+const minNearMaxLag = 10 * time.Millisecond
+
 // nearShards is the number of independently locked parts of a near cache; each holds at most MaxBytes/nearShards.
 const nearShards = 16
 
@@ -46,7 +49,7 @@ type NearCache struct {
 	MaxStaleness time.Duration
 	// MaxLag is how long the invalidation connection may go without answering its heartbeat (a PING every
 	// MaxLag/2) before it counts as down: the near cache is then emptied and bypassed, and the connection is
-	// redialled. Default DefaultNearMaxLag (500ms); 0 takes the default, a negative value is an error.
+	// redialled. Default DefaultNearMaxLag (500ms); 0 takes the default; at least 10ms, or New returns an error.
 	MaxLag time.Duration
 }
 
@@ -74,8 +77,8 @@ func WithNearCache(n NearCache) Option {
 		if n.MaxStaleness <= 0 {
 			errs = append(errs, argError("near cache: max staleness", "%v is not > 0", n.MaxStaleness))
 		}
-		if n.MaxLag < 0 {
-			errs = append(errs, argError("near cache: max lag", "%v is negative", n.MaxLag))
+		if n.MaxLag < 0 || (n.MaxLag > 0 && n.MaxLag < minNearMaxLag) {
+			errs = append(errs, argError("near cache: max lag", "%v is below %v", n.MaxLag, minNearMaxLag))
 		}
 		if len(errs) > 0 {
 			return errors.Join(errs...)

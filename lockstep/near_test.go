@@ -55,8 +55,12 @@ func newNearReaders(tb testing.TB, url string, keys *lockstep.Keys, origin *atom
 	tb.Helper()
 	r := &nearReaders{origin: origin}
 	load := func(_ context.Context, _ string) ([]byte, error) { return []byte(*origin.Load()), nil }
-	for range n {
-		rdb := redisFromURL(tb, url)
+	for i := range n {
+		u := url
+		if i%2 == 1 { // the app's protocol does not matter: half the Clients speak RESP2
+			u += "?protocol=2"
+		}
+		rdb := redisFromURL(tb, u)
 		rec := newNearRecorder()
 		c := newClient(tb, rdb, "product", keys, load, time.Hour, lockstep.WithNearCache(nearOpts), lockstep.WithRecorder(rec))
 		waitNearUp(tb, c)
@@ -501,7 +505,8 @@ func TestNearCacheRefused(t *testing.T) {
 	}{
 		{"max bytes", lockstep.NearCache{MaxStaleness: time.Second}, "max bytes"},
 		{"max staleness", lockstep.NearCache{MaxBytes: 1}, "max staleness"},
-		{"max lag", lockstep.NearCache{MaxBytes: 1, MaxStaleness: time.Second, MaxLag: -1}, "max lag"},
+		{"max lag negative", lockstep.NearCache{MaxBytes: 1, MaxStaleness: time.Second, MaxLag: -1}, "max lag"},
+		{"max lag tiny", lockstep.NearCache{MaxBytes: 1, MaxStaleness: time.Second, MaxLag: time.Millisecond}, "max lag"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
@@ -510,5 +515,35 @@ func TestNearCacheRefused(t *testing.T) {
 				t.Errorf("New: got %v, want ErrInvalidArgument naming %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestNearCacheInvalidateReadsOwnWrite: after Client.Invalidate returns, the same Client's next Get does not serve
+// the old value from memory (it does not wait for Redis's invalidation to come back).
+func TestNearCacheInvalidateReadsOwnWrite(t *testing.T) {
+	rdb := testenv.Redis(t)
+	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
+	var origin atomic.Pointer[string]
+	v := "v0"
+	origin.Store(&v)
+	rec := newNearRecorder()
+	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte(*origin.Load()), nil },
+		time.Hour, lockstep.WithNearCache(nearOpts), lockstep.WithRecorder(rec))
+	waitNearUp(t, c)
+	ctx := context.Background()
+	for i := range 20 {
+		held := *origin.Load()
+		testenv.Eventually(t, 5*time.Second, held+" served from memory", func() bool {
+			before := rec.nearHits.Load()
+			got, err := c.Get(ctx, "1")
+			return err == nil && string(got) == held && rec.nearHits.Load() > before
+		})
+		next := fmt.Sprintf("v%d", i+1)
+		origin.Store(&next)
+		if err := c.Invalidate(ctx, "1"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.Get(ctx, "1")
+		checkGet(t, got, err, next, nil)
 	}
 }

@@ -106,7 +106,11 @@ func (t *nearTracker) run(stop <-chan struct{}) {
 		if wasUp {
 			backoff = minBackoff
 		}
-		t.log.Warn("lockstep: near cache invalidation connection lost; bypassing the near cache", "error", err, "retry_in", backoff)
+		if wasUp {
+			t.log.Warn("lockstep: near cache invalidation connection lost; bypassing the near cache", "error", err, "retry_in", backoff)
+		} else {
+			t.log.Debug("lockstep: near cache invalidation connection: still down", "error", err, "retry_in", backoff)
+		}
 		timer.Reset(backoff)
 		select {
 		case <-stop:
