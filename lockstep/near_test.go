@@ -547,3 +547,29 @@ func TestNearCacheInvalidateReadsOwnWrite(t *testing.T) {
 		checkGet(t, got, err, next, nil)
 	}
 }
+
+// TestNearCacheLag: when the invalidation connection stops answering its heartbeat (the server is frozen, as a
+// stalled host would be), the near cache is emptied and marked down within MaxLag, and comes back after.
+func TestNearCacheLag(t *testing.T) {
+	srv := testenv.PrivateFreezableRedis(t)
+	rdb := redisFromURL(t, srv.URL)
+	keys := mustKeys(t, "nearlag:", false)
+	rec := newNearRecorder()
+	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte("v"), nil },
+		time.Hour, lockstep.WithRecorder(rec),
+		lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: time.Hour, MaxLag: 200 * time.Millisecond}))
+	waitNearUp(t, c)
+	ctx := context.Background()
+	testenv.Eventually(t, 5*time.Second, "value held", func() bool {
+		before := rec.nearHits.Load()
+		_, err := c.Get(ctx, "1")
+		return err == nil && rec.nearHits.Load() > before
+	})
+	srv.Freeze(t)
+	testenv.Eventually(t, 5*time.Second, "near cache down while the server is frozen", func() bool { return !lockstep.NearUp(c) })
+	if got := lockstep.NearBytes(c); got != 0 {
+		t.Errorf("bytes held while down: got %d, want 0", got)
+	}
+	srv.Thaw(t)
+	waitNearUp(t, c)
+}
