@@ -140,13 +140,13 @@ func (t *nearTracker) session(stop <-chan struct{}) (wasUp bool, err error) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	defer func() {
+		if wasUp {
+			t.store.reset(false) // first: nothing more is served from memory once the connection has failed
+		}
+		t.clientID.Store(0)
 		close(done)
 		_ = conn.Close()
 		wg.Wait()
-		t.clientID.Store(0)
-		if wasUp {
-			t.store.reset(false)
-		}
 	}()
 	wg.Add(1)
 	go func() { // closing the connection ends a read blocked in this session
