@@ -36,7 +36,7 @@ const nearEntryOverhead = 160
 // (https://redis.io/docs/latest/develop/reference/client-side-caching/, "broadcasting mode"): the Client keeps
 // one dedicated connection of its own that runs CLIENT TRACKING ON REDIRECT <its own id> BCAST PREFIX <the cache
 // template's literal prefix> and is subscribed to __redis__:invalidate, so Redis tells it of every change of a key
-// under the prefix, by any writer (keepwarm's daemon, another app, a DEL, an expiry, an eviction, a FLUSHDB or
+// under the prefix, by any writer (keepwarm's daemon, another app, a DEL, an expiry, a FLUSHDB or
 // FLUSHALL).
 type NearCache struct {
 	// MaxBytes bounds the memory held, in bytes, > 0: each value counts its key, its bytes and about 160 bytes of
