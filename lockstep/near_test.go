@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/auth"
 
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/internal/testenv"
@@ -473,7 +474,7 @@ func TestNearCacheRefused(t *testing.T) {
 	t.Cleanup(func() { _ = ring.Close() })
 	failover := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}})
 	t.Cleanup(func() { _ = failover.Close() })
-	provider := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", CredentialsProvider: func() (string, string) { return "u", "p" }})
+	provider := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", StreamingCredentialsProvider: staticStreamingCredentials{}})
 	t.Cleanup(func() { _ = provider.Close() })
 	tests := []struct {
 		name    string
@@ -486,7 +487,7 @@ func TestNearCacheRefused(t *testing.T) {
 		{"ring", ring, nil, lockstep.ErrNearUnsupported, "*redis.Ring"},
 		{"wrapper", wrappedClient{plain}, nil, lockstep.ErrNearUnsupported, "not a *redis.Client"},
 		{"sentinel failover", failover, nil, lockstep.ErrNearUnsupported, "Sentinel"},
-		{"credentials provider", provider, nil, lockstep.ErrNearUnsupported, "provider"},
+		{"streaming credentials provider", provider, nil, lockstep.ErrNearUnsupported, "streaming provider"},
 		{"xfetch", plain, []lockstep.Option{lockstep.WithXFetch(1)}, lockstep.ErrNearUnsupported, "XFetch"},
 	}
 	for _, tt := range tests {
@@ -515,6 +516,75 @@ func TestNearCacheRefused(t *testing.T) {
 				t.Errorf("New: got %v, want ErrInvalidArgument naming %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// staticStreamingCredentials is an auth.StreamingCredentialsProvider that never changes its credentials.
+type staticStreamingCredentials struct{}
+
+func (staticStreamingCredentials) Subscribe(auth.CredentialsListener) (auth.Credentials, auth.UnsubscribeFunc, error) {
+	return auth.NewBasicCredentials("u", "p"), func() error { return nil }, nil
+}
+
+// TestNearCacheCredentialsProvider: an app client that takes its credentials from a provider (no Username or
+// Password in its options) gets a near cache whose tracking connection authenticates through the same provider,
+// on a server whose default user is off; a change by another writer is seen through invalidation.
+func TestNearCacheCredentialsProvider(t *testing.T) {
+	srv, err := redisserver.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	ctx := context.Background()
+	admin := redisFromURL(t, srv.URL)
+	if err := admin.Do(ctx, "ACL", "SETUSER", "nearapp", "on", ">near-secret", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	opt, err := redis.ParseURL(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writerOpt := *opt
+	writerOpt.Username, writerOpt.Password = "nearapp", "near-secret"
+	writer := redis.NewClient(&writerOpt)
+	t.Cleanup(func() { _ = writer.Close() })
+	if err := writer.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "ACL", "SETUSER", "default", "off").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int64
+	appOpt := *opt
+	appOpt.CredentialsProvider = func() (string, string) {
+		asked.Add(1)
+		return "nearapp", "near-secret"
+	}
+	rdb := redis.NewClient(&appOpt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	keys := mustKeys(t, "nearcreds:", false)
+	var origin atomic.Pointer[string]
+	v1, v2 := "v1", "v2"
+	origin.Store(&v1)
+	rec := newNearRecorder()
+	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte(*origin.Load()), nil },
+		time.Hour, lockstep.WithNearCache(nearOpts), lockstep.WithRecorder(rec))
+	waitNearUp(t, c)
+	testenv.Eventually(t, 5*time.Second, "v1 served from memory", func() bool {
+		before := rec.nearHits.Load()
+		v, err := c.Get(ctx, "1")
+		return err == nil && string(v) == v1 && rec.nearHits.Load() > before
+	})
+	origin.Store(&v2)
+	if err := writer.Set(ctx, mustFor(t, keys, "1").Cache, v2, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 2*time.Second, "v2 read after the writer's SET", func() bool {
+		v, err := c.Get(ctx, "1")
+		return err == nil && string(v) == v2
+	})
+	if got := asked.Load(); got < 2 {
+		t.Errorf("provider calls: got %d, want ≥ 2 (the app's pool and the tracking connection)", got)
 	}
 }
 

@@ -1,14 +1,11 @@
 package lockstep
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,21 +17,24 @@ import (
 // nearInvalidateChannel is where Redis redirects invalidation messages for RESP2 connections.
 const nearInvalidateChannel = "__redis__:invalidate"
 
-// nearTracker owns the dedicated invalidation connection of a near cache: it dials, turns broadcast tracking on,
-// applies invalidations to the store, and empties the store and marks it down whenever the connection is lost or
-// late. run is its only long-lived goroutine (plus one heartbeat writer per connection).
+// nearTracker owns the dedicated invalidation connection of a near cache: a go-redis client of its own (RESP2,
+// one connection) whose OnConnect hook turns broadcast tracking on, and a PubSub on __redis__:invalidate whose
+// messages it applies to the store. The store is up only from the subscription's confirmation on a connection
+// until that connection fails, lags or is replaced. run is its only long-lived goroutine, plus one heartbeat.
 type nearTracker struct {
 	store    *nearStore
-	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
-	network  string
-	addr     string
-	user     string
-	pass     string
-	prefix   string // BCAST PREFIX; "" tracks every key
+	rdb      *redis.Client // the dedicated client; its connections go through dialHook and onConnect
+	prefix   string        // BCAST PREFIX; "" tracks every key
 	maxLag   time.Duration
 	log      *slog.Logger
 	report   func(bytes int64) // NearRecorder.NearBytes, or a no-op
-	clientID atomic.Int64      // CLIENT ID of the connection while it is up, else 0
+	appHook  func(ctx context.Context, cn *redis.Conn) error
+	clientID atomic.Int64 // CLIENT ID of the connection while the store is up, else 0
+
+	connMu  sync.Mutex // guards dials, connGen and connID, and orders the store's going up against a new dial
+	dials   uint64     // connections started (DialHook)
+	connGen uint64     // dials when the newest connection ran onConnect
+	connID  int64      // that connection's CLIENT ID
 }
 
 // checkNear says why the near cache cannot serve rdb, or returns the *redis.Client to build it on.
@@ -51,10 +51,8 @@ func checkNear(rdb RedisClient, cfg *config) (*redis.Client, error) {
 	switch {
 	case opt.Addr == "FailoverClient":
 		return nil, unsupported("rdb is a Sentinel failover client: the tracking connection would not follow a failover")
-	case opt.CredentialsProvider != nil || opt.CredentialsProviderContext != nil || opt.StreamingCredentialsProvider != nil:
-		return nil, unsupported("rdb takes credentials from a provider: the tracking connection authenticates with Options.Username and Password only")
-	case opt.Dialer == nil:
-		return nil, unsupported("rdb's options have no Dialer (not made by redis.NewClient)")
+	case opt.StreamingCredentialsProvider != nil:
+		return nil, unsupported("rdb takes credentials from a streaming provider: go-redis re-authenticates live connections with AUTH, which Redis refuses on a RESP2 connection in subscribed mode")
 	}
 	return c, nil
 }
@@ -71,258 +69,249 @@ func literalPrefix(t Template) string {
 	return b.String()
 }
 
+// newNearTracker builds the dedicated client from a copy of rdb's options: same address, database, credentials,
+// TLS and Dialer, but RESP2 (so that invalidations arrive as pub/sub messages), one connection, no client-side
+// caching of go-redis's own, and lockstep's OnConnect (after the app's, if any).
 func newNearTracker(rdb *redis.Client, store *nearStore, prefix string, maxLag time.Duration, log *slog.Logger, report func(int64)) *nearTracker {
-	opt := rdb.Options()
-	return &nearTracker{
-		store:   store,
-		dial:    opt.Dialer,
-		network: opt.Network,
-		addr:    opt.Addr,
-		user:    opt.Username,
-		pass:    opt.Password,
-		prefix:  prefix,
-		maxLag:  maxLag,
-		log:     log,
-		report:  report,
+	t := &nearTracker{store: store, prefix: prefix, maxLag: maxLag, log: log, report: report}
+	opt := *rdb.Options()
+	t.appHook = opt.OnConnect
+	opt.OnConnect = t.onConnect
+	opt.Protocol = 2
+	opt.PoolSize, opt.MinIdleConns, opt.MaxIdleConns, opt.MaxActiveConns = 1, 0, 0, 0
+	opt.DialerRetries = 1 // run retries with its own back-off
+	opt.ClientSideCacheConfig, opt.ClientSideCache = nil, nil
+	opt.Limiter = nil // the app's limiter is for the app's commands
+	t.rdb = redis.NewClient(&opt)
+	t.rdb.AddHook(t)
+	return t
+}
+
+// DialHook makes nearTracker a redis.Hook of its dedicated client: every new connection, whether go-redis makes it
+// after an error or run asks for it, first empties the store and marks it down, since invalidations sent while
+// no connection was subscribed are lost.
+func (t *nearTracker) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		t.connMu.Lock()
+		t.dials++
+		t.down()
+		t.connMu.Unlock()
+		return next(ctx, network, addr)
 	}
 }
 
-// run keeps the invalidation connection up until stop is closed, redialling with a back-off (50ms doubling to
-// 1s, back to 50ms after a connection that was up).
+// ProcessHook is redis.Hook's; commands pass through.
+func (t *nearTracker) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+// ProcessPipelineHook is redis.Hook's; pipelines pass through.
+func (t *nearTracker) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// onConnect runs on every new connection of the dedicated client, before go-redis subscribes it: CLIENT ID, then
+// CLIENT TRACKING ON REDIRECT <that id> BCAST PREFIX <prefix> (the connection redirects to itself). It bumps the
+// store's epoch, so no fill begun before this connection can be stored.
+func (t *nearTracker) onConnect(ctx context.Context, cn *redis.Conn) error {
+	if t.appHook != nil {
+		if err := t.appHook(ctx, cn); err != nil {
+			return err
+		}
+	}
+	id, err := cn.ClientID(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("client id: %w", err)
+	}
+	args := []any{"client", "tracking", "on", "redirect", id, "bcast"}
+	if t.prefix != "" {
+		args = append(args, "prefix", t.prefix)
+	}
+	if err := cn.Do(ctx, args...).Err(); err != nil {
+		return fmt.Errorf("client tracking on (Redis 6 or later is needed): %w", err)
+	}
+	t.connMu.Lock()
+	t.down()
+	t.store.epoch.Add(1)
+	t.connGen, t.connID = t.dials, id
+	t.connMu.Unlock()
+	return nil
+}
+
+// started is the number of connections started so far.
+func (t *nearTracker) started() uint64 {
+	t.connMu.Lock()
+	defer t.connMu.Unlock()
+	return t.dials
+}
+
+// subscribed puts the store up for the newest connection, unless a newer one has been started since it ran
+// onConnect (the confirmation then comes from a connection that is being replaced).
+func (t *nearTracker) subscribed() {
+	t.connMu.Lock()
+	defer t.connMu.Unlock()
+	if t.connGen != t.dials || t.connID == 0 {
+		return
+	}
+	t.clientID.Store(t.connID)
+	t.store.up.Store(true)
+}
+
+// down empties the store and marks it down, unless it is down already.
+func (t *nearTracker) down() {
+	t.clientID.Store(0)
+	if t.store.up.Load() {
+		t.store.reset(false)
+	}
+}
+
+// run keeps a subscription on __redis__:invalidate until stop is closed. Reads wait at most MaxLag (the heartbeat
+// pings every MaxLag/2). Any error marks the store down. go-redis replaces the connection by itself after a
+// network error (the DialHook then runs); after anything else (a timeout, which go-redis keeps the connection for;
+// a reply it cannot parse, such as the null payload of a flush) run closes the PubSub and subscribes anew, so the
+// store is only up again after a new connection's confirmation. While no connection can be made, run retries
+// after 50ms, doubling to 1s.
 func (t *nearTracker) run(stop <-chan struct{}) {
 	const minBackoff, maxBackoff = 50 * time.Millisecond, time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hb := &nearHeartbeat{}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t.heartbeat(ctx, cancel, stop, hb)
+	}()
+	defer func() {
+		hb.close()
+		wg.Wait()
+		t.down()
+		t.report(t.store.bytes.Load())
+		_ = t.rdb.Close()
+	}()
 	backoff := minBackoff
 	timer := time.NewTimer(0)
 	<-timer.C
 	defer timer.Stop()
 	for {
-		wasUp, err := t.session(stop)
-		t.report(t.store.bytes.Load())
-		select {
-		case <-stop:
+		ps := t.rdb.Subscribe(ctx, nearInvalidateChannel) // an error here comes back from ReceiveTimeout
+		if !hb.set(ps) {
 			return
-		default:
 		}
-		if wasUp {
-			backoff = minBackoff
-		}
-		if wasUp {
-			t.log.Warn("lockstep: near cache invalidation connection lost; bypassing the near cache", "error", err, "retry_in", backoff)
-		} else {
-			t.log.Debug("lockstep: near cache invalidation connection: still down", "error", err, "retry_in", backoff)
-		}
-		timer.Reset(backoff)
-		select {
-		case <-stop:
-			return
-		case <-timer.C:
-		}
-		backoff = min(2*backoff, maxBackoff)
-	}
-}
-
-// session dials, subscribes and applies invalidations until the connection fails, lags or stop is closed. The
-// store is up only while a session is subscribed; it is emptied and marked down before session returns.
-func (t *nearTracker) session(stop <-chan struct{}) (wasUp bool, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), max(t.maxLag, time.Second))
-	go func() {
-		select {
-		case <-stop:
-		case <-ctx.Done():
-		}
-		cancel()
-	}()
-	conn, err := t.dial(ctx, t.network, t.addr)
-	cancel()
-	if err != nil {
-		return false, fmt.Errorf("dial %s: %w", t.addr, err)
-	}
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	defer func() {
-		if wasUp {
-			t.store.reset(false) // first: nothing more is served from memory once the connection has failed
-		}
-		t.clientID.Store(0)
-		close(done)
-		_ = conn.Close()
-		wg.Wait()
-	}()
-	wg.Add(1)
-	go func() { // closing the connection ends a read blocked in this session
-		defer wg.Done()
-		select {
-		case <-stop:
-			_ = conn.Close()
-		case <-done:
-		}
-	}()
-	r := bufio.NewReader(conn)
-	_ = conn.SetDeadline(time.Now().Add(max(t.maxLag, time.Second)))
-	id, err := t.handshake(conn, r)
-	if err != nil {
-		return false, err
-	}
-	_ = conn.SetWriteDeadline(time.Time{})
-	t.clientID.Store(id)
-	t.store.up.Store(true)
-	wasUp = true
-	wg.Add(1)
-	go func() { // heartbeat: a PONG on this connection proves every earlier invalidation has arrived
-		defer wg.Done()
-		tick := time.NewTicker(t.maxLag / 2)
-		defer tick.Stop()
 		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
+			dials := t.started()
+			msg, err := ps.ReceiveTimeout(ctx, t.maxLag)
+			if err == nil {
+				t.apply(msg)
+				backoff = minBackoff
+				continue
 			}
+			wasUp := t.store.up.Load()
+			t.down()
 			t.report(t.store.bytes.Load())
-			_ = conn.SetWriteDeadline(time.Now().Add(t.maxLag))
-			if _, err := conn.Write(respCommand("PING")); err != nil {
-				_ = conn.Close()
+			if ctx.Err() != nil {
 				return
 			}
-		}
-	}()
-	for {
-		_ = conn.SetReadDeadline(time.Now().Add(t.maxLag))
-		v, err := respRead(r)
-		if err != nil {
-			return true, fmt.Errorf("read invalidations: %w", err)
-		}
-		t.apply(v)
-	}
-}
-
-// handshake authenticates, turns broadcast tracking on with this connection as its own redirect target, and
-// subscribes to the invalidation channel. It returns the connection's CLIENT ID.
-func (t *nearTracker) handshake(conn net.Conn, r *bufio.Reader) (int64, error) {
-	var cmds [][]byte
-	if t.pass != "" {
-		if t.user != "" {
-			cmds = append(cmds, respCommand("AUTH", t.user, t.pass))
-		} else {
-			cmds = append(cmds, respCommand("AUTH", t.pass))
-		}
-	}
-	cmds = append(cmds, respCommand("CLIENT", "ID"))
-	for _, c := range cmds {
-		if _, err := conn.Write(c); err != nil {
-			return 0, fmt.Errorf("handshake: %w", err)
-		}
-	}
-	var id int64
-	for range cmds {
-		v, err := respRead(r)
-		if err != nil {
-			return 0, fmt.Errorf("handshake: %w", err)
-		}
-		if n, ok := v.(int64); ok {
-			id = n
-		}
-	}
-	if id == 0 {
-		return 0, errors.New("handshake: CLIENT ID gave no id")
-	}
-	track := []string{"CLIENT", "TRACKING", "ON", "REDIRECT", strconv.FormatInt(id, 10), "BCAST"}
-	if t.prefix != "" {
-		track = append(track, "PREFIX", t.prefix)
-	}
-	if _, err := conn.Write(append(respCommand(track...), respCommand("SUBSCRIBE", nearInvalidateChannel)...)); err != nil {
-		return 0, fmt.Errorf("handshake: %w", err)
-	}
-	if _, err := respRead(r); err != nil {
-		return 0, fmt.Errorf("client tracking on (Redis 6 or later is needed): %w", err)
-	}
-	v, err := respRead(r)
-	if err != nil {
-		return 0, fmt.Errorf("subscribe %s: %w", nearInvalidateChannel, err)
-	}
-	if a, ok := v.([]any); !ok || len(a) != 3 || a[0] != "subscribe" {
-		return 0, fmt.Errorf("subscribe %s: unexpected reply %v", nearInvalidateChannel, v)
-	}
-	return id, nil
-}
-
-// apply handles one message of the subscribed connection: an invalidation of keys, a flush (a null list), or a
-// heartbeat reply.
-func (t *nearTracker) apply(v any) {
-	a, ok := v.([]any)
-	if !ok || len(a) != 3 || a[0] != "message" || a[1] != nearInvalidateChannel {
-		return // "pong", or a reply nobody waits for
-	}
-	keys, ok := a[2].([]any)
-	if !ok {
-		t.store.reset(true) // null: FLUSHDB, FLUSHALL, or the server's own tracking-table eviction
-		return
-	}
-	for _, k := range keys {
-		if s, ok := k.(string); ok {
-			t.store.invalidate(s)
-		}
-	}
-}
-
-// respCommand encodes a command as a RESP array of bulk strings.
-func respCommand(args ...string) []byte {
-	b := []byte("*" + strconv.Itoa(len(args)) + "\r\n")
-	for _, a := range args {
-		b = append(b, '$')
-		b = strconv.AppendInt(b, int64(len(a)), 10)
-		b = append(b, "\r\n"...)
-		b = append(b, a...)
-		b = append(b, "\r\n"...)
-	}
-	return b
-}
-
-// respError is an error reply.
-type respError string
-
-func (e respError) Error() string { return string(e) }
-
-// respRead reads one RESP2 value: a string (simple or bulk), an int64, a []any, nil for a null. An error reply
-// is returned as a respError.
-func respRead(r *bufio.Reader) (any, error) {
-	line, err := r.ReadString('\n')
-	if err != nil {
-		return nil, err
-	}
-	if len(line) < 3 || line[len(line)-2] != '\r' {
-		return nil, fmt.Errorf("bad RESP line %q", line)
-	}
-	body := line[1 : len(line)-2]
-	switch line[0] {
-	case '+':
-		return body, nil
-	case '-':
-		return nil, respError(body)
-	case ':':
-		return strconv.ParseInt(body, 10, 64)
-	case '$':
-		n, err := strconv.Atoi(body)
-		if err != nil || n < 0 {
-			return nil, err
-		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return nil, err
-		}
-		return string(buf[:n]), nil
-	case '*':
-		n, err := strconv.Atoi(body)
-		if err != nil || n < 0 {
-			return nil, err
-		}
-		a := make([]any, n)
-		for i := range a {
-			if a[i], err = respRead(r); err != nil {
-				return nil, err
+			if wasUp {
+				t.log.Warn("lockstep: near cache invalidation subscription interrupted (a lost or late connection, or a flush); bypassing the near cache until it is back", "error", err)
+			} else {
+				t.log.Debug("lockstep: near cache invalidation connection: still down", "error", err, "retry_in", backoff)
+				timer.Reset(backoff)
+				select {
+				case <-ctx.Done():
+					return
+				case <-timer.C:
+				}
+				backoff = min(2*backoff, maxBackoff)
+			}
+			if t.started() == dials {
+				break // go-redis keeps this connection: replace it
 			}
 		}
-		return a, nil
+		_ = ps.Close()
 	}
-	return nil, fmt.Errorf("bad RESP type %q", line[0])
+}
+
+// apply handles one message of the subscription: the confirmation of a new connection's subscription (the store
+// goes up), an invalidation of keys, or a heartbeat reply.
+func (t *nearTracker) apply(msg any) {
+	switch m := msg.(type) {
+	case *redis.Subscription:
+		if m.Kind == "subscribe" && m.Channel == nearInvalidateChannel {
+			t.subscribed()
+			t.report(t.store.bytes.Load())
+		}
+	case *redis.Message:
+		if m.Channel != nearInvalidateChannel {
+			return
+		}
+		if len(m.PayloadSlice) == 0 {
+			t.store.reset(true) // no key named: treat it as a flush
+			return
+		}
+		for _, k := range m.PayloadSlice {
+			t.store.invalidate(k)
+		}
+	}
+}
+
+// nearHeartbeat is the PubSub the heartbeat pings. mu guards ps and closed.
+type nearHeartbeat struct {
+	mu     sync.Mutex
+	ps     *redis.PubSub
+	closed bool
+}
+
+// set makes ps the one to ping; false (and ps closed) once close has run.
+func (h *nearHeartbeat) set(ps *redis.PubSub) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		_ = ps.Close()
+		return false
+	}
+	h.ps = ps
+	return true
+}
+
+func (h *nearHeartbeat) get() *redis.PubSub {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ps
+}
+
+// close closes the current PubSub (which ends a ReceiveTimeout blocked on it) and every later one.
+func (h *nearHeartbeat) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	if h.ps != nil {
+		_ = h.ps.Close()
+	}
+}
+
+// heartbeat pings the subscribed connection every MaxLag/2 while the store is up (Redis answers in order, so a
+// pong proves every earlier invalidation has arrived) until stop is closed, then closes the PubSub.
+func (t *nearTracker) heartbeat(ctx context.Context, cancel context.CancelFunc, stop <-chan struct{}, hb *nearHeartbeat) {
+	defer cancel()
+	tick := time.NewTicker(t.maxLag / 2)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			cancel() // first: run sees its ReceiveTimeout fail as the end, not as a lost connection
+			hb.close()
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		t.report(t.store.bytes.Load())
+		if !t.store.up.Load() {
+			continue // no connection to ping; pinging would dial one outside run's back-off
+		}
+		if ps := hb.get(); ps != nil {
+			if err := ps.Ping(ctx); err != nil && !errors.Is(err, context.Canceled) {
+				t.log.Debug("lockstep: near cache heartbeat", "error", err)
+			}
+		}
+	}
 }
