@@ -34,10 +34,10 @@ const nearEntryOverhead = 160
 // NearCache configures a Client's near cache (WithNearCache): hot values held in the process's memory and served
 // without a Redis round trip, kept coherent by Redis's client-side caching invalidation in broadcast mode
 // (https://redis.io/docs/latest/develop/reference/client-side-caching/, "broadcasting mode"): the Client keeps
-// one dedicated connection of its own that runs CLIENT TRACKING ON REDIRECT <its own id> BCAST PREFIX <the cache
-// template's literal prefix> and is subscribed to __redis__:invalidate, so Redis tells it of every change of a key
-// under the prefix, by any writer (keepwarm's daemon, another app, a DEL, an expiry, a FLUSHDB or
-// FLUSHALL).
+// one dedicated connection of its own (a go-redis client cloned from the app's options, speaking RESP2) that runs
+// CLIENT TRACKING ON REDIRECT <its own id> BCAST PREFIX <the cache template's literal prefix> and is subscribed to
+// __redis__:invalidate, so Redis tells it of every change of a key under the prefix, by any writer (keepwarm's
+// daemon, another app, a DEL, an expiry, a FLUSHDB or FLUSHALL).
 type NearCache struct {
 	// MaxBytes bounds the memory held, in bytes, > 0: each value counts its key, its bytes and about 160 bytes of
 	// bookkeeping. The cache has 16 parts, each with a sixteenth of MaxBytes; a value larger than that is never
@@ -47,27 +47,32 @@ type NearCache struct {
 	// served from memory at most MaxStaleness after the read that fetched it began (and never past the key's
 	// Redis TTL as that read saw it), whatever happens to invalidation. Seconds are typical.
 	MaxStaleness time.Duration
-	// MaxLag is how long the invalidation connection may go without answering its heartbeat (a PING every
-	// MaxLag/2) before it counts as down: the near cache is then emptied and bypassed, and the connection is
-	// redialled. Default DefaultNearMaxLag (500ms); 0 takes the default; at least 10ms, or New returns an error.
+	// MaxLag is how long the invalidation connection may go without a message or an answer to its heartbeat (a
+	// PING every MaxLag/2) before it counts as down: the near cache is then emptied and bypassed, and a new
+	// connection is made. Default DefaultNearMaxLag (500ms); 0 takes the default; at least 10ms, or New returns an error.
 	MaxLag time.Duration
 }
 
 // WithNearCache turns on the near cache (off by default). A Get first looks in memory; a value is held there only
 // while the invalidation connection is up, is dropped as soon as Redis's invalidation of its key reaches the Client,
 // and is never served past n.MaxStaleness. While the connection is down or late (n.MaxLag) every Get reads Redis
-// (a bypass) and nothing is held; the Client redials with a back-off (50ms doubling to 1s) until it is back.
-// A read served from memory still counts as a Hit and is still sampled for access recording
-// (WithAccessRecording), so keepwarm's heat sees it.
+// (a bypass) and nothing is held; go-redis redials at once, then the Client retries with a back-off (50ms doubling
+// to 1s) until it is back. A read served from memory still counts as a Hit and is still sampled for access
+// recording (WithAccessRecording), so keepwarm's heat sees it.
+//
+// The dedicated connection is made by a *redis.Client of the near cache's own, built from a copy of rdb's
+// Options: the same address, database, Username and Password or CredentialsProvider(Context), TLSConfig and
+// Dialer, and rdb's OnConnect (run first), but Protocol 2 and one connection. Hooks added to rdb with AddHook do not
+// see it.
 //
 // New refuses the near cache, with an error wrapping ErrNearUnsupported, when rdb is not a *redis.Client (a
 // Cluster client or a Ring: tracking is per node, and one connection sees one node's changes only), when it is a
 // Sentinel failover client (the dedicated connection would not follow a failover), when it takes credentials from
-// a provider (the dedicated connection authenticates with Options.Username and Password), or with WithXFetch
-// (XFetch decides on reads that reach Redis; near hits would hide them). The app's connection protocol (RESP2 or
-// RESP3) and database do not matter: the dedicated connection speaks RESP2 on its own, and broadcast tracking
-// names keys without their database, so a change of the same key name in another database also invalidates
-// (harmless). Invalid fields wrap ErrInvalidArgument.
+// a StreamingCredentialsProvider (go-redis re-authenticates live connections with AUTH, and Redis refuses AUTH on a
+// subscribed RESP2 connection), or with WithXFetch (XFetch decides on reads that reach Redis; near hits would hide
+// them). The app's connection protocol (RESP2 or RESP3) and database do not matter: broadcast tracking names keys
+// without their database, so a change of the same key name in another database also invalidates (harmless).
+// Invalid fields wrap ErrInvalidArgument.
 func WithNearCache(n NearCache) Option {
 	return func(c *config) error {
 		var errs []error

@@ -52,7 +52,7 @@ func checkNear(rdb RedisClient, cfg *config) (*redis.Client, error) {
 	case opt.Addr == "FailoverClient":
 		return nil, unsupported("rdb is a Sentinel failover client: the tracking connection would not follow a failover")
 	case opt.StreamingCredentialsProvider != nil:
-		return nil, unsupported("rdb takes credentials from a streaming provider: go-redis re-authenticates live connections with AUTH, which Redis refuses on a RESP2 connection in subscribed mode")
+		return nil, unsupported("rdb takes credentials from a streaming provider: go-redis re-authenticates live connections with AUTH, and Redis refuses AUTH on a subscribed RESP2 connection")
 	}
 	return c, nil
 }
