@@ -588,6 +588,36 @@ func TestNearCacheCredentialsProvider(t *testing.T) {
 	}
 }
 
+// TestNearCacheRunsAppOnConnect: the tracking connection runs the app client's OnConnect too (here a CLIENT
+// SETNAME), as every connection of the app does.
+func TestNearCacheRunsAppOnConnect(t *testing.T) {
+	base := testenv.Redis(t)
+	keys := mustKeys(t, testenv.Prefix(t, base), false)
+	opt := *base.Options()
+	opt.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		return cn.ClientSetName(ctx, "nearapp-onconnect").Err()
+	}
+	rdb := redis.NewClient(&opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte("v"), nil },
+		time.Hour, lockstep.WithNearCache(nearOpts))
+	waitNearUp(t, c)
+	list, err := base.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("id=%d ", lockstep.NearClientID(c))
+	for _, line := range strings.Split(list, "\n") {
+		if strings.HasPrefix(line, want) {
+			if !strings.Contains(line, " name=nearapp-onconnect ") {
+				t.Errorf("tracking connection: got %q, want name=nearapp-onconnect", line)
+			}
+			return
+		}
+	}
+	t.Errorf("CLIENT LIST has no %q", want)
+}
+
 // TestNearCacheInvalidateReadsOwnWrite: after Client.Invalidate returns, the same Client's next Get does not serve
 // the old value from memory (it does not wait for Redis's invalidation to come back).
 func TestNearCacheInvalidateReadsOwnWrite(t *testing.T) {
