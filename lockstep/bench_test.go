@@ -190,3 +190,23 @@ func BenchmarkXFetch(b *testing.B) {
 	}
 	_ = n
 }
+
+// BenchmarkClientGetNearHit is the hit path with the near cache (WithNearCache): no round trip. Compare it with
+// BenchmarkClientGetHit in the same run.
+func BenchmarkClientGetNearHit(b *testing.B) {
+	ctx := context.Background()
+	c, h, _ := benchClient(b, lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: time.Minute}))
+	testenv.Eventually(b, 5*time.Second, "near cache holds the value", func() bool {
+		before := h.n.Load()
+		_, err := c.Get(ctx, "1")
+		return err == nil && h.n.Load() == before
+	})
+	h.n.Store(0)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Get(ctx, "1"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(h.n.Load())/float64(b.N), "roundtrips/op")
+}

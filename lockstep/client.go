@@ -49,13 +49,18 @@ type Client struct {
 	stop       chan struct{} // closed by Close: stops the access flusher
 
 	access *accessBuf // nil without WithAccessRecording
+
+	near        *nearStore   // nil without WithNearCache
+	nearTracker *nearTracker // its invalidation connection
+	nearRec     NearRecorder // the Recorder, when it implements NearRecorder
 }
 
 // New makes the Client of keyspace (a name such as "product", used for metrics labels and the access set
 // AccessKey(keyspace)). rdb may be a single-node, Sentinel or Cluster client (in Cluster mode call
 // keys.CheckCluster first). keys is the keyspace's layout from NewKeys; load reads a value from the origin; ttl
 // (> 0) is the cache TTL before jitter. Every argument and option is checked: errors wrap ErrInvalidArgument and
-// name the argument. With WithAccessRecording, New starts a flusher goroutine that Close stops.
+// name the argument. With WithAccessRecording, New starts a flusher goroutine that Close stops; with WithNearCache,
+// the goroutine of the near cache's invalidation connection (refusals wrap ErrNearUnsupported).
 func New(rdb RedisClient, keyspace string, keys *Keys, load Loader, ttl time.Duration, opts ...Option) (*Client, error) {
 	var errs []error
 	if rdb == nil {
@@ -88,6 +93,13 @@ func New(rdb RedisClient, keyspace string, keys *Keys, load Loader, ttl time.Dur
 	if cfg.staleTTL > 0 && keys != nil && keys.Stale.IsZero() {
 		errs = append(errs, argError("stale ttl", "the keys have no stale template"))
 	}
+	var nearRdb *redis.Client
+	if cfg.near != nil && rdb != nil {
+		var err error
+		if nearRdb, err = checkNear(rdb, &cfg); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -108,6 +120,9 @@ func New(rdb RedisClient, keyspace string, keys *Keys, load Loader, ttl time.Dur
 		c.access = &accessBuf{counts: map[string]float64{}, kick: make(chan struct{}, 1)}
 		c.wg.Add(1)
 		go c.flushLoop()
+	}
+	if nearRdb != nil {
+		c.startNear(nearRdb)
 	}
 	return c, nil
 }
@@ -131,7 +146,8 @@ type filled struct {
 	stale bool
 }
 
-// Get returns the value of id: from the cache key when present (one round trip); else, coalesced with the
+// Get returns the value of id: from the near cache when it holds it (WithNearCache, no round trip); from the cache
+// key when present (one round trip); else, coalesced with the
 // process's concurrent Gets of the same id, it takes the rebuild lock and re-reads the cache in one pipelined
 // round trip. The lock holder (leader) calls the Loader and publishes the value with a jittered TTL (and the stale
 // copy with WithStale) in a second round trip, releasing the lock; a concurrent publish found in the re-read is
@@ -168,9 +184,12 @@ func (c *Client) Get(ctx context.Context, id string) ([]byte, error) {
 	}
 	c.recordAccess(id)
 	var v []byte
-	if c.cfg.xfetchBeta > 0 {
+	switch {
+	case c.cfg.xfetchBeta > 0:
 		v, err = c.readXFetch(ctx, ks)
-	} else {
+	case c.near != nil:
+		v, err = c.nearGet(ctx, ks.Cache)
+	default:
 		key := ks.Cache // the closure may outlive this call (see call): it must not read ks, which changes below
 		err = c.call(ctx, func(ctx context.Context) error {
 			b, err := c.rdb.Get(ctx, key).Bytes()
@@ -565,7 +584,9 @@ func (c *Client) refreshAsync(ctx context.Context, ks KeySet) {
 // Invalidate is the write path's delete (see the package function Invalidate): it deletes the cache key, meta
 // hash and lock of id in one DEL, so the next Get rebuilds it and a rebuild in flight (by this process, another
 // app or keepwarm's daemon) cannot publish the value it read before the change. Call it after the origin's
-// transaction commits. The stale copy stays (still served to followers that time out). The call is bounded like
+// transaction commits. The stale copy stays (still served to followers that time out). With WithNearCache the
+// id is also dropped from this Client's near cache before Invalidate returns (other processes drop it when Redis's
+// invalidation reaches them). The call is bounded like
 // every Redis call of the Client (WithRedisTimeout). Errors: ErrInvalidID, ErrClosed, ErrRedisTimeout, or the
 // Redis error.
 func (c *Client) Invalidate(ctx context.Context, id string) error {
@@ -576,7 +597,13 @@ func (c *Client) Invalidate(ctx context.Context, id string) error {
 	if c.closedFlag.Load() {
 		return ErrClosed
 	}
-	return c.call(ctx, func(ctx context.Context) error { return Invalidate(ctx, c.rdb, ks) })
+	err = c.call(ctx, func(ctx context.Context) error { return Invalidate(ctx, c.rdb, ks) })
+	if c.near != nil {
+		// Now, not when Redis's invalidation comes back: this process reads its own write at once, and a fill
+		// that read the old value before the DEL is refused. Also after a failed DEL, which may have run.
+		c.near.invalidate(ks.Cache)
+	}
+	return err
 }
 
 // Close stops the Client: later Gets return ErrClosed, followers still waiting get ErrClosed, and Close waits

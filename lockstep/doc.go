@@ -79,6 +79,14 @@
 // now − δ·β·ln(u) ≥ expiry for u uniform in (0, 1] — "optimal probabilistic cache stampede prevention"
 // (XFetch; A. Vattani, F. Chierichetti, K. Lowenstein, VLDB 2015). See XFetch.
 //
+// # Near cache
+//
+// With WithNearCache (off by default), hot values are also held in process memory, bounded in bytes. A dedicated
+// connection (a RESP2 go-redis client cloned from rdb's options) runs CLIENT TRACKING ON REDIRECT <its id> BCAST
+// PREFIX <cache prefix> and subscribes to __redis__:invalidate, so any writer's change of a key drops it at once;
+// while that connection is down or late the near cache is emptied and bypassed, and a value is never served past
+// NearCache.MaxStaleness on the Client's clock. See NearCache and docs/protocol.md §7.2 (Redis client-side caching, broadcasting mode).
+//
 // # Hot keys
 //
 // With WithAccessRecording, sampled reads are counted in memory and flushed off the request path as ZINCRBY into

@@ -155,3 +155,28 @@ func ExampleXFetch() {
 	// false
 	// true
 }
+
+// A near cache: hot values also held in process memory (at most 64 MiB), dropped as soon as Redis reports a
+// change of their key by any writer, and never served more than 5 s after they were read from Redis.
+func ExampleWithNearCache() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:16379"})
+	defer rdb.Close()
+
+	keys, err := lockstep.NewKeys("product:${id}", "", "", "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	load := func(ctx context.Context, id string) ([]byte, error) { return []byte(products[id]), nil }
+	c, err := lockstep.New(rdb, "product", keys, load, time.Minute,
+		lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 64 << 20, MaxStaleness: 5 * time.Second}))
+	if err != nil {
+		log.Fatal(err) // e.g. lockstep.ErrNearUnsupported for a Cluster client
+	}
+	defer c.Close(context.Background())
+
+	v, err := c.Get(context.Background(), "42") // from memory once held; else from Redis, else the origin
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(v))
+}

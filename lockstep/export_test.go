@@ -37,3 +37,12 @@ func AcquireRefusedFirst(ctx context.Context, c RedisClient, key, token string, 
 	}
 	return held[0], nil
 }
+
+// NearClientID is the CLIENT ID of c's near cache invalidation connection while it is up, else 0.
+func NearClientID(c *Client) int64 { return c.nearTracker.clientID.Load() }
+
+// NearUp reports whether c's near cache is in use (its invalidation connection is up).
+func NearUp(c *Client) bool { return c.near.up.Load() }
+
+// NearBytes is the bytes c's near cache holds.
+func NearBytes(c *Client) int64 { return c.near.bytes.Load() }

@@ -58,6 +58,7 @@ type config struct {
 	logger        *slog.Logger
 	rand          func() float64
 	now           func() time.Time // nil: time.Now (WithClock)
+	near          *NearCache       // nil: off (WithNearCache)
 }
 
 func defaultConfig() config {
