@@ -84,7 +84,7 @@ func TestNotificationsAutoSurvivesRestart(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "after the restart: flags set again and notifications on", func() bool {
 		flags, err := ctrl.ConfigGet(context.Background(), "notify-keyspace-events").Result()
 		return err == nil && warmer.MissingNotifyFlags(flags["notify-keyspace-events"]) == "" && enabled() &&
-			logs.count("re-subscribed after a lost connection") >= 1
+			logs.count("re-subscribed after a lost connection") >= 1 && logs.count("set notify-keyspace-events") >= 2
 	})
 	if n := logs.count("set notify-keyspace-events"); n != 2 {
 		t.Errorf("log lines \"set notify-keyspace-events\": got %d, want 2 (start and restart)", n)
