@@ -258,23 +258,11 @@ func (c *Client) Get(ctx context.Context, id string) ([]byte, error) {
 // readXFetch reads the value, its remaining TTL and its δ in one pipelined round trip, and starts a background
 // refresh when XFetch says so. A missing value returns redis.Nil.
 func (c *Client) readXFetch(ctx context.Context, ks KeySet) ([]byte, error) {
-	var get *redis.StringCmd
-	var pttl *redis.DurationCmd
-	var delta *redis.StringCmd
-	if err := c.call(ctx, func(ctx context.Context) error {
-		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			get = p.Get(ctx, ks.Cache)
-			pttl = p.PTTL(ctx, ks.Cache)
-			if c.cfg.meta {
-				delta = p.HGet(ctx, ks.Meta, MetaDeltaField)
-			}
-			return nil
-		})
-		return get.Err()
-	}); err != nil {
-		return nil, err
+	meta := ""
+	if c.cfg.meta {
+		meta = ks.Meta
 	}
-	v, err := get.Bytes()
+	v, pttl, delta, err := c.readWithPTTL(ctx, ks.Cache, meta)
 	if err != nil {
 		return nil, err
 	}
@@ -294,6 +282,33 @@ func (c *Client) readXFetch(ctx context.Context, ks KeySet) ([]byte, error) {
 		c.refreshAsync(ctx, ks)
 	}
 	return v, nil
+}
+
+// readWithPTTL reads key's value and its remaining TTL in one pipelined round trip, and with a metaKey its meta
+// hash's δ field too (delta is nil without). A missing value returns redis.Nil; pttl and delta carry their own
+// errors.
+func (c *Client) readWithPTTL(ctx context.Context, key, metaKey string) ([]byte, *redis.DurationCmd, *redis.StringCmd, error) {
+	var get *redis.StringCmd
+	var pttl *redis.DurationCmd
+	var delta *redis.StringCmd
+	if err := c.call(ctx, func(ctx context.Context) error {
+		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			get = p.Get(ctx, key)
+			pttl = p.PTTL(ctx, key)
+			if metaKey != "" {
+				delta = p.HGet(ctx, metaKey, MetaDeltaField)
+			}
+			return nil
+		})
+		return get.Err()
+	}); err != nil {
+		return nil, nil, nil, err // the pipeline may still run (see call): its commands are not ours to read
+	}
+	v, err := get.Bytes()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return v, pttl, delta, nil
 }
 
 // fill runs once per process per missing key (singleflight): lock + re-read, then rebuild or wait.

@@ -308,19 +308,7 @@ func (c *Client) nearGet(ctx context.Context, key string) ([]byte, error) {
 		}
 		return v, nil
 	}
-	var get *redis.StringCmd
-	var pttl *redis.DurationCmd
-	if err := c.call(ctx, func(ctx context.Context) error {
-		_, _ = c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			get = p.Get(ctx, key)
-			pttl = p.PTTL(ctx, key)
-			return nil
-		})
-		return get.Err()
-	}); err != nil {
-		return nil, err
-	}
-	v, err := get.Bytes()
+	v, pttl, _, err := c.readWithPTTL(ctx, key, "")
 	if err != nil {
 		return nil, err
 	}
