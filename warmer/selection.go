@@ -318,17 +318,17 @@ type hotState struct {
 	rebuildP95  time.Duration // decayed-maximum estimate of the rebuild p95
 	lastRefresh time.Time
 	lastErr     string
-	errors      int       // consecutive failed refreshes, for back-off
-	counted     bool      // this expiry was already counted as an SLO miss (re-armed by each new value learnt)
-	shortNotice bool      // the expiry was learnt less than one lead before it (a breakdown of misses, not an exemption)
-	invalidated bool      // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
-	pendingGone string    // a gone event (expired, evicted, del, or a flush) that arrived while a refresh was in flight
+	errors      int    // consecutive failed refreshes, for back-off
+	counted     bool   // this expiry was already counted as an SLO miss (re-armed by each new value learnt)
+	shortNotice bool   // the expiry was learnt less than one lead before it (a breakdown of misses, not an exemption)
+	invalidated bool   // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
+	pendingGone string // a gone event (expired, evicted, del, or a flush) that arrived while a refresh was in flight
 	// lockGoneAt is when a refresh last found its lock gone and took it for an invalidation (settleOne), and
 	// lockGoneExpiry the expiry known then: a flush noticed later whose emptying began before lockGoneAt took that
 	// lock, not an app, and counts the miss (rereadOwned).
 	lockGoneAt, lockGoneExpiry time.Time
-	handover    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
-	hotSince    time.Time // when the id became hot
+	handover                   bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
+	hotSince                   time.Time // when the id became hot
 	// flushedSince is, while a flush's re-read of the key is pending (rereadAll), the moment since which Redis is
 	// known emptied (the flush canary's last write); zero otherwise.
 	flushedSince time.Time
