@@ -44,11 +44,13 @@ func TestLease(t *testing.T) {
 	}
 }
 
-// TestLeaseGivenUpBeforeItLapses: with renewals that do not get through, the batch gives its keys up once no
-// renewal sent in the last 3/4 of a lease has succeeded, before the lease can have expired: not a millisecond
-// earlier, and never a key whose publish or fail-safe is under way (closing). A renewal that answers brings the
-// deadline forward from when it was sent.
-func TestLeaseGivenUpBeforeItLapses(t *testing.T) {
+// TestLateLeaseKeepsItsKeys: with renewals that do not get through for 3/4 of a lease, the batch counts the
+// lateness once per stall (result "late"), not a millisecond earlier, and keeps its keys: its writes are
+// token-checked, so a lock that lapsed is never written through, and one that did not still lets the batch
+// publish the value it read (giving them up threw good origin reads away on every scheduling stall, and the keys
+// expired). Only a renewal that finds a lock gone or taken loses the key, and never a key whose publish or
+// fail-safe is under way (closing). A renewal that answers brings the deadline forward from when it was sent.
+func TestLateLeaseKeepsItsKeys(t *testing.T) {
 	t.Parallel()
 	m, err := newMetrics(prometheus.NewRegistry())
 	if err != nil {
@@ -60,31 +62,52 @@ func TestLeaseGivenUpBeforeItLapses(t *testing.T) {
 	p := &pipeline{k: &keyspace{log: slog.New(slog.DiscardHandler)}, m: m, now: func() time.Time { return now },
 		cfg: KeyspaceConfig{Name: "k"}, lease: lease, leaseUntil: t0.Add(lease)}
 	held := &item{id: "held", renew: true}
+	taken := &item{id: "taken", renew: true}
 	closing := &item{id: "closing", renew: true, closing: true}
-	items := []*item{held, closing}
+	items := []*item{held, taken, closing}
+	late := func() float64 { return testutil.ToFloat64(m.leaseExtends.WithLabelValues("k", "late")) }
 
-	check := func(at time.Duration, wantLost bool) {
+	fold := func(at time.Duration) {
 		t.Helper()
 		now = t0.Add(at)
 		p.mu.Lock()
 		p.foldLeasesLocked(items)
 		p.mu.Unlock()
-		if held.lost != wantLost {
-			t.Errorf("at %v (lease until %v): lost = %v, want %v", at, p.leaseUntil.Sub(t0), held.lost, wantLost)
+		if held.lost || !held.renew {
+			t.Errorf("at %v (lease until %v): held key lost = %v, renewed = %v; want kept and renewed", at,
+				p.leaseUntil.Sub(t0), held.lost, held.renew)
 		}
 		if closing.lost || closing.leaseLost {
 			t.Errorf("at %v: a closing key was given up", at)
 		}
 	}
-	check(lease*3/4-time.Millisecond, false)
-	// A renewal sent at 300 ms answers: the lease runs until 800 ms, given up at 675 ms.
-	p.renewed(items, t0.Add(300*time.Millisecond), []*item{held, closing}, []bool{true, false}, nil)
+	fold(lease*3/4 - time.Millisecond)
+	if got := late(); got != 0 {
+		t.Errorf("lease_extensions_total{result=late} = %v before 3/4 of the lease, want 0", got)
+	}
+	fold(lease * 3 / 4)
+	fold(lease) // the same stall: counted once
+	if got := late(); got != 2 {
+		t.Errorf("lease_extensions_total{result=late} = %v after one stall, want 2 (each renewed key once; not the closing one)", got)
+	}
+	// A renewal sent at 300 ms answers: held is still ours, taken is another token's, closing's lock was deleted
+	// by our own publish. The lease runs until 800 ms; late again from 675 ms.
+	p.renewed(items, t0.Add(300*time.Millisecond), []*item{held, taken, closing}, []bool{true, false, false}, nil)
 	if closing.renew {
 		t.Error("a closing key whose lock is gone (our own publish deleted it) is still renewed")
 	}
-	check(674*time.Millisecond, false)
-	check(675*time.Millisecond, true)
+	fold(674 * time.Millisecond)
+	if !taken.lost {
+		t.Error("a key whose renewal found its lock taken is not lost")
+	}
 	if got := testutil.ToFloat64(m.leaseExtends.WithLabelValues("k", "lost")); got != 1 {
-		t.Errorf("lease_extensions_total{result=lost} = %v, want 1 (the held key; the closing one is not lost)", got)
+		t.Errorf("lease_extensions_total{result=lost} = %v, want 1 (the taken key; the closing one is not lost)", got)
+	}
+	if got := late(); got != 2 {
+		t.Errorf("lease_extensions_total{result=late} = %v within the renewed lease, want still 2", got)
+	}
+	fold(675 * time.Millisecond) // a second stall: held only (taken is lost, closing is closing)
+	if got := late(); got != 3 {
+		t.Errorf("lease_extensions_total{result=late} = %v after a second stall, want 3", got)
 	}
 }

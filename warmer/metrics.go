@@ -140,7 +140,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"keyspace", "result"}),
 		leaseExtends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_lease_extensions_total",
-			Help: "Renewals of the daemon's lock leases while a batch holds its locks, per lock, by result (ok; lost: the lock was gone or taken, or no renewal reached Redis within 3/4 of a lease).",
+			Help: "Renewals of the daemon's lock leases while a batch holds its locks, per lock, by result (ok; lost: the lock was gone or taken; late: no renewal reached Redis within 3/4 of a lease, counted once per stall: the batch goes on and its token-checked publish decides).",
 		}, []string{"keyspace", "result"}),
 		failSafe: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keepwarm_warmer_failsafe_extensions_total",
