@@ -164,6 +164,17 @@ type fleetView struct {
 	owners  []string // sorted
 	hashes  []uint64 // xxhash of each owner's id
 	selfIdx int      // index of self in owners
+	// joining marks the view of a replica that has not joined yet (joiningView): it owns nothing.
+	joining bool
+}
+
+// joiningView is the view of a replica before it joins its fleet: it owns no key, so that its keyspaces learn
+// the hot set (their first poll) while the members already in the fleet keep refreshing every key. Joining
+// before that handed a restarted replica 1/N of the keys before it knew any of them: the others gave them up at
+// once, and keys that fell due in between expired, uncounted (a kill -9 soak: gaps of 1.2–1.6 s on keys that no
+// daemon logged).
+func joiningView(self string) *fleetView {
+	return &fleetView{self: self, joining: true, members: []FleetMember{{ID: self, Self: true}}}
 }
 
 // soloView is the view of a warmer that shares nothing: it owns every key.
@@ -176,6 +187,9 @@ func soloView(self string) *fleetView {
 // with each owner's precomputed hash by a xorshift-multiply step (the construction of
 // github.com/dgryski/go-rendezvous, which go-redis's Ring uses too). A nil view owns everything.
 func (v *fleetView) owns(id string) bool {
+	if v != nil && v.joining {
+		return false
+	}
 	if v == nil || len(v.owners) <= 1 {
 		return true
 	}
@@ -208,7 +222,7 @@ func (v *fleetView) sameOwners(o *fleetView) bool {
 	if v == nil || o == nil {
 		return v == o
 	}
-	return slices.Equal(v.owners, o.owners)
+	return v.joining == o.joining && slices.Equal(v.owners, o.owners)
 }
 
 // fleet is a warmer's membership: its heartbeat loop and the latest view.
@@ -239,7 +253,7 @@ type fleet struct {
 }
 
 func newFleet(w *Warmer, cfg FleetConfig, reg prometheus.Registerer) (*fleet, error) {
-	f := &fleet{cfg: cfg, w: w, view: soloView(cfg.ReplicaID),
+	f := &fleet{cfg: cfg, w: w, view: joiningView(cfg.ReplicaID),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "keepwarm_warmer_fleet_members",
 			Help: "Replicas in the fleet's member set at the last heartbeat, by state (live: heartbeating; late: missed a heartbeat, its keys are covered by the others).",
@@ -460,6 +474,52 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	}
 }
 
+// joinWait bounds how long a starting replica waits for its keyspaces' first polls before it joins its fleet (a
+// keyspace whose source check or access-set reads fail would otherwise keep it out for good).
+const joinWait = 10 * time.Second
+
+// join is a starting replica's entry into its fleet: it waits until every keyspace in spaces has polled its
+// hot-key signals once (or joinWait, or ctx ends), then heartbeats. Until then the replica owns nothing
+// (joiningView) and the others keep every key. If that heartbeat fails, the replica owns every key (soloView)
+// until one succeeds: with Redis unreachable nobody else can be refreshing them either.
+func (f *fleet) join(ctx context.Context, spaces []*keyspace) {
+	if !f.awaitPolls(ctx, spaces) {
+		return
+	}
+	f.heartbeatOnce(ctx)
+	f.mu.Lock()
+	joining := f.view.joining
+	if joining {
+		f.view = soloView(f.cfg.ReplicaID)
+	}
+	v := f.view
+	f.mu.Unlock()
+	if joining {
+		for _, k := range spaces {
+			k.setView(v, time.Time{})
+		}
+	}
+}
+
+// awaitPolls waits until every keyspace in spaces has polled once, or joinWait has passed (logged; true either
+// way), or ctx ends (false).
+func (f *fleet) awaitPolls(ctx context.Context, spaces []*keyspace) bool {
+	wait := time.NewTimer(joinWait)
+	defer wait.Stop()
+	for _, k := range spaces {
+		select {
+		case <-k.polled:
+		case <-wait.C:
+			f.w.log.Warn("fleet: joining before every keyspace has read its hot keys", "keyspace", k.name,
+				"waited", joinWait)
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
 // run heartbeats every interval until ctx ends, then leaves the fleet so that the others take over at once.
 func (f *fleet) run(ctx context.Context) {
 	t := time.NewTicker(f.cfg.HeartbeatInterval)
@@ -559,6 +619,9 @@ func (k *loopState) gatherWindow() time.Duration {
 
 // owned counts the hot keys this replica owns.
 func (k *loopState) owned() int {
+	if k.view != nil && k.view.joining {
+		return 0
+	}
 	if k.view == nil || len(k.view.owners) <= 1 {
 		return len(k.hotSet)
 	}

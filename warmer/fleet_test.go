@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -326,4 +327,81 @@ func keysOf(f *fixture, ids []string) []string {
 		out[i] = f.key(id)
 	}
 	return out
+}
+
+// heldCheckSource is a countingSource whose start-up check (warmer.Checker) waits until release is closed:
+// its keyspace's loop, and so its first poll of the hot keys, waits with it.
+type heldCheckSource struct {
+	*countingSource
+	called  chan struct{} // closed at the first check
+	once    sync.Once
+	release chan struct{}
+}
+
+func (s *heldCheckSource) Check(ctx context.Context) error {
+	s.once.Do(func() { close(s.called) })
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestFleetJoinsOnceItKnowsItsKeys: a replica that starts (a restart after kill -9, a scale-out) joins its fleet
+// only once its keyspaces have read their hot keys. Until then it is not in the member set and the members
+// already there keep every key; then it takes its share. Joining first handed it keys it did not know: the others
+// gave them up at once, and keys falling due meanwhile expired without anyone counting them.
+func TestFleetJoinsOnceItKnowsItsKeys(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 20)
+	ctx := context.Background()
+	ids := pinnedIDs(20)
+	a := startReplica(t, f, testenv.Redis(t), "a", ids)
+	testenv.Eventually(t, 10*time.Second, "a alone owns all 20 keys", func() bool { return owned(a.w) == len(ids) })
+
+	held := &heldCheckSource{countingSource: &countingSource{src: f.src.src}, called: make(chan struct{}),
+		release: make(chan struct{})}
+	cfg := f.config(ids...)
+	cfg.TopN = 0
+	cfg.Src = held
+	cfg.TTL, cfg.RefreshAhead, cfg.LockTTL = 4*time.Second, 2*time.Second, time.Second
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(held.release)
+		}
+	})
+	b, breg, _ := start(t, testenv.Redis(t), warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
+		Fleet: warmer.FleetConfig{Key: f.prefix + "fleet", ReplicaID: "b", HeartbeatInterval: fleetInterval, HeartbeatTTL: fleetTTL}})
+	select {
+	case <-held.called:
+	case <-time.After(10 * time.Second):
+		t.Fatal("b never checked its source")
+	}
+	// b's keyspace is held before its first poll. Three of a's heartbeats later, b is still out of the fleet.
+	beats := func(reg *prometheus.Registry) float64 {
+		return counter(t, reg, "keepwarm_warmer_fleet_heartbeats_total", map[string]string{"result": "ok"})
+	}
+	from := beats(a.reg)
+	testenv.Eventually(t, 10*time.Second, "three more heartbeats of a", func() bool { return beats(a.reg) >= from+3 })
+	inSet, err := f.rdb.ZRange(ctx, f.prefix+"fleet", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inSet) != 1 || inSet[0] != "a" {
+		t.Errorf("member set while b has not read its hot keys: %v, want [a]", inSet)
+	}
+	if n := owned(a.w); n != len(ids) {
+		t.Errorf("a owns %d keys while b has not read its hot keys, want all %d", n, len(ids))
+	}
+	if n := beats(breg); n != 0 {
+		t.Errorf("b heartbeat %v times before its keyspace had polled, want 0", n)
+	}
+
+	close(held.release)
+	released = true
+	testenv.Eventually(t, 10*time.Second, "b joined and took a share", func() bool {
+		return len(a.w.Fleet().Members) == 2 && owned(b) > 0 && owned(a.w) < len(ids) && owned(a.w)+owned(b) == len(ids)
+	})
 }

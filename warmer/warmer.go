@@ -203,10 +203,17 @@ func (w *Warmer) Run(ctx context.Context) error {
 	workCtx, workCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer workCancel()
 	var loops sync.WaitGroup
+	w.mu.Lock()
+	w.startLoop = func(k *keyspace) { w.startKeyspace(ctx, workCtx, &loops, k) }
+	for _, k := range w.spaces {
+		w.startLoop(k)
+	}
+	w.mu.Unlock()
 	if w.fleet != nil {
-		// The first heartbeat comes before any keyspace starts, so that a replica joining a fleet does not
-		// begin by refreshing every key; if it fails, this replica owns every key until one succeeds.
-		w.fleet.heartbeatOnce(ctx)
+		// The keyspaces start owning nothing (joiningView) and learn their hot sets; the replica joins the fleet
+		// once they have (or after joinWait), so that the keys it takes over are keys it knows. If the first
+		// heartbeat fails, this replica owns every key until one succeeds.
+		w.fleet.join(ctx, w.keyspaces())
 		loops.Add(2)
 		go func() {
 			defer loops.Done()
@@ -217,12 +224,6 @@ func (w *Warmer) Run(ctx context.Context) error {
 			w.fleet.claimMisses(ctx)
 		}()
 	}
-	w.mu.Lock()
-	w.startLoop = func(k *keyspace) { w.startKeyspace(ctx, workCtx, &loops, k) }
-	for _, k := range w.spaces {
-		w.startLoop(k)
-	}
-	w.mu.Unlock()
 	if w.cfg.FlushCheckInterval >= 0 {
 		loops.Add(1)
 		go func() {
