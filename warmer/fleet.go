@@ -478,6 +478,9 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 // keyspace whose source check or access-set reads fail would otherwise keep it out for good).
 const joinWait = 10 * time.Second
 
+// joinPollEvery is how often a joining replica looks whether a keyspace not polled yet is failing its check.
+const joinPollEvery = 20 * time.Millisecond
+
 // join is a starting replica's entry into its fleet: it waits until every keyspace in spaces has polled its
 // hot-key signals once (or joinWait, or ctx ends), then heartbeats. Until then the replica owns nothing
 // (joiningView) and the others keep every key. If that heartbeat fails, the replica owns every key (soloView)
@@ -501,20 +504,31 @@ func (f *fleet) join(ctx context.Context, spaces []*keyspace) {
 	}
 }
 
-// awaitPolls waits until every keyspace in spaces has polled once, or joinWait has passed (logged; true either
-// way), or ctx ends (false).
+// awaitPolls waits until every keyspace in spaces has polled once or is failing its source check (its keys
+// are not refreshed until it passes, by this replica or any other, so it holds nothing up), or joinWait has
+// passed (logged; true either way), or ctx ends (false).
 func (f *fleet) awaitPolls(ctx context.Context, spaces []*keyspace) bool {
-	wait := time.NewTimer(joinWait)
-	defer wait.Stop()
+	deadline := time.NewTimer(joinWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(joinPollEvery)
+	defer tick.Stop()
 	for _, k := range spaces {
-		select {
-		case <-k.polled:
-		case <-wait.C:
-			f.w.log.Warn("fleet: joining before every keyspace has read its hot keys", "keyspace", k.name,
-				"waited", joinWait)
-			return true
-		case <-ctx.Done():
-			return false
+	wait:
+		for {
+			select {
+			case <-k.polled:
+				break wait
+			case <-tick.C:
+				if _, failing := f.w.checkFailure(k); failing {
+					break wait
+				}
+			case <-deadline.C:
+				f.w.log.Warn("fleet: joining before every keyspace has read its hot keys", "keyspace", k.name,
+					"waited", joinWait)
+				return true
+			case <-ctx.Done():
+				return false
+			}
 		}
 	}
 	return true
