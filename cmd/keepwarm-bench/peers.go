@@ -43,11 +43,14 @@ import (
 //     queries from outside.
 //   - A miss is a read that waited for an origin query: the value it returned was produced by a query that ended
 //     after the read began (every value carries PostgreSQL's clock_timestamp() of the query that produced it,
-//     taken after its pg_sleep), unless the read's first Redis GET already found a value. That covers the read's
-//     own query, a coalesced wait (singleflight) and a wait on another process's lock, for every library alike,
-//     without trusting any library's own counters; the GET exception keeps a hit that raced a refresh (the
-//     daemon's new value landed between the read's start and its GET) from counting. A hook on each instance's
-//     client (firstGetHook) sees that first GET; reads answered from process memory send none.
+//     taken after its pg_sleep), whatever path the read took (readWaited). That covers the read's own query, a
+//     coalesced wait (singleflight), a wait on another process's lock, and a read whose first Redis GET found a
+//     value that the library then rebuilt synchronously (sturdyc's distributed-storage path when the record is
+//     older than refreshAfter), for every library alike, without trusting any library's own counters. The rule
+//     also counts a hit that raced a refresh (the daemon's new value landed between the read's start and its
+//     GET, tens of microseconds): a few false misses rather than hidden waits. A hook on each instance's client
+//     (firstGetHook) sees the read's first GET; the misses whose first GET found a value are reported apart, as
+//     the waits the earlier rule (which did not count them) hid. Reads answered from process memory send no GET.
 //   - Latency is each whole read as the worker saw it, against plain GETs of never-expiring keys of the same
 //     size, issued in the same window by other goroutines on their own client.
 
@@ -244,8 +247,11 @@ type peersResult struct {
 	// FirstError is the first read error's text, if any.
 	FirstError string `json:"first_error,omitempty"`
 	Misses     int64  `json:"misses"`
-	HotReads   int64  `json:"hot_reads"`
-	HotMisses  int64  `json:"hot_misses"`
+	// FoundMisses are the misses whose first Redis GET found a value (the library then waited for the origin
+	// anyway); the miss rule before issue 35 did not count them.
+	FoundMisses int64 `json:"misses_first_get_found"`
+	HotReads    int64 `json:"hot_reads"`
+	HotMisses   int64 `json:"hot_misses"`
 	// HotMissSamples are up to 20 of the hot misses (the first few per worker).
 	HotMissSamples []hotMiss `json:"hot_miss_samples,omitempty"`
 	// Origin side, counted by the wrapper around every Source: queries and id fetches in the window (app and
@@ -559,6 +565,7 @@ func jitterTTL(ttl time.Duration, jitter float64) time.Duration {
 // peerWorker is one reading goroutine's tallies; only its goroutine writes them until the cell's readers stop.
 type peerWorker struct {
 	reads, errs, misses, hotReads, hotMisses int64
+	foundMisses                              int64 // misses whose first GET found a value
 	firstErr                                 error
 	lat, hotLat, age                         latencies
 	hotMissAt                                []hotMiss // the first few
@@ -569,6 +576,15 @@ type hotMiss struct {
 	ID   string        `json:"id"`
 	At   time.Duration `json:"at_ns"`
 	Took time.Duration `json:"took_ns"`
+}
+
+// readWaited applies the miss rule to one read that began at began and returned a value produced (the origin's
+// clock_timestamp()) at producedUS, Unix microseconds: it waited for the origin when the value was produced after
+// it began, whatever its first GET saw (first, a firstGet* state). found reports a miss whose first GET had found
+// a value, one the rule before issue 35 did not count.
+func readWaited(producedUS int64, began time.Time, first int32) (waited, found bool) {
+	waited = producedUS > began.UnixMicro()
+	return waited, waited && first == firstGetFound
 }
 
 // readState is one read's first Redis GET as firstGetHook saw it: firstGetNone until a GET of the read answered,
@@ -734,9 +750,11 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 					continue
 				}
 				wk.age = append(wk.age, t1.Sub(time.UnixMicro(us)))
-				// Produced by a query that ended after this read began, and not found by its first GET: it waited.
-				if us > t0.UnixMicro() && rs.first.Load() != firstGetFound {
+				if waited, found := readWaited(us, t0, rs.first.Load()); waited {
 					wk.misses++
+					if found {
+						wk.foundMisses++
+					}
 					if hot {
 						wk.hotMisses++
 						if len(wk.hotMissAt) < 5 {
@@ -818,6 +836,7 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 		res.Reads += wk.reads
 		res.Errors += wk.errs
 		res.Misses += wk.misses
+		res.FoundMisses += wk.foundMisses
 		res.HotReads += wk.hotReads
 		res.HotMisses += wk.hotMisses
 		if wk.firstErr != nil && res.FirstError == "" {
@@ -872,10 +891,10 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 func printPeers(w io.Writer, rep *peersReport) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\tN\treads\treads/s\terrors\tmisses\thot reads\thot misses\torigin/hot key/TTL\tworst hot key\tsimultaneous hot\torigin queries (daemon)\tcell queries: counted\tpg_stat_statements\tp50\tp99\tp99.9\thot p99\tplain-hit p99\thot p99 ratio\tcmds/read\theap/instance\tvalue age p99\tmax\t")
+	fmt.Fprintln(tw, "strategy\tN\treads\treads/s\terrors\tmisses\tof which GET found\thot reads\thot misses\torigin/hot key/TTL\tworst hot key\tsimultaneous hot\torigin queries (daemon)\tcell queries: counted\tpg_stat_statements\tp50\tp99\tp99.9\thot p99\tplain-hit p99\thot p99 ratio\tcmds/read\theap/instance\tvalue age p99\tmax\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%.3f\t%.2f\t%d\t%d (%d)\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
-			r.Strategy, r.Instances, r.Reads, r.ReadsPerS, r.Errors, r.Misses, r.HotReads, r.HotMisses,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.2f\t%d\t%d (%d)\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
+			r.Strategy, r.Instances, r.Reads, r.ReadsPerS, r.Errors, r.Misses, r.FoundMisses, r.HotReads, r.HotMisses,
 			r.PerHotKeyPerTTL, r.MaxPerHotKeyPerTTL, r.SimultaneousHot, r.OriginQueries, r.DaemonQueries,
 			r.CellQueries, r.CellPGSS, benchload.Dur(r.Latency.P50), benchload.Dur(r.Latency.P99), benchload.Dur(r.Latency.P999),
 			benchload.Dur(r.HotLatency.P99), benchload.Dur(r.Baseline.P99), ratio(r.HotLatency.P99, r.Baseline.P99), r.CommandsPerRead,
@@ -885,8 +904,9 @@ func printPeers(w io.Writer, rep *peersReport) {
 	fmt.Fprintf(w, `
 origin/hot key/TTL: origin fetches of hot ids in the window ÷ (hot ids × window ÷ TTL); worst hot key: the same for
 the hot id fetched most. misses: reads that returned a value produced by an origin query that ended after the read
-began, unless their first Redis GET found a value (they waited for it); hot reads, hot misses: the same for hot ids;
-errors: reads that returned an error. simultaneous hot: fetches of a hot id that started while another fetch of
+began (they waited for it), whatever path they took; of which GET found: those whose first Redis GET found a value
+that the library then rebuilt before answering (not counted before issue 35); hot reads, hot misses: the same for
+hot ids; errors: reads that returned an error. simultaneous hot: fetches of a hot id that started while another fetch of
 it was in flight. origin queries (daemon): origin queries in the window, the daemon's share in parentheses.
 cell queries: origin queries the wrapper counted from before the first instance
 started to after the last stopped, against pg_stat_statements' calls over the same span. p50..p99.9: every read;

@@ -262,3 +262,34 @@ func TestPeersRuns(t *testing.T) {
 		})
 	}
 }
+
+// TestReadWaited: a read waited for the origin when its value was produced after it began, whatever its first GET
+// saw; a value produced before it began is a hit even when its first GET found nothing (a lock wait for a value
+// another reader wrote earlier cannot produce one, but the rule does not depend on it).
+func TestReadWaited(t *testing.T) {
+	t.Parallel()
+	began := time.UnixMicro(1_764_650_000_000_000)
+	for _, tt := range []struct {
+		name       string
+		producedUS int64
+		first      int32
+		wantWaited bool
+		wantFound  bool
+	}{
+		{"produced before, found by GET", began.UnixMicro() - 1, firstGetFound, false, false},
+		{"produced before, no GET (process memory)", began.UnixMicro() - 5_000_000, firstGetNone, false, false},
+		{"produced at the start", began.UnixMicro(), firstGetMissing, false, false},
+		{"produced after, GET missed", began.UnixMicro() + 5_000, firstGetMissing, true, false},
+		{"produced after, no GET (coalesced in memory)", began.UnixMicro() + 5_000, firstGetNone, true, false},
+		// sturdyc's distributed-storage path: the first GET found a record older than refreshAfter and the read
+		// waited for its synchronous rebuild. The rule before issue 35 did not count it.
+		{"produced after, GET found a value then rebuilt", began.UnixMicro() + 5_000, firstGetFound, true, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			waited, found := readWaited(tt.producedUS, began, tt.first)
+			if waited != tt.wantWaited || found != tt.wantFound {
+				t.Errorf("readWaited: got waited %v, found %v; want %v, %v", waited, found, tt.wantWaited, tt.wantFound)
+			}
+		})
+	}
+}
