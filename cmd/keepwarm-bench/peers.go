@@ -25,6 +25,7 @@ import (
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // The peers scenario puts keepwarm beside the libraries a Go team would pick instead, in one run, on
@@ -96,7 +97,7 @@ func peersFlagSet(c *peersConfig, stderr io.Writer) (*flag.FlagSet, *string, *st
 	fs.IntVar(&c.workers, "workers", 64, "reading goroutines, all instances together (worker w reads through instance w mod N)")
 	fs.IntVar(&c.keys, "keys", 10000, "ids in the synthetic table (the Zipf keyspace)")
 	fs.IntVar(&c.hot, "hot", 100, "hot keys: the ids with the highest Zipf probability (the daemon's top_n is 2×hot)")
-	fs.DurationVar(&c.cost, "cost", 5*time.Millisecond, "extra time each origin query spends in pg_sleep (0: none), standing for a real query's work")
+	fs.DurationVar(&c.cost, "cost", 5*time.Millisecond, "database work per id: an origin query for n ids spends n × cost in pg_sleep (0: none), standing for a real query's work")
 	fs.DurationVar(&c.lockTTL, "lock-ttl", 5*time.Second, "lock TTL of every locking strategy (lockstep, redislock, redsync)")
 	fs.DurationVar(&c.refreshAhead, "refresh-ahead", 500*time.Millisecond, "the daemon's refresh_ahead (its lead is never less than 3× the rebuild p95, nor than statement_timeout 300ms + pool wait 100ms)")
 	fs.IntVar(&c.pgConns, "pg-conns", 4, "PostgreSQL connections per instance pool (and the daemon's)")
@@ -150,6 +151,8 @@ func parsePeers(args []string, stderr io.Writer) (peersConfig, error) {
 	check(c.lockTTL > c.cost, "--lock-ttl must exceed --cost")
 	check(c.refreshAhead > 0 && c.refreshAhead < c.ttl/2, "--refresh-ahead must be in (0, ttl/2)")
 	check(c.pgConns >= 1, "--pg-conns must be >= 1")
+	check(c.cost < 0 || daemonStatementTimeout(c.cost)+daemonPoolWait <= c.ttl/2,
+		"--cost too long for --ttl: the daemon's statement timeout (2 × a full batch's sleep) must fit in half the TTL")
 	check(c.redisPort >= 0 && c.redisPort < 65536, "--redis-port must be a port number")
 	var err error
 	if c.instances, err = parseInstances(*instances); err != nil {
@@ -261,6 +264,8 @@ type peersResult struct {
 	OriginHotFetches   int64            `json:"origin_hot_fetches"`
 	DaemonQueries      int64            `json:"daemon_queries"`
 	DaemonFetches      int64            `json:"daemon_fetches"`
+	OriginTime         time.Duration    `json:"origin_time_ns"` // time spent in the window's origin queries, summed over queries
+	DaemonOriginTime   time.Duration    `json:"daemon_origin_time_ns"`
 	OriginErrors       int64            `json:"origin_errors"`
 	SimultaneousHot    int64            `json:"simultaneous_hot_fetches"` // hot-id fetches that started while another fetch of that id was in flight
 	PerHotKeyPerTTL    float64          `json:"origin_per_hot_key_per_ttl"`
@@ -338,7 +343,7 @@ func peers(ctx context.Context, c peersConfig, stdout, stderr io.Writer) (*peers
 		rep.Configs = append(rep.Configs, peerConfig{Strategy: st.name, Library: st.library, Config: st.config(c)})
 	}
 	fmt.Fprintln(stdout, rep.Machine)
-	fmt.Fprintf(stdout, "peers: %s; PostgreSQL table %s.peers_value, %d ids, origin query by primary key + pg_sleep(%v)\n",
+	fmt.Fprintf(stdout, "peers: %s; PostgreSQL table %s.peers_value, %d ids, origin query by primary key + pg_sleep(%v × ids in the query)\n",
 		redisDesc, c.schema, c.keys, c.cost)
 	fmt.Fprintf(stdout, "load: Zipf s=%g, %.0f reads/s planned over %d workers (worker w reads through instance w mod N), TTL %v, jitter %g; %v warm-up + %v measured per cell, each cell from an empty cache\n",
 		c.skew, c.rate, c.workers, c.ttl, c.jitter, c.warmup, c.duration)
@@ -415,14 +420,15 @@ from generate_series(1, %d) g on conflict (id) do nothing`, s, e.c.keys),
 }
 
 // originQuery is a strategy's origin query: it returns each requested id's row, prefixed with PostgreSQL's
-// clock_timestamp() in microseconds and a space, after pg_sleep(cost). The view name sets it apart in
-// pg_stat_statements.
+// clock_timestamp() in microseconds and a space, after pg_sleep(cost × the number of ids asked for): database
+// work is modelled per id, so a daemon batch of 100 ids costs what 100 app misses cost. The view name sets it
+// apart in pg_stat_statements.
 func (e *peersEnv) originQuery(strategy string, daemon bool) string {
 	sleep := ""
 	if e.c.cost > 0 {
-		sleep = fmt.Sprintf(", (select pg_sleep(%g)) d", e.c.cost.Seconds())
+		sleep = fmt.Sprintf(", (select pg_sleep(%g * cardinality($1::text[]))) d", e.c.cost.Seconds())
 	}
-	return fmt.Sprintf(`select v.id, (extract(epoch from clock_timestamp()) * 1000000)::bigint::text || ' ' || v.value from %s.%s v%s where v.id = any($1)`,
+	return fmt.Sprintf(`select v.id, (extract(epoch from clock_timestamp()) * 1000000)::bigint::text || ' ' || v.value from %s.%s v%s where v.id = any($1::text[])`,
 		ident(e.c.schema), peerView(strategy, daemon), sleep)
 }
 
@@ -462,6 +468,7 @@ type originCounter struct {
 	dFetches         atomic.Int64
 	errs             atomic.Int64
 	simulHot         atomic.Int64
+	nanos, dNanos    atomic.Int64   // time spent in window queries (origin time), all and the daemon's, ns
 	perHot           []atomic.Int64 // window fetches of hot id i+1
 	hotInflight      []atomic.Int64 // fetches of hot id i+1 in flight now
 }
@@ -511,7 +518,9 @@ func (s countedSource) Fetch(ctx context.Context, ids []string) (map[string][]by
 			}
 		}
 	}
+	t0 := time.Now()
 	vals, missing, err := s.src.Fetch(ctx, ids)
+	took := int64(time.Since(t0))
 	for _, i := range hot {
 		o.hotInflight[i].Add(-1)
 	}
@@ -523,6 +532,7 @@ func (s countedSource) Fetch(ctx context.Context, ids []string) (map[string][]by
 			o.errs.Add(1)
 		}
 		o.queries.Add(1)
+		o.nanos.Add(took)
 		o.fetches.Add(int64(len(ids)))
 		o.hotFetches.Add(int64(len(hot)))
 		for _, i := range hot {
@@ -531,6 +541,7 @@ func (s countedSource) Fetch(ctx context.Context, ids []string) (map[string][]by
 		if s.daemon {
 			o.dQueries.Add(1)
 			o.dFetches.Add(int64(len(ids)))
+			o.dNanos.Add(took)
 		}
 	}
 	o.inflight.Add(-1)
@@ -548,13 +559,15 @@ func (e *peersEnv) source(pool *pgxpool.Pool, o *originCounter, strategy string,
 	return countedSource{o: o, src: src, daemon: daemon}, nil
 }
 
-// The daemon's origin bounds in this scenario ([postgres] statement_timeout and pool_wait_timeout of its config
-// file): the warmer's lead is never less than their sum, so they are kept short (the query takes about --cost)
-// to let refresh_ahead set the lead.
-const (
-	daemonStatementTimeout = 300 * time.Millisecond
-	daemonPoolWait         = 100 * time.Millisecond
-)
+// daemonPoolWait is the daemon's [postgres] pool_wait_timeout in this scenario: the warmer's lead is never less
+// than it plus statement_timeout (daemonStatementTimeout), so both are kept short to let refresh_ahead set the lead.
+const daemonPoolWait = 100 * time.Millisecond
+
+// daemonStatementTimeout is the daemon's [postgres] statement_timeout for cost per id: 300ms, or twice what a
+// full batch (warmer.DefaultBatchSize ids) sleeps when that is longer, so that a batch is never cut short.
+func daemonStatementTimeout(cost time.Duration) time.Duration {
+	return max(300*time.Millisecond, 2*time.Duration(warmer.DefaultBatchSize)*cost)
+}
 
 // jitterTTL returns a TTL drawn from [ttl, ttl×(1+jitter)) with lockstep.Jitter, the formula lockstep and the
 // warmer write TTLs with.
@@ -857,6 +870,7 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 	res.OriginQueries, res.OriginFetches, res.OriginHotFetches = o.queries.Load(), o.fetches.Load(), o.hotFetches.Load()
 	res.DaemonQueries, res.DaemonFetches, res.OriginErrors = o.dQueries.Load(), o.dFetches.Load(), o.errs.Load()
 	res.SimultaneousHot = o.simulHot.Load()
+	res.OriginTime, res.DaemonOriginTime = time.Duration(o.nanos.Load()), time.Duration(o.dNanos.Load())
 	periods := c.duration.Seconds() / c.ttl.Seconds()
 	res.PerHotKeyPerTTL = float64(res.OriginHotFetches) / (float64(c.hot) * periods)
 	for i := range o.perHot {
@@ -891,11 +905,12 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 func printPeers(w io.Writer, rep *peersReport) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\tN\treads\treads/s\terrors\tmisses\tof which GET found\thot reads\thot misses\torigin/hot key/TTL\tworst hot key\tsimultaneous hot\torigin queries (daemon)\tcell queries: counted\tpg_stat_statements\tp50\tp99\tp99.9\thot p99\tplain-hit p99\thot p99 ratio\tcmds/read\theap/instance\tvalue age p99\tmax\t")
+	fmt.Fprintln(tw, "strategy\tN\treads\treads/s\terrors\tmisses\tof which GET found\thot reads\thot misses\torigin/hot key/TTL\tworst hot key\tsimultaneous hot\torigin queries (daemon)\torigin s (daemon)\tcell queries: counted\tpg_stat_statements\tp50\tp99\tp99.9\thot p99\tplain-hit p99\thot p99 ratio\tcmds/read\theap/instance\tvalue age p99\tmax\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.2f\t%d\t%d (%d)\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.2f\t%d\t%d (%d)\t%.1f (%.1f)\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
 			r.Strategy, r.Instances, r.Reads, r.ReadsPerS, r.Errors, r.Misses, r.FoundMisses, r.HotReads, r.HotMisses,
 			r.PerHotKeyPerTTL, r.MaxPerHotKeyPerTTL, r.SimultaneousHot, r.OriginQueries, r.DaemonQueries,
+			r.OriginTime.Seconds(), r.DaemonOriginTime.Seconds(),
 			r.CellQueries, r.CellPGSS, benchload.Dur(r.Latency.P50), benchload.Dur(r.Latency.P99), benchload.Dur(r.Latency.P999),
 			benchload.Dur(r.HotLatency.P99), benchload.Dur(r.Baseline.P99), ratio(r.HotLatency.P99, r.Baseline.P99), r.CommandsPerRead,
 			bytesIEC(r.HeapPerInstance), benchload.Dur(r.Age.P99), benchload.Dur(r.Age.Max))
@@ -907,7 +922,8 @@ the hot id fetched most. misses: reads that returned a value produced by an orig
 began (they waited for it), whatever path they took; of which GET found: those whose first Redis GET found a value
 that the library then rebuilt before answering (not counted before issue 35); hot reads, hot misses: the same for
 hot ids; errors: reads that returned an error. simultaneous hot: fetches of a hot id that started while another fetch of
-it was in flight. origin queries (daemon): origin queries in the window, the daemon's share in parentheses.
+it was in flight. origin queries (daemon): origin queries in the window, the daemon's share in parentheses; origin s (daemon): the
+seconds those queries took, summed (each sleeps --cost per id it asks for, so a batch of n ids costs n ids' work).
 cell queries: origin queries the wrapper counted from before the first instance
 started to after the last stopped, against pg_stat_statements' calls over the same span. p50..p99.9: every read;
 hot p99: reads of hot ids, over the plain-hit p99 of the same window. cmds/read: INFO commandstats calls in the

@@ -293,3 +293,50 @@ func TestReadWaited(t *testing.T) {
 		})
 	}
 }
+
+// TestOriginCostPerID: an origin query for n ids sleeps n × --cost, and the counting wrapper sums the time spent
+// in window queries (origin time), the daemon's apart.
+func TestOriginCostPerID(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	const cost = 20 * time.Millisecond
+	e := &peersEnv{c: peersConfig{services: services{schema: schema}, keys: 20, cost: cost, lockTTL: 5 * time.Second}, pool: pool}
+	ctx := context.Background()
+	if err := e.setupDB(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := newOriginCounter(1)
+	now := time.Now()
+	o.setWindow(now.Add(-time.Minute), now.Add(time.Minute))
+	app, err := e.source(pool, o, "lockstep", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon, err := e.source(pool, o, "keepwarm", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		src  countedSource
+		ids  []string
+	}{
+		{"app, one id", app, []string{"3"}},
+		{"daemon, a batch of 8", daemon, []string{"1", "2", "3", "4", "5", "6", "7", "8"}},
+	} {
+		t0 := time.Now()
+		vals, missing, err := tt.src.Fetch(ctx, tt.ids)
+		took := time.Since(t0)
+		if err != nil || len(vals) != len(tt.ids) || len(missing) != 0 {
+			t.Fatalf("%s: got %d values, missing %v, error %v; want %d values", tt.name, len(vals), missing, err, len(tt.ids))
+		}
+		if want := time.Duration(len(tt.ids)) * cost; took < want || took > want+cost*5 {
+			t.Errorf("%s: took %v, want about %v (%d ids × %v)", tt.name, took, want, len(tt.ids), cost)
+		}
+	}
+	all, d := time.Duration(o.nanos.Load()), time.Duration(o.dNanos.Load())
+	if all < 9*cost || d < 8*cost || d >= all {
+		t.Errorf("origin time: got %v, daemon's %v; want at least 9 × %v, the daemon's at least 8 × and less than all", all, d, cost)
+	}
+}

@@ -481,7 +481,7 @@ min_score = 1.0
 query = """
 %s
 """
-`, url, notifications, dsn, c.pgConns, daemonStatementTimeout.String(), daemonPoolWait.String(), ks, key,
+`, url, notifications, dsn, c.pgConns, daemonStatementTimeout(c.cost).String(), daemonPoolWait.String(), ks, key,
 		c.ttl.String(), c.jitter, c.refreshAhead.String(), c.lockTTL.String(), 2*c.hot, query)
 }
 
