@@ -78,6 +78,8 @@ type peersConfig struct {
 	svg          string
 	jsonPath     string
 	seed         uint64
+	rounds       int
+	orderSeed    uint64 // 0 until parsePeers picks one from the clock
 }
 
 func peersFlagSet(c *peersConfig, stderr io.Writer) (*flag.FlagSet, *string, *string) {
@@ -105,6 +107,8 @@ func peersFlagSet(c *peersConfig, stderr io.Writer) (*flag.FlagSet, *string, *st
 	fs.StringVar(&c.svg, "svg", "", "write the plot (origin queries per hot key per TTL, hot p99 ratio, against N) to this SVG file")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.Uint64Var(&c.seed, "seed", 1, "random seed of the readers' ids and pacing")
+	fs.IntVar(&c.rounds, "rounds", 3, "rounds: every cell runs once per round, the strategies in a new order each round; the summary gives each figure's median and min–max")
+	fs.Uint64Var(&c.orderSeed, "order-seed", 0, "random seed of the strategies' order in each round (0: one from the clock; the run prints it)")
 	return fs, instances, strategies
 }
 
@@ -151,6 +155,7 @@ func parsePeers(args []string, stderr io.Writer) (peersConfig, error) {
 	check(c.lockTTL > c.cost, "--lock-ttl must exceed --cost")
 	check(c.refreshAhead > 0 && c.refreshAhead < c.ttl/2, "--refresh-ahead must be in (0, ttl/2)")
 	check(c.pgConns >= 1, "--pg-conns must be >= 1")
+	check(c.rounds >= 1, "--rounds must be >= 1")
 	check(c.cost < 0 || daemonStatementTimeout(c.cost)+daemonPoolWait <= c.ttl/2,
 		"--cost too long for --ttl: the daemon's statement timeout (2 × a full batch's sleep) must fit in half the TTL")
 	check(c.redisPort >= 0 && c.redisPort < 65536, "--redis-port must be a port number")
@@ -181,7 +186,19 @@ func parsePeers(args []string, stderr io.Writer) (peersConfig, error) {
 	if len(problems) > 0 {
 		return c, usageError{errors.New(strings.Join(problems, "; "))}
 	}
+	if c.orderSeed == 0 {
+		c.orderSeed = uint64(time.Now().UnixNano())
+	}
 	return c, nil
+}
+
+// roundOrder returns the strategies in the order round runs them: a shuffle of sts seeded by (seed, round), so
+// that no strategy always runs first or last and the same seed gives the same orders again.
+func roundOrder(sts []peerStrategy, seed uint64, round int) []peerStrategy {
+	out := slices.Clone(sts)
+	r := rand.New(rand.NewPCG(seed, uint64(round)))
+	r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
 }
 
 // parseInstances parses "1,4,16": positive fleet sizes, each at most 256, none twice.
@@ -214,23 +231,27 @@ func runPeers(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // peersReport is one run: every cell, measured in the same invocation.
 type peersReport struct {
-	Machine      machine       `json:"machine"`
-	Started      time.Time     `json:"started"`
-	Redis        string        `json:"redis"` // "private redis-server" or the shared URL's host
-	TTL          time.Duration `json:"ttl_ns"`
-	Jitter       float64       `json:"jitter"`
-	Skew         float64       `json:"skew"`
-	Keys         int           `json:"keys"`
-	Hot          int           `json:"hot"`
-	HotShare     float64       `json:"hot_share"` // the Zipf probability mass of the hot ids, in [0, 1]
-	Rate         float64       `json:"planned_reads_per_s"`
-	Workers      int           `json:"workers"`
-	Cost         time.Duration `json:"origin_cost_ns"`
-	Duration     time.Duration `json:"duration_ns"`
-	Warmup       time.Duration `json:"warmup_ns"`
-	Configs      []peerConfig  `json:"configs"`
-	Results      []peersResult `json:"results"`
-	HotDefinedAs string        `json:"hot_defined_as"`
+	Machine      machine        `json:"machine"`
+	Started      time.Time      `json:"started"`
+	Redis        string         `json:"redis"` // "private redis-server" or the shared URL's host
+	TTL          time.Duration  `json:"ttl_ns"`
+	Jitter       float64        `json:"jitter"`
+	Skew         float64        `json:"skew"`
+	Keys         int            `json:"keys"`
+	Hot          int            `json:"hot"`
+	HotShare     float64        `json:"hot_share"` // the Zipf probability mass of the hot ids, in [0, 1]
+	Rate         float64        `json:"planned_reads_per_s"`
+	Workers      int            `json:"workers"`
+	Cost         time.Duration  `json:"origin_cost_ns"`
+	Duration     time.Duration  `json:"duration_ns"`
+	Warmup       time.Duration  `json:"warmup_ns"`
+	Configs      []peerConfig   `json:"configs"`
+	Rounds       int            `json:"rounds"`
+	OrderSeed    uint64         `json:"order_seed"`
+	Orders       [][]string     `json:"orders"` // the strategies' order in each round
+	Results      []peersResult  `json:"results"`
+	Summary      []peersSummary `json:"summary"`
+	HotDefinedAs string         `json:"hot_defined_as"`
 }
 
 // peerConfig is how one strategy was configured, as printed.
@@ -244,6 +265,7 @@ type peerConfig struct {
 type peersResult struct {
 	Strategy  string  `json:"strategy"`
 	Instances int     `json:"instances"`
+	Round     int     `json:"round"` // 1-based
 	Reads     int64   `json:"reads"`
 	ReadsPerS float64 `json:"reads_per_s"`
 	Errors    int64   `json:"errors"`
@@ -336,7 +358,7 @@ func peers(ctx context.Context, c peersConfig, stdout, stderr io.Writer) (*peers
 	}
 	rep := &peersReport{Machine: describeMachine(ctx, e.ctl, e.pool), Started: time.Now(), Redis: redisDesc,
 		TTL: c.ttl, Jitter: c.jitter, Skew: c.skew, Keys: c.keys, Hot: c.hot, HotShare: zipfShare(c.skew, c.keys, c.hot),
-		Rate: c.rate, Workers: c.workers, Cost: c.cost, Duration: c.duration, Warmup: c.warmup}
+		Rate: c.rate, Workers: c.workers, Cost: c.cost, Duration: c.duration, Warmup: c.warmup, Rounds: c.rounds, OrderSeed: c.orderSeed}
 	rep.HotDefinedAs = fmt.Sprintf("the %d ids of highest Zipf(s=%g) probability over %d ids (ids 1..%d), %.1f%% of reads",
 		c.hot, c.skew, c.keys, c.hot, 100*rep.HotShare)
 	for _, st := range c.strategies {
@@ -352,16 +374,33 @@ func peers(ctx context.Context, c peersConfig, stdout, stderr io.Writer) (*peers
 	for _, pc := range rep.Configs {
 		fmt.Fprintf(stdout, "  %-15s %s: %s\n", pc.Strategy, pc.Library, pc.Config)
 	}
-	for _, st := range c.strategies {
+	orders := make([][]peerStrategy, c.rounds)
+	for i := range orders {
+		orders[i] = roundOrder(c.strategies, c.orderSeed, i+1)
+		var names []string
+		for _, st := range orders[i] {
+			names = append(names, st.name)
+		}
+		rep.Orders = append(rep.Orders, names)
+	}
+	fmt.Fprintf(stdout, "rounds: %d, each cell once per round; order seed %d (--order-seed %d repeats these orders):\n", c.rounds, c.orderSeed, c.orderSeed)
+	for i, names := range rep.Orders {
+		fmt.Fprintf(stdout, "  round %d: %s\n", i+1, strings.Join(names, ", "))
+	}
+	for round, order := range orders {
 		for _, n := range c.instances {
-			fmt.Fprintf(stderr, "peers: %s with %d instances for %v (+%v warm-up)\n", st.name, n, c.duration, c.warmup)
-			res, err := e.runCell(ctx, st, n)
-			if err != nil {
-				return nil, fmt.Errorf("%s, %d instances: %w", st.name, n, err)
+			for _, st := range order {
+				fmt.Fprintf(stderr, "peers: round %d/%d: %s with %d instances for %v (+%v warm-up)\n", round+1, c.rounds, st.name, n, c.duration, c.warmup)
+				res, err := e.runCell(ctx, st, n)
+				if err != nil {
+					return nil, fmt.Errorf("round %d, %s, %d instances: %w", round+1, st.name, n, err)
+				}
+				res.Round = round + 1
+				rep.Results = append(rep.Results, *res)
 			}
-			rep.Results = append(rep.Results, *res)
 		}
 	}
+	rep.Summary = summarizePeers(rep)
 	printPeers(stdout, rep)
 	return rep, nil
 }
@@ -905,10 +944,10 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 func printPeers(w io.Writer, rep *peersReport) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\tN\treads\treads/s\terrors\tmisses\tof which GET found\thot reads\thot misses\torigin/hot key/TTL\tworst hot key\tsimultaneous hot\torigin queries (daemon)\torigin s (daemon)\tcell queries: counted\tpg_stat_statements\tp50\tp99\tp99.9\thot p99\tplain-hit p99\thot p99 ratio\tcmds/read\theap/instance\tvalue age p99\tmax\t")
+	fmt.Fprintln(tw, "strategy\tN\tround\treads\treads/s\terrors\tmisses\tof which GET found\thot reads\thot misses\torigin/hot key/TTL\tworst hot key\tsimultaneous hot\torigin queries (daemon)\torigin s (daemon)\tcell queries: counted\tpg_stat_statements\tp50\tp99\tp99.9\thot p99\tplain-hit p99\thot p99 ratio\tcmds/read\theap/instance\tvalue age p99\tmax\t")
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.2f\t%d\t%d (%d)\t%.1f (%.1f)\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
-			r.Strategy, r.Instances, r.Reads, r.ReadsPerS, r.Errors, r.Misses, r.FoundMisses, r.HotReads, r.HotMisses,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%d\t%d\t%d\t%d\t%d\t%.3f\t%.2f\t%d\t%d (%d)\t%.1f (%.1f)\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t\n",
+			r.Strategy, r.Instances, r.Round, r.Reads, r.ReadsPerS, r.Errors, r.Misses, r.FoundMisses, r.HotReads, r.HotMisses,
 			r.PerHotKeyPerTTL, r.MaxPerHotKeyPerTTL, r.SimultaneousHot, r.OriginQueries, r.DaemonQueries,
 			r.OriginTime.Seconds(), r.DaemonOriginTime.Seconds(),
 			r.CellQueries, r.CellPGSS, benchload.Dur(r.Latency.P50), benchload.Dur(r.Latency.P99), benchload.Dur(r.Latency.P999),
@@ -933,26 +972,27 @@ read end − the origin query's clock_timestamp().
 `)
 	for _, r := range rep.Results {
 		if r.FirstError != "" {
-			fmt.Fprintf(w, "%s N=%d: first error: %s\n", r.Strategy, r.Instances, r.FirstError)
+			fmt.Fprintf(w, "%s N=%d round %d: first error: %s\n", r.Strategy, r.Instances, r.Round, r.FirstError)
 		}
-		if r.Strategy == "keepwarm" && len(r.HotMissSamples) > 0 {
+		if strings.Contains(r.Strategy, "keepwarm") && len(r.HotMissSamples) > 0 {
 			var ms []string
 			for _, m := range r.HotMissSamples {
 				ms = append(ms, fmt.Sprintf("id %s at %.2fs (%s)", m.ID, m.At.Seconds(), benchload.Dur(m.Took)))
 			}
-			fmt.Fprintf(w, "%s N=%d: hot misses: %s\n", r.Strategy, r.Instances, strings.Join(ms, ", "))
+			fmt.Fprintf(w, "%s N=%d round %d: hot misses: %s\n", r.Strategy, r.Instances, r.Round, strings.Join(ms, ", "))
 		}
 		if r.Daemon != nil {
-			fmt.Fprintf(w, "%s N=%d: the warmer's refreshes by result: %v\n", r.Strategy, r.Instances, r.Daemon)
+			fmt.Fprintf(w, "%s N=%d round %d: the warmer's refreshes by result: %v\n", r.Strategy, r.Instances, r.Round, r.Daemon)
 		}
 		if r.CellPGSS >= 0 && r.CellPGSS != r.CellQueries {
-			fmt.Fprintf(w, "%s N=%d: the wrapper counted %d origin queries, pg_stat_statements %d\n", r.Strategy, r.Instances, r.CellQueries, r.CellPGSS)
+			fmt.Fprintf(w, "%s N=%d round %d: the wrapper counted %d origin queries, pg_stat_statements %d\n", r.Strategy, r.Instances, r.Round, r.CellQueries, r.CellPGSS)
 		}
 	}
-	// The issue's acceptance, for the daemon at the largest N.
-	var best *peersResult
-	for i := range rep.Results {
-		r := &rep.Results[i]
+	printPeersSummary(w, rep)
+	// The targets, for the daemon at the largest N, on the medians over the rounds.
+	var best *peersSummary
+	for i := range rep.Summary {
+		r := &rep.Summary[i]
 		if r.Strategy == "keepwarm" && (best == nil || r.Instances > best.Instances) {
 			best = r
 		}
@@ -962,10 +1002,9 @@ read end − the origin query's clock_timestamp().
 			fmt.Fprintf(w, "\nkeepwarm targets: not judged: the window, %v, is shorter than two TTLs, so few hot keys expired in it and the per-TTL figures above mean little\n", rep.Duration)
 			return
 		}
-		rt := ratio(best.HotLatency.P99, best.Baseline.P99)
-		fmt.Fprintf(w, "\nkeepwarm targets at N = %d: origin queries per hot key per TTL %.3f (want <= 1.05) %s; hot-key misses %d (want 0) %s; hot p99 %s vs plain-hit p99 %s: ratio %.2f (want <= 1.2) %s\n",
-			best.Instances, best.PerHotKeyPerTTL, mark(best.PerHotKeyPerTTL <= 1.05), best.HotMisses, mark(best.HotMisses == 0),
-			benchload.Dur(best.HotLatency.P99), benchload.Dur(best.Baseline.P99), rt, mark(rt > 0 && rt <= 1.2))
+		fmt.Fprintf(w, "\nkeepwarm targets at N = %d, medians of %d round(s): origin queries per hot key per TTL %.3f (want <= 1.05) %s; hot waits %.3f%% (want 0) %s; hot p99 ratio to a plain hit %.2f (want <= 1.2) %s\n",
+			best.Instances, best.Rounds, best.PerHotKeyPerTTL.Median, mark(best.PerHotKeyPerTTL.Median <= 1.05), best.HotWaitPct.Median, mark(best.HotWaitPct.Median == 0),
+			best.HotP99Ratio.Median, mark(best.HotP99Ratio.Median > 0 && best.HotP99Ratio.Median <= 1.2))
 	}
 }
 
@@ -982,22 +1021,23 @@ func bytesIEC(b float64) string {
 	return strconv.FormatFloat(b, 'f', 0, 64) + " B"
 }
 
-// peersSVG draws origin queries per hot key per TTL and the hot p99 ratio against N, one line per strategy.
+// peersSVG draws origin queries per hot key per TTL and the hot p99 ratio against N, one line per strategy: the
+// medians over the rounds.
 func peersSVG(rep *peersReport) []byte {
 	var origin, lat []svgSeries
 	ymaxO, ymaxL, xmax := 1.2, 1.5, 1.0
 	for i, pc := range rep.Configs {
 		so := svgSeries{name: pc.Strategy, color: palette[i%len(palette)], dashed: i >= len(palette)}
 		sl := so
-		for _, r := range rep.Results {
+		for _, r := range rep.Summary {
 			if r.Strategy != pc.Strategy {
 				continue
 			}
 			x := float64(r.Instances)
-			rt := ratio(r.HotLatency.P99, r.Baseline.P99)
-			so.pts = append(so.pts, [2]float64{x, r.PerHotKeyPerTTL})
+			o, rt := r.PerHotKeyPerTTL.Median, r.HotP99Ratio.Median
+			so.pts = append(so.pts, [2]float64{x, o})
 			sl.pts = append(sl.pts, [2]float64{x, rt})
-			ymaxO, ymaxL, xmax = max(ymaxO, r.PerHotKeyPerTTL*1.1), max(ymaxL, rt*1.1), max(xmax, x)
+			ymaxO, ymaxL, xmax = max(ymaxO, o*1.1), max(ymaxL, rt*1.1), max(xmax, x)
 		}
 		origin, lat = append(origin, so), append(lat, sl)
 	}

@@ -30,10 +30,19 @@ func TestParsePeers(t *testing.T) {
 			if got, want := len(c.strategies), len(peerStrategies); got != want {
 				t.Errorf("strategies: got %d, want all %d", got, want)
 			}
+			if c.rounds != 3 || c.orderSeed == 0 {
+				t.Errorf("rounds %d, order seed %d: want 3 and a seed picked from the clock", c.rounds, c.orderSeed)
+			}
 			if c.ttl != 10*time.Second || c.jitter != 0.1 || c.skew != 1.1 || c.duration != 2*time.Minute {
 				t.Errorf("ttl %v jitter %g skew %g duration %v: want 10s, 0.1, 1.1, 2m", c.ttl, c.jitter, c.skew, c.duration)
 			}
 		}},
+		{name: "rounds and order seed", args: []string{"--rounds", "5", "--order-seed", "42"}, check: func(t *testing.T, c peersConfig) {
+			if c.rounds != 5 || c.orderSeed != 42 {
+				t.Errorf("rounds %d, order seed %d: want 5, 42", c.rounds, c.orderSeed)
+			}
+		}},
+		{name: "rounds zero", args: []string{"--rounds", "0"}, wantErr: "--rounds must be >= 1"},
 		{name: "quick", args: []string{"--quick"}, check: func(t *testing.T, c peersConfig) {
 			if c.duration != 30*time.Second || c.warmup != 10*time.Second {
 				t.Errorf("duration %v warmup %v: want 30s and 10s", c.duration, c.warmup)
@@ -210,7 +219,7 @@ func TestPeersRuns(t *testing.T) {
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	var stdout, stderr bytes.Buffer
 	c, err := parsePeers([]string{"--instances", "1,2", "--duration", "2s", "--warmup", "1s", "--rate", "400",
-		"--workers", "8", "--keys", "300", "--hot", "10", "--cost", "1ms", "--schema", schema,
+		"--workers", "8", "--keys", "300", "--hot", "10", "--cost", "1ms", "--rounds", "1", "--schema", schema,
 		"--postgres", testenv.PostgresURL()}, &stderr)
 	if err != nil {
 		t.Fatalf("parse flags: %v", err)
@@ -338,5 +347,89 @@ func TestOriginCostPerID(t *testing.T) {
 	all, d := time.Duration(o.nanos.Load()), time.Duration(o.dNanos.Load())
 	if all < 9*cost || d < 8*cost || d >= all {
 		t.Errorf("origin time: got %v, daemon's %v; want at least 9 × %v, the daemon's at least 8 × and less than all", all, d, cost)
+	}
+}
+
+// TestRoundOrder: the same seed and round give the same order, every order is a permutation of the strategies, and
+// over a few rounds the order changes, so no strategy always runs first or last.
+func TestRoundOrder(t *testing.T) {
+	t.Parallel()
+	names := func(sts []peerStrategy) []string {
+		var out []string
+		for _, st := range sts {
+			out = append(out, st.name)
+		}
+		return out
+	}
+	all := names(peerStrategies)
+	firsts, lasts := map[string]bool{}, map[string]bool{}
+	for round := 1; round <= 8; round++ {
+		a, b := names(roundOrder(peerStrategies, 7, round)), names(roundOrder(peerStrategies, 7, round))
+		if !slices.Equal(a, b) {
+			t.Errorf("round %d, seed 7: got %v, then %v; want the same order twice", round, a, b)
+		}
+		if got := slices.Sorted(slices.Values(a)); !slices.Equal(got, slices.Sorted(slices.Values(all))) {
+			t.Errorf("round %d: got %v, want a permutation of %v", round, a, all)
+		}
+		firsts[a[0]], lasts[a[len(a)-1]] = true, true
+	}
+	if len(firsts) < 2 || len(lasts) < 2 {
+		t.Errorf("over 8 rounds: first strategies %v, last %v; want the order to change", firsts, lasts)
+	}
+	if a, b := names(roundOrder(peerStrategies, 7, 1)), names(roundOrder(peerStrategies, 8, 1)); slices.Equal(a, b) && slices.Equal(names(roundOrder(peerStrategies, 7, 2)), names(roundOrder(peerStrategies, 8, 2))) {
+		t.Errorf("seeds 7 and 8 gave the same orders %v: want the seed to matter", a)
+	}
+	if got := names(peerStrategies); !slices.Equal(got, all) {
+		t.Errorf("roundOrder changed its argument: %v", got)
+	}
+}
+
+// TestSpreadOf: the median (the middle value, or the mean of the two middle ones) and the range, whatever the
+// input order; the format shows the range only for several rounds.
+func TestSpreadOf(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		xs   []float64
+		want spread
+	}{
+		{"none", nil, spread{}},
+		{"one", []float64{4}, spread{4, 4, 4}},
+		{"three, unsorted", []float64{9, 1, 5}, spread{5, 1, 9}},
+		{"four: mean of the middle two", []float64{10, 1, 4, 2}, spread{3, 1, 10}},
+		{"an outlier moves the range, not the median", []float64{1, 1.2, 1.1, 40, 1.05}, spread{1.1, 1, 40}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := spreadOf(tt.xs); got != tt.want {
+				t.Errorf("spreadOf(%v): got %+v, want %+v", tt.xs, got, tt.want)
+			}
+		})
+	}
+	if got, want := (spread{3, 1, 10}).format("%.1f", 3), "3.0 [1.0–10.0]"; got != want {
+		t.Errorf("format, 3 rounds: got %q, want %q", got, want)
+	}
+	if got, want := (spread{3, 3, 3}).format("%.1f", 1), "3.0"; got != want {
+		t.Errorf("format, 1 round: got %q, want %q", got, want)
+	}
+}
+
+// TestSummarizePeers: cells are grouped by strategy and N over the rounds, in the configurations' order.
+func TestSummarizePeers(t *testing.T) {
+	t.Parallel()
+	rep := &peersReport{Configs: []peerConfig{{Strategy: "b"}, {Strategy: "a"}}}
+	for round, hot := range []int64{4, 0, 2} {
+		rep.Results = append(rep.Results,
+			peersResult{Strategy: "a", Instances: 4, Round: round + 1, HotReads: 1000, HotMisses: hot, Reads: 2000, Misses: 2 * hot},
+			peersResult{Strategy: "b", Instances: 4, Round: round + 1, HotReads: 1000, Reads: 2000, OriginTime: time.Duration(round+1) * time.Second})
+	}
+	got := summarizePeers(rep)
+	if len(got) != 2 || got[0].Strategy != "b" || got[1].Strategy != "a" || got[0].Rounds != 3 {
+		t.Fatalf("got %+v, want b then a, 3 rounds each", got)
+	}
+	if want := (spread{0.2, 0, 0.4}); got[1].HotWaitPct != want {
+		t.Errorf("a's hot waits %%: got %+v, want %+v", got[1].HotWaitPct, want)
+	}
+	if want := (spread{2, 1, 3}); got[0].OriginSeconds != want {
+		t.Errorf("b's origin seconds: got %+v, want %+v", got[0].OriginSeconds, want)
 	}
 }
