@@ -422,7 +422,7 @@ func zipfShare(s float64, keys, hot int) float64 {
 // peerView returns the name of the view a strategy's queries read (one per strategy and side, so that
 // pg_stat_statements counts them apart).
 func peerView(strategy string, daemon bool) string {
-	v := "peers_v_" + strings.ReplaceAll(strategy, "-", "_")
+	v := "peers_v_" + strings.NewReplacer("-", "_", "+", "_").Replace(strategy)
 	if daemon {
 		v += "_daemon"
 	}
@@ -989,6 +989,7 @@ read end − the origin query's clock_timestamp().
 		}
 	}
 	printPeersSummary(w, rep)
+	printNearAcceptance(w, rep)
 	// The targets, for the daemon at the largest N, on the medians over the rounds.
 	var best *peersSummary
 	for i := range rep.Summary {

@@ -125,3 +125,35 @@ func printPeersSummary(w io.Writer, rep *peersReport) {
 reads; origin s: seconds spent in origin queries in the window (app and daemon); the other columns as in the
 per-round table above.`)
 }
+
+// printNearAcceptance prints issue 35's acceptance figures for the row lockstep+near+keepwarm at the largest N,
+// medians over the rounds, beside sturdyc's when it ran: hot p99 at most sturdyc's, oldest value read at most
+// TTL × (1 + jitter) + 100ms, hot waits at most 0.02%, origin queries per hot key per TTL at most 1.05. The issue
+// judges them on a quiet machine only.
+func printNearAcceptance(w io.Writer, rep *peersReport) {
+	var near, sturdy *peersSummary
+	for i := range rep.Summary {
+		r := &rep.Summary[i]
+		if r.Strategy == "lockstep+near+keepwarm" && (near == nil || r.Instances > near.Instances) {
+			near = r
+		}
+	}
+	if near == nil {
+		return
+	}
+	for i := range rep.Summary {
+		if r := &rep.Summary[i]; r.Strategy == "sturdyc" && r.Instances == near.Instances {
+			sturdy = r
+		}
+	}
+	maxAge := float64(time.Duration(float64(rep.TTL)*(1+rep.Jitter))+100*time.Millisecond) / float64(time.Millisecond)
+	p99 := "no sturdyc row at this N"
+	if sturdy != nil {
+		p99 = fmt.Sprintf("sturdyc's %.2f ms: %s", sturdy.HotP99Ms.Median, mark(near.HotP99Ms.Median <= sturdy.HotP99Ms.Median))
+	}
+	fmt.Fprintf(w, "\nissue 35 acceptance, lockstep+near+keepwarm at N = %d, medians of %d round(s) (to be judged on a quiet machine): "+
+		"hot p99 %.2f ms vs %s; oldest value read %.0f ms (want <= %.0f) %s; hot waits %.3f%% (want <= 0.02%%) %s; "+
+		"origin queries per hot key per TTL %.3f (want <= 1.05) %s\n",
+		near.Instances, near.Rounds, near.HotP99Ms.Median, p99, near.AgeMaxMs.Median, maxAge, mark(near.AgeMaxMs.Median <= maxAge),
+		near.HotWaitPct.Median, mark(near.HotWaitPct.Median <= 0.02), near.PerHotKeyPerTTL.Median, mark(near.PerHotKeyPerTTL.Median <= 1.05))
+}

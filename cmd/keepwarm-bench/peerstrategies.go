@@ -42,8 +42,11 @@ var peerStrategies = []peerStrategy{
 	{"go-redis-cache", "github.com/go-redis/cache/v9 v9.0.0", goRedisCacheConfig, goRedisCacheStrategy},
 	{"redislock", "github.com/bsm/redislock v0.9.4", lockedConfig("redislock"), lockedStrategy(redislockLocker)},
 	{"redsync", "github.com/go-redsync/redsync/v4 v4.18.1", lockedConfig("redsync"), lockedStrategy(redsyncLocker)},
-	{"lockstep", "lockstep (this module), no daemon", lockstepConfig(false), lockstepPeer(false)},
-	{"keepwarm", "lockstep + the keepwarm warmer (in-process)", lockstepConfig(true), lockstepPeer(true)},
+	{"lockstep", "lockstep (this module), no daemon", lockstepConfig(lockstepMode{}), lockstepPeer(lockstepMode{})},
+	{"keepwarm", "lockstep + the keepwarm warmer (in-process)", lockstepConfig(lockstepMode{daemon: true}), lockstepPeer(lockstepMode{daemon: true})},
+	{"lockstep+near", "lockstep (this module) with its near cache, no daemon", lockstepConfig(lockstepMode{near: true}), lockstepPeer(lockstepMode{near: true})},
+	{"lockstep+near+keepwarm", "lockstep with its near cache + the keepwarm warmer (in-process)", lockstepConfig(lockstepMode{near: true, daemon: true}),
+		lockstepPeer(lockstepMode{near: true, daemon: true})},
 }
 
 // peerByName returns the peer strategy called name.
@@ -380,14 +383,37 @@ func lockedStrategy(newLocker func(*redis.Client) locker) func(context.Context, 
 
 // --- lockstep, alone and with the daemon ----------------------------------------------------------------------
 
+// lockstepMode is which lockstep row: with the daemon's warmer, with the near cache.
+type lockstepMode struct {
+	daemon, near bool
+}
+
+// nearCacheFor is the near cache of the near rows: 64 MiB and a hard age bound of ttl/2 (docs/protocol.md
+// §7.2's example, 64 MiB and 5s, at the default 10s TTL), MaxLag at its default.
+func nearCacheFor(ttl time.Duration) lockstep.NearCache {
+	return lockstep.NearCache{MaxBytes: 64 << 20, MaxStaleness: ttl / 2}
+}
+
 // lockstepConfig describes the README's options ("Using lockstep in an application"): jitter, a stale copy of 10
 // minutes, XFetch β = 1, and with the daemon access recording, at 1 rather than the README's 0.1: the counts are
 // batched per id per flush, so sampling saves little Redis work here, and full counts let the daemon learn the
-// hot set within a few polls rather than a few TTLs.
-func lockstepConfig(daemon bool) func(c peersConfig) string {
+// hot set within a few polls rather than a few TTLs. With the near cache, XFetch is off: lockstep refuses the two
+// together (XFetch decides on reads that reach Redis, and near hits would hide them).
+func lockstepConfig(m lockstepMode) func(c peersConfig) string {
 	return func(c peersConfig) string {
-		s := fmt.Sprintf("lockstep.New(client, keyspace, keys, load, ttl %v, WithJitter(%g), WithStale(10m), WithXFetch(1), WithLockTTL(%v)", c.ttl, c.jitter, c.lockTTL)
-		if !daemon {
+		s := fmt.Sprintf("lockstep.New(client, keyspace, keys, load, ttl %v, WithJitter(%g), WithStale(10m), ", c.ttl, c.jitter)
+		if m.near {
+			n := nearCacheFor(c.ttl)
+			s += fmt.Sprintf("WithNearCache(NearCache{MaxBytes: %s, MaxStaleness: %v, MaxLag: %v (the default)}) (no XFetch: lockstep refuses it with a near cache), ",
+				bytesIEC(float64(n.MaxBytes)), n.MaxStaleness, lockstep.DefaultNearMaxLag)
+		} else {
+			s += "WithXFetch(1), "
+		}
+		s += fmt.Sprintf("WithLockTTL(%v)", c.lockTTL)
+		if !m.daemon {
+			if m.near {
+				return s + "); hot values in process memory, invalidated by Redis (broadcast tracking on one connection of its own per instance)"
+			}
 			return s + "); nothing in process memory"
 		}
 		return s + ", WithAccessRecording(1): counts are batched per flush, so sampling saves little, and the daemon learns the hot set within a few polls); " +
@@ -396,7 +422,7 @@ func lockstepConfig(daemon bool) func(c peersConfig) string {
 	}
 }
 
-func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, error) {
+func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, error) {
 	return func(ctx context.Context, r *peerRun) (*peerSetup, error) {
 		c := r.c
 		keyTemplate := r.prefix + "v:${id}"
@@ -404,15 +430,20 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 		if err != nil {
 			return nil, err
 		}
-		ksName := "kwbench-peers-" + r.run + "-" + r.name + "-" + fmt.Sprint(r.n)
+		ksName := "kwbench-peers-" + r.run + "-" + strings.ReplaceAll(r.name, "+", "-") + "-" + fmt.Sprint(r.n)
 		s, err := r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
 			rdb, load, err := r.app(ctx, s)
 			if err != nil {
 				return peerInstance{}, err
 			}
-			opts := []lockstep.Option{lockstep.WithJitter(c.jitter), lockstep.WithStale(10 * time.Minute), lockstep.WithXFetch(1),
+			opts := []lockstep.Option{lockstep.WithJitter(c.jitter), lockstep.WithStale(10 * time.Minute),
 				lockstep.WithLockTTL(c.lockTTL), lockstep.WithLogger(r.log)}
-			if daemon {
+			if m.near {
+				opts = append(opts, lockstep.WithNearCache(nearCacheFor(c.ttl)))
+			} else {
+				opts = append(opts, lockstep.WithXFetch(1))
+			}
+			if m.daemon {
 				opts = append(opts, lockstep.WithAccessRecording(1))
 			}
 			cl, err := lockstep.New(rdb, ksName, keys, load, c.ttl, opts...)
@@ -431,7 +462,7 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 			r.ctl.Del(bg, lockstep.AccessKey(ksName), "keepwarm:decay:"+ksName)
 			deletePrefix(r.ctl, ksName)
 		})
-		if !daemon {
+		if !m.daemon {
 			return s, nil
 		}
 		w, err := r.daemon(ctx, s, ksName, keyTemplate)
