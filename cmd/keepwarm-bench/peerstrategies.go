@@ -159,46 +159,70 @@ func (r *peerRun) app(ctx context.Context, s *peerSetup) (*redis.Client, lockste
 // --- sturdyc -----------------------------------------------------------------------------------------------------
 
 // sturdycKnobs maps the TTL onto sturdyc's knobs in the proportions of the README's "Distributed storage early
-// refreshes" example (records refreshed from the origin once Redis's copy is older than refreshAfter = 1 minute,
-// Redis TTL "something like an hour", in-memory ttl 5 minutes, in-memory refreshes every 2-4 s, synchronous
-// after 30 s), with refreshAfter = the TTL: the origin is asked when the shared copy is a TTL old, as a Redis TTL
-// would make the other strategies ask. In memory: a read after [ttl/10, ttl/5) since the last refresh schedules
-// a background refresh (from Redis, or from the origin when Redis's copy is older than refreshAfter); a read
-// after ttl/2 refreshes synchronously; an unread record leaves memory after 5×ttl. Redis keeps records 60×ttl.
+// refreshes" section and its example, examples/distributed-early-refreshes (records refreshed from the origin
+// once Redis's copy is older than refreshAfter = 1 minute, Redis TTL "something like an hour", in-memory ttl 5
+// minutes, in-memory refreshes every 2-4 s, synchronous after 30 s, refresh coalescing with a buffer of 3 ids
+// or 2 s, reads through GetOrFetchBatch), with refreshAfter = the TTL: the origin is asked when the shared copy
+// is a TTL old, as a Redis TTL would make the other strategies ask. In memory: a read after [ttl/10, ttl/5)
+// since the last refresh schedules a background refresh (from Redis, or from the origin when Redis's copy is
+// older than refreshAfter), buffered until 3 ids or ttl/10 (the example's buffer timeout equals its shortest
+// refresh delay) and fetched as one batch; a read after ttl/2 refreshes synchronously; an unread record leaves
+// memory after 5×ttl. Redis keeps records 60×ttl.
 type sturdycKnobs struct {
 	memTTL, minAsync, maxAsync, sync, refreshAfter, storageTTL time.Duration
+	bufferSize                                                 int
+	bufferTimeout                                              time.Duration
 }
 
 func sturdycKnobsFor(ttl time.Duration) sturdycKnobs {
-	return sturdycKnobs{memTTL: 5 * ttl, minAsync: ttl / 10, maxAsync: ttl / 5, sync: ttl / 2, refreshAfter: ttl, storageTTL: 60 * ttl}
+	return sturdycKnobs{memTTL: 5 * ttl, minAsync: ttl / 10, maxAsync: ttl / 5, sync: ttl / 2, refreshAfter: ttl, storageTTL: 60 * ttl,
+		bufferSize: 3, bufferTimeout: ttl / 10}
 }
 
 func sturdycConfig(c peersConfig) string {
 	k := sturdycKnobsFor(c.ttl)
 	return fmt.Sprintf("sturdyc.New[[]byte](capacity %d (every id), 10 shards, ttl %v, evict 10%%, WithEarlyRefreshes(%v, %v, sync %v, retry 100ms), "+
+		"WithRefreshCoalescing(%d, %v), "+
 		"WithDistributedStorageEarlyRefreshes(Redis GET/SET PX %v×(1+U·%g), MGET, pipelined SET, DEL; refreshAfter %v), WithNoContinuousEvictions "+
-		"(capacity is never reached; without it each client's eviction goroutine never exits)); GetOrFetch per read; "+
-		"values live in process memory, Redis holds sturdyc's JSON record {created_at, value}; no cross-process lock",
-		c.keys, k.memTTL, k.minAsync, k.maxAsync, k.sync, k.storageTTL, c.jitter, k.refreshAfter)
+		"(capacity is never reached; without it each client's eviction goroutine never exits)); GetOrFetchBatch([id], BatchKeyFn, one origin query for the ids asked) per read, "+
+		"as the README's example for this mode; values live in process memory, Redis holds sturdyc's JSON record {created_at, value}; no cross-process lock",
+		c.keys, k.memTTL, k.minAsync, k.maxAsync, k.sync, k.bufferSize, k.bufferTimeout, k.storageTTL, c.jitter, k.refreshAfter)
 }
 
 func sturdycStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 	c := r.c
 	k := sturdycKnobsFor(c.ttl)
 	return r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
-		rdb, load, err := r.app(ctx, s)
+		rdb, pool, err := r.conns(ctx, s)
+		if err != nil {
+			return peerInstance{}, err
+		}
+		src, err := r.source(pool, r.origin, r.name, false)
 		if err != nil {
 			return peerInstance{}, err
 		}
 		storage := &sturdycRedis{rdb: rdb, ttl: k.storageTTL, jitter: c.jitter}
 		cache := sturdyc.New[[]byte](c.keys, 10, k.memTTL, 10,
 			sturdyc.WithEarlyRefreshes(k.minAsync, k.maxAsync, k.sync, 100*time.Millisecond),
+			sturdyc.WithRefreshCoalescing(k.bufferSize, k.bufferTimeout),
 			sturdyc.WithDistributedStorageEarlyRefreshes(storage, k.refreshAfter),
 			sturdyc.WithNoContinuousEvictions(),
 			sturdyc.WithLog(&sturdyc.NoopLogger{}))
-		prefix := r.prefix
+		keyFn := cache.BatchKeyFn(r.prefix + "s")
+		fetch := func(ctx context.Context, ids []string) (map[string][]byte, error) {
+			vals, _, err := src.Fetch(ctx, ids) // an id left out is missing: sturdyc deletes it
+			return vals, err
+		}
 		return peerInstance{read: func(ctx context.Context, id string) ([]byte, error) {
-			return cache.GetOrFetch(ctx, prefix+id, func(ctx context.Context) ([]byte, error) { return load(ctx, id) })
+			vals, err := cache.GetOrFetchBatch(ctx, []string{id}, keyFn, fetch)
+			if err != nil {
+				return nil, err
+			}
+			v, ok := vals[id]
+			if !ok {
+				return nil, fmt.Errorf("id %s: %w", id, sturdyc.ErrNotFound)
+			}
+			return v, nil
 		}}, nil
 	})
 }
