@@ -36,8 +36,8 @@ import (
 //
 // Definitions, printed with every run:
 //   - A hot key is one of the --hot ids with the highest Zipf probability (ids 1..hot: the sampler's rank k is
-//     id k). The keepwarm daemon's top_n is twice that, so that sampling noise at the boundary cannot leave a hot
-//     id out.
+//     id k). The keepwarm daemon's top_n is not derived from it: the shipped default (warmer.DefaultTopN), or
+//     --top-n for the tuned rows; the row keepwarm-defaults also keeps the shipped refresh_ahead.
 //   - Origin queries per hot key per TTL = origin fetches of hot ids in the window ÷ (hot × window ÷ TTL). A
 //     fetch of an id is one origin query whose id list held it (the daemon fetches a batch per query, an app one
 //     id); the counting wrapper around every strategy's Source counts them, and pg_stat_statements counts the
@@ -73,6 +73,7 @@ type peersConfig struct {
 	cost         time.Duration
 	lockTTL      time.Duration
 	refreshAhead time.Duration
+	topN         int // 0: the shipped default
 	pgConns      int
 	quick        bool
 	svg          string
@@ -89,7 +90,7 @@ func peersFlagSet(c *peersConfig, stderr io.Writer) (*flag.FlagSet, *string, *st
 	fs.BoolVar(&c.sharedRedis, "shared-redis", false, "run against --redis instead of a private redis-server (INFO commandstats then counts every other client's commands too)")
 	fs.IntVar(&c.redisPort, "redis-port", 0, "port of the private redis-server (0: a free one)")
 	instances := fs.String("instances", "1,4,16", "comma-separated fleet sizes N: app instances, each with its own Redis client and PostgreSQL pool")
-	strategies := fs.String("strategies", "all", "comma-separated strategies, in order: "+peerNames()+", or all")
+	strategies := fs.String("strategies", "all", "comma-separated strategies (each round runs them in a shuffled order): "+peerNames()+", or all")
 	fs.DurationVar(&c.duration, "duration", 2*time.Minute, "measured window per cell (strategy × N)")
 	fs.DurationVar(&c.warmup, "warmup", 20*time.Second, "reads before the window, not counted; each cell starts from an empty cache")
 	fs.DurationVar(&c.ttl, "ttl", 10*time.Second, "cache TTL of every strategy (each maps it onto its own knobs; see the printed configurations)")
@@ -98,12 +99,13 @@ func peersFlagSet(c *peersConfig, stderr io.Writer) (*flag.FlagSet, *string, *st
 	fs.Float64Var(&c.rate, "rate", 3000, "planned reads per second, all instances together (the achieved rate is reported)")
 	fs.IntVar(&c.workers, "workers", 64, "reading goroutines, all instances together (worker w reads through instance w mod N)")
 	fs.IntVar(&c.keys, "keys", 10000, "ids in the synthetic table (the Zipf keyspace)")
-	fs.IntVar(&c.hot, "hot", 100, "hot keys: the ids with the highest Zipf probability (the daemon's top_n is 2×hot)")
+	fs.IntVar(&c.hot, "hot", 100, "hot keys: the ids with the highest Zipf probability, for the hot-key figures (the daemon is not told)")
 	fs.DurationVar(&c.cost, "cost", 5*time.Millisecond, "database work per id: an origin query for n ids spends n × cost in pg_sleep (0: none), standing for a real query's work")
 	fs.DurationVar(&c.lockTTL, "lock-ttl", 5*time.Second, "lock TTL of every locking strategy (lockstep, redislock, redsync)")
-	fs.DurationVar(&c.refreshAhead, "refresh-ahead", 500*time.Millisecond, "the daemon's refresh_ahead (its lead is never less than 3× the rebuild p95, nor than statement_timeout 300ms + pool wait 100ms)")
-	fs.IntVar(&c.pgConns, "pg-conns", 4, "PostgreSQL connections per instance pool (and the daemon's)")
-	fs.BoolVar(&c.quick, "quick", false, "the short variant, 18 cells in about 12 minutes at the defaults: --duration 30s --warmup 10s (flags given explicitly win)")
+	fs.DurationVar(&c.refreshAhead, "refresh-ahead", 500*time.Millisecond, "the tuned daemon rows' refresh_ahead (keepwarm-defaults keeps the shipped one; the lead is never less than 3× the rebuild p95, nor than statement_timeout max(300ms, 2 × 100 ids × --cost) + pool wait 100ms)")
+	fs.IntVar(&c.topN, "top-n", 0, "the tuned daemon rows' top_n (0: the shipped default, as keepwarm-defaults)")
+	fs.IntVar(&c.pgConns, "pg-conns", 4, "PostgreSQL connections per instance pool, and in the daemon's own pool (rows with the daemon have N × pg-conns + pg-conns)")
+	fs.BoolVar(&c.quick, "quick", false, "the short variant, --duration 30s --warmup 10s: 81 cells (9 strategies × 3 N × 3 rounds) in about 55 minutes at the defaults (flags given explicitly win)")
 	fs.StringVar(&c.svg, "svg", "", "write the plot (origin queries per hot key per TTL, hot p99 ratio, against N) to this SVG file")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.Uint64Var(&c.seed, "seed", 1, "random seed of the readers' ids and pacing")
@@ -155,6 +157,7 @@ func parsePeers(args []string, stderr io.Writer) (peersConfig, error) {
 	check(c.lockTTL > c.cost, "--lock-ttl must exceed --cost")
 	check(c.refreshAhead > 0 && c.refreshAhead < c.ttl/2, "--refresh-ahead must be in (0, ttl/2)")
 	check(c.pgConns >= 1, "--pg-conns must be >= 1")
+	check(c.topN >= 0 && c.topN <= warmer.MaxTopN, fmt.Sprintf("--top-n must be in [0, %d]", warmer.MaxTopN))
 	check(c.rounds >= 1, "--rounds must be >= 1")
 	check(c.cost < 0 || daemonStatementTimeout(c.cost)+daemonPoolWait <= c.ttl/2,
 		"--cost too long for --ttl: the daemon's statement timeout (2 × a full batch's sleep) must fit in half the TTL")
@@ -259,6 +262,8 @@ type peerConfig struct {
 	Strategy string `json:"strategy"`
 	Library  string `json:"library"`
 	Config   string `json:"config"`
+	// PGConns is the strategy's PostgreSQL connection budget per cell, as a formula in N.
+	PGConns string `json:"postgres_connections"`
 }
 
 // peersResult is one cell: a strategy with N instances. Counts are over the measured window unless named "cell".
@@ -362,7 +367,11 @@ func peers(ctx context.Context, c peersConfig, stdout, stderr io.Writer) (*peers
 	rep.HotDefinedAs = fmt.Sprintf("the %d ids of highest Zipf(s=%g) probability over %d ids (ids 1..%d), %.1f%% of reads",
 		c.hot, c.skew, c.keys, c.hot, 100*rep.HotShare)
 	for _, st := range c.strategies {
-		rep.Configs = append(rep.Configs, peerConfig{Strategy: st.name, Library: st.library, Config: st.config(c)})
+		conns := fmt.Sprintf("N × %d", c.pgConns)
+		if st.hasDaemon() {
+			conns += fmt.Sprintf(" + %d (the daemon's)", c.pgConns)
+		}
+		rep.Configs = append(rep.Configs, peerConfig{Strategy: st.name, Library: st.library, Config: st.config(c), PGConns: conns})
 	}
 	fmt.Fprintln(stdout, rep.Machine)
 	fmt.Fprintf(stdout, "peers: %s; PostgreSQL table %s.peers_value, %d ids, origin query by primary key + pg_sleep(%v × ids in the query)\n",
@@ -370,9 +379,11 @@ func peers(ctx context.Context, c peersConfig, stdout, stderr io.Writer) (*peers
 	fmt.Fprintf(stdout, "load: Zipf s=%g, %.0f reads/s planned over %d workers (worker w reads through instance w mod N), TTL %v, jitter %g; %v warm-up + %v measured per cell, each cell from an empty cache\n",
 		c.skew, c.rate, c.workers, c.ttl, c.jitter, c.warmup, c.duration)
 	fmt.Fprintf(stdout, "hot keys: %s\n", rep.HotDefinedAs)
+	fmt.Fprintf(stdout, "PostgreSQL connections: each app instance has its own pool of %d (--pg-conns), N × %d per cell; the rows with the daemon "+
+		"also give it a pool of its own of %d, N × %d + %d: not equalised, disclosed here and per row\n", c.pgConns, c.pgConns, c.pgConns, c.pgConns, c.pgConns)
 	fmt.Fprintln(stdout, "configurations:")
 	for _, pc := range rep.Configs {
-		fmt.Fprintf(stdout, "  %-15s %s: %s\n", pc.Strategy, pc.Library, pc.Config)
+		fmt.Fprintf(stdout, "  %-22s %s; PostgreSQL connections %s: %s\n", pc.Strategy, pc.Library, pc.PGConns, pc.Config)
 	}
 	orders := make([][]peerStrategy, c.rounds)
 	for i := range orders {

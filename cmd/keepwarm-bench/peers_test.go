@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // TestParsePeers: defaults, --quick and its explicit overrides, and every bad input a usage error naming the flag.
@@ -431,5 +435,47 @@ func TestSummarizePeers(t *testing.T) {
 	}
 	if want := (spread{2, 1, 3}); got[0].OriginSeconds != want {
 		t.Errorf("b's origin seconds: got %+v, want %+v", got[0].OriginSeconds, want)
+	}
+}
+
+// TestDaemonTOML: the daemon's config file loads as `keepwarm run` loads it; the keepwarm-defaults row keeps the
+// shipped refresh_ahead and top_n, the tuned rows take --refresh-ahead and --top-n (the shipped top_n when 0),
+// and top_n never follows --hot.
+func TestDaemonTOML(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		args      []string
+		tuned     bool
+		wantLead  time.Duration
+		wantTopN  int
+		wantConns int
+	}{
+		{"shipped defaults", []string{"--hot", "300"}, false, time.Duration(warmer.DefaultRefreshAheadFraction * float64(10*time.Second)), warmer.DefaultTopN, 4},
+		{"tuned, top_n unset", []string{"--hot", "300"}, true, 500 * time.Millisecond, warmer.DefaultTopN, 4},
+		{"tuned, top_n set", []string{"--hot", "300", "--top-n", "50", "--refresh-ahead", "1s", "--pg-conns", "2"}, true, time.Second, 50, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parsePeers(tt.args, new(testWriter))
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "keepwarm.toml")
+			toml := daemonTOML(c, tt.tuned, "ks", "p:v:${id}", "redis://127.0.0.1:1/0", "postgres://u@127.0.0.1:1/db", "select id, value from t where id = any($1::text[])", "auto")
+			if err := os.WriteFile(path, []byte(toml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.LoadEnv(path, nil)
+			if err != nil {
+				t.Fatalf("load:\n%s\n%v", toml, err)
+			}
+			ks := cfg.Keyspace("ks")
+			if ks.RefreshAhead != tt.wantLead || ks.TopN != tt.wantTopN {
+				t.Errorf("refresh_ahead %v, top_n %d; want %v, %d\n%s", ks.RefreshAhead, ks.TopN, tt.wantLead, tt.wantTopN, toml)
+			}
+			if got := cfg.Postgres.MaxConns; int(got) != tt.wantConns {
+				t.Errorf("the daemon's max_conns: got %d, want %d (--pg-conns)", got, tt.wantConns)
+			}
+		})
 	}
 }

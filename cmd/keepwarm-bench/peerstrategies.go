@@ -44,10 +44,16 @@ var peerStrategies = []peerStrategy{
 	{"redsync", "github.com/go-redsync/redsync/v4 v4.18.1", lockedConfig("redsync"), lockedStrategy(redsyncLocker)},
 	{"lockstep", "lockstep (this module), no daemon", lockstepConfig(lockstepMode{}), lockstepPeer(lockstepMode{})},
 	{"keepwarm", "lockstep + the keepwarm warmer (in-process)", lockstepConfig(lockstepMode{daemon: true}), lockstepPeer(lockstepMode{daemon: true})},
+	{"keepwarm-defaults", "lockstep + the keepwarm warmer (in-process) at the shipped refresh_ahead and top_n", lockstepConfig(lockstepMode{daemon: true, defaults: true}),
+		lockstepPeer(lockstepMode{daemon: true, defaults: true})},
 	{"lockstep+near", "lockstep (this module) with its near cache, no daemon", lockstepConfig(lockstepMode{near: true}), lockstepPeer(lockstepMode{near: true})},
 	{"lockstep+near+keepwarm", "lockstep with its near cache + the keepwarm warmer (in-process)", lockstepConfig(lockstepMode{near: true, daemon: true}),
 		lockstepPeer(lockstepMode{near: true, daemon: true})},
 }
+
+// hasDaemon reports whether the strategy runs the keepwarm daemon's warmer beside its apps: the rows whose name
+// contains "keepwarm" (lockstepPeer with lockstepMode.daemon).
+func (st peerStrategy) hasDaemon() bool { return strings.Contains(st.name, "keepwarm") }
 
 // peerByName returns the peer strategy called name.
 func peerByName(name string) (peerStrategy, bool) {
@@ -407,9 +413,10 @@ func lockedStrategy(newLocker func(*redis.Client) locker) func(context.Context, 
 
 // --- lockstep, alone and with the daemon ----------------------------------------------------------------------
 
-// lockstepMode is which lockstep row: with the daemon's warmer, with the near cache.
+// lockstepMode is which lockstep row: with the daemon's warmer, with the near cache, with the daemon at the
+// shipped defaults of refresh_ahead and top_n (daemonTOML).
 type lockstepMode struct {
-	daemon, near bool
+	daemon, near, defaults bool
 }
 
 // nearCacheFor is the near cache of the near rows: 64 MiB and a hard age bound of ttl/2 (docs/protocol.md
@@ -442,7 +449,7 @@ func lockstepConfig(m lockstepMode) func(c peersConfig) string {
 		}
 		return s + ", WithAccessRecording(1): counts are batched per flush, so sampling saves little, and the daemon learns the hot set within a few polls); " +
 			"the daemon's warmer in-process, built by internal/config and internal/assemble from this config file, as `keepwarm run` builds it: " +
-			strings.Join(strings.Fields(daemonTOML(c, "<cell>", "<cell prefix>v:${id}", "<redis url>", "<postgres url>", "<the origin query on peers_v_keepwarm_daemon>", "auto")), " ")
+			strings.Join(strings.Fields(daemonTOML(c, !m.defaults, "<cell>", "<cell prefix>v:${id}", "<redis url>", "<postgres url>", "<the origin query on peers_v_keepwarm_daemon>", "auto")), " ")
 	}
 }
 
@@ -489,7 +496,7 @@ func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, e
 		if !m.daemon {
 			return s, nil
 		}
-		w, err := r.daemon(ctx, s, ksName, keyTemplate)
+		w, err := r.daemon(ctx, s, !m.defaults, ksName, keyTemplate)
 		if err != nil {
 			s.release()
 			return nil, err
@@ -507,11 +514,19 @@ func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, e
 	}
 }
 
-// daemonTOML is the keepwarm config file of the keepwarm strategy's daemon: keyspace ks with cache key template
-// key (the apps'), Redis url, PostgreSQL dsn, the origin query, notifications mode.
-// refresh_ahead and statement_timeout are short on purpose (docs/benchmarks.md §12): the lead is never less than
-// either, and it sets how often a hot key is refreshed.
-func daemonTOML(c peersConfig, ks, key, url, dsn, query, notifications string) string {
+// daemonTOML is the keepwarm config file of a row's daemon: keyspace ks with cache key template key (the apps'),
+// Redis url, PostgreSQL dsn, the origin query, notifications mode. statement_timeout and pool_wait_timeout are
+// short on purpose (docs/benchmarks.md §12): the lead is never less than their sum. Tuned, the keyspace takes
+// refresh_ahead from --refresh-ahead and top_n from --top-n when it is set; otherwise (the keepwarm-defaults row)
+// both, and min_score, are left to the shipped defaults. top_n is never derived from --hot.
+func daemonTOML(c peersConfig, tuned bool, ks, key, url, dsn, query, notifications string) string {
+	tuning := ""
+	if tuned {
+		tuning = fmt.Sprintf("refresh_ahead = %q\n", c.refreshAhead.String())
+		if c.topN > 0 {
+			tuning += fmt.Sprintf("top_n = %d\n", c.topN)
+		}
+	}
 	return fmt.Sprintf(`[redis]
 url = %q
 notifications = %q
@@ -529,21 +544,18 @@ stale = "stale:${key}"
 stale_ttl = "10m"
 ttl = %q
 jitter = %g
-refresh_ahead = %q
 lock_ttl = %q
-top_n = %d
-min_score = 1.0
-query = """
+%squery = """
 %s
 """
 `, url, notifications, dsn, c.pgConns, daemonStatementTimeout(c.cost).String(), daemonPoolWait.String(), ks, key,
-		c.ttl.String(), c.jitter, c.refreshAhead.String(), c.lockTTL.String(), 2*c.hot, query)
+		c.ttl.String(), c.jitter, c.lockTTL.String(), tuning, query)
 }
 
 // daemon writes the cell's config file, loads it as `keepwarm run` does (config.LoadEnv, without the
 // environment, so that KEEPWARM_* variables cannot point it elsewhere), and builds the warmer from it with
 // internal/assemble, on its own Redis client and PostgreSQL pool; its source goes through the counting wrapper.
-func (r *peerRun) daemon(ctx context.Context, s *peerSetup, ksName, key string) (*warmer.Warmer, error) {
+func (r *peerRun) daemon(ctx context.Context, s *peerSetup, tuned bool, ksName, key string) (*warmer.Warmer, error) {
 	notify := config.NotificationsOn
 	if r.private {
 		notify = config.NotificationsAuto
@@ -554,7 +566,7 @@ func (r *peerRun) daemon(ctx context.Context, s *peerSetup, ksName, key string) 
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "keepwarm.toml")
-	toml := daemonTOML(r.c, ksName, key, r.url, r.c.postgresURL, r.originQuery(r.name, true), notify)
+	toml := daemonTOML(r.c, tuned, ksName, key, r.url, r.c.postgresURL, r.originQuery(r.name, true), notify)
 	if err := os.WriteFile(path, []byte(toml), 0o600); err != nil {
 		return nil, err
 	}
