@@ -1036,6 +1036,9 @@ func bytesIEC(b float64) string {
 // peersSVG draws origin queries per hot key per TTL and the hot p99 ratio against N, one line per strategy: the
 // medians over the rounds.
 func peersSVG(rep *peersReport) []byte {
+	if len(rep.Summary) == 0 { // a JSON file from before rounds: one cell per strategy and N
+		rep.Summary = summarizePeers(rep)
+	}
 	var origin, lat []svgSeries
 	ymaxO, ymaxL, xmax := 1.2, 1.5, 1.0
 	for i, pc := range rep.Configs {
