@@ -687,7 +687,7 @@ func (firstGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, cmd := range cmds {
-			if cmd.Name() == "get" {
+			if name := cmd.Name(); name == "get" || name == "mget" {
 				noteFirstGet(ctx, cmd, cmd.Err())
 				break
 			}
@@ -696,16 +696,20 @@ func (firstGetHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	}
 }
 
-// noteFirstGet records cmd's outcome err in ctx's readState if cmd is a GET and the read's first. A single
-// command's error is the one its hook returned: go-redis sets cmd.Err() only after the hooks have run.
+// noteFirstGet records cmd's outcome err in ctx's readState if cmd is a GET or an MGET (sturdyc's batch reads
+// of its Redis storage) and the read's first: found when every key had a value. A single command's error is the
+// one its hook returned: go-redis sets cmd.Err() only after the hooks have run.
 func noteFirstGet(ctx context.Context, cmd redis.Cmder, err error) {
 	rs, _ := ctx.Value(readStateKey{}).(*readState)
-	if rs == nil || rs.first.Load() != firstGetNone || cmd.Name() != "get" {
+	if rs == nil || rs.first.Load() != firstGetNone || (cmd.Name() != "get" && cmd.Name() != "mget") {
 		return
 	}
 	state := int32(firstGetMissing)
 	if err == nil {
 		state = firstGetFound
+	}
+	if m, ok := cmd.(*redis.SliceCmd); ok && err == nil && slices.Contains(m.Val(), nil) {
+		state = firstGetMissing
 	}
 	rs.first.CompareAndSwap(firstGetNone, state)
 }

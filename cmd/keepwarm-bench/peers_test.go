@@ -204,6 +204,8 @@ func TestFirstGetHook(t *testing.T) {
 			rdb.Get(ctx, prefix+"there")
 		}, firstGetMissing},
 		{"no GET at all", func(ctx context.Context) { rdb.PTTL(ctx, prefix+"there") }, firstGetNone},
+		{"MGET of a present key (sturdyc's batch read)", func(ctx context.Context) { rdb.MGet(ctx, prefix+"there") }, firstGetFound},
+		{"MGET with a missing key", func(ctx context.Context) { rdb.MGet(ctx, prefix+"there", prefix+"absent") }, firstGetMissing},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rctx, rs := withReadState(ctx)
