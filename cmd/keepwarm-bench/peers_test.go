@@ -346,7 +346,8 @@ func TestOriginCostPerID(t *testing.T) {
 		if err != nil || len(vals) != len(tt.ids) || len(missing) != 0 {
 			t.Fatalf("%s: got %d values, missing %v, error %v; want %d values", tt.name, len(vals), missing, err, len(tt.ids))
 		}
-		if want := time.Duration(len(tt.ids)) * cost; took < want || took > want+cost*5 {
+		// The upper bound is loose: a shared machine can delay a query by far more than its sleep.
+		if want := time.Duration(len(tt.ids)) * cost; took < want || took > want+time.Second {
 			t.Errorf("%s: took %v, want about %v (%d ids × %v)", tt.name, took, want, len(tt.ids), cost)
 		}
 	}
