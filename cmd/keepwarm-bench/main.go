@@ -40,7 +40,8 @@ commands:
   warmup    keepwarm warmup --query over 1,000,000 generated rows vs a naive warmer and the machine's limits
   scale     the warmer itself: memory per tracked key, refresh throughput, Redis commands per refresh, idle CPU
   changes   update track rows at a rate; time commit-to-Redis; check cached keys against the origin
-  peers     sturdyc, go-redis/cache, redislock, redsync, lockstep and keepwarm side by side: N app instances, Zipf reads
+  peers     sturdyc, go-redis/cache, redislock, redsync, lockstep (± near cache) and keepwarm side by side: N app
+            instances, Zipf reads, shuffled rounds
   meta      Redis memory, CPU and warmup keys/s per cached key, meta hash on and off, vs a plain SET and redis-benchmark
   soak      a fleet of 3 daemons under load, row updates and a randomized nemesis; independent miss and freshness
             observers check the SLO counters, and the end checks orphaned locks, stale values and peak RSS

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +13,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/keepwarm/keepwarm/internal/config"
 	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // TestParsePeers: defaults, --quick and its explicit overrides, and every bad input a usage error naming the flag.
@@ -30,10 +34,19 @@ func TestParsePeers(t *testing.T) {
 			if got, want := len(c.strategies), len(peerStrategies); got != want {
 				t.Errorf("strategies: got %d, want all %d", got, want)
 			}
+			if c.rounds != 3 || c.orderSeed == 0 {
+				t.Errorf("rounds %d, order seed %d: want 3 and a seed picked from the clock", c.rounds, c.orderSeed)
+			}
 			if c.ttl != 10*time.Second || c.jitter != 0.1 || c.skew != 1.1 || c.duration != 2*time.Minute {
 				t.Errorf("ttl %v jitter %g skew %g duration %v: want 10s, 0.1, 1.1, 2m", c.ttl, c.jitter, c.skew, c.duration)
 			}
 		}},
+		{name: "rounds and order seed", args: []string{"--rounds", "5", "--order-seed", "42"}, check: func(t *testing.T, c peersConfig) {
+			if c.rounds != 5 || c.orderSeed != 42 {
+				t.Errorf("rounds %d, order seed %d: want 5, 42", c.rounds, c.orderSeed)
+			}
+		}},
+		{name: "rounds zero", args: []string{"--rounds", "0"}, wantErr: "--rounds must be >= 1"},
 		{name: "quick", args: []string{"--quick"}, check: func(t *testing.T, c peersConfig) {
 			if c.duration != 30*time.Second || c.warmup != 10*time.Second {
 				t.Errorf("duration %v warmup %v: want 30s and 10s", c.duration, c.warmup)
@@ -191,6 +204,8 @@ func TestFirstGetHook(t *testing.T) {
 			rdb.Get(ctx, prefix+"there")
 		}, firstGetMissing},
 		{"no GET at all", func(ctx context.Context) { rdb.PTTL(ctx, prefix+"there") }, firstGetNone},
+		{"MGET of a present key (sturdyc's batch read)", func(ctx context.Context) { rdb.MGet(ctx, prefix+"there") }, firstGetFound},
+		{"MGET with a missing key", func(ctx context.Context) { rdb.MGet(ctx, prefix+"there", prefix+"absent") }, firstGetMissing},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rctx, rs := withReadState(ctx)
@@ -210,7 +225,7 @@ func TestPeersRuns(t *testing.T) {
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	var stdout, stderr bytes.Buffer
 	c, err := parsePeers([]string{"--instances", "1,2", "--duration", "2s", "--warmup", "1s", "--rate", "400",
-		"--workers", "8", "--keys", "300", "--hot", "10", "--cost", "1ms", "--schema", schema,
+		"--workers", "8", "--keys", "300", "--hot", "10", "--cost", "1ms", "--rounds", "1", "--schema", schema,
 		"--postgres", testenv.PostgresURL()}, &stderr)
 	if err != nil {
 		t.Fatalf("parse flags: %v", err)
@@ -256,8 +271,213 @@ func TestPeersRuns(t *testing.T) {
 			if r.Age.N != r.Latency.N || r.Age.Max <= 0 {
 				t.Errorf("value ages: %d samples for %d reads, max %v; want one per read, positive", r.Age.N, r.Latency.N, r.Age.Max)
 			}
-			if (r.Strategy == "keepwarm") != (r.Daemon != nil) {
-				t.Errorf("daemon refreshes %v: want them for keepwarm only", r.Daemon)
+			if strings.Contains(r.Strategy, "keepwarm") != (r.Daemon != nil) {
+				t.Errorf("daemon refreshes %v: want them for the rows with the keepwarm daemon only", r.Daemon)
+			}
+		})
+	}
+}
+
+// TestReadWaited: a read waited for the origin when its value was produced after it began, whatever its first GET
+// saw; a value produced before it began is a hit even when its first GET found nothing (a lock wait for a value
+// another reader wrote earlier cannot produce one, but the rule does not depend on it).
+func TestReadWaited(t *testing.T) {
+	t.Parallel()
+	began := time.UnixMicro(1_764_650_000_000_000)
+	for _, tt := range []struct {
+		name       string
+		producedUS int64
+		first      int32
+		wantWaited bool
+		wantFound  bool
+	}{
+		{"produced before, found by GET", began.UnixMicro() - 1, firstGetFound, false, false},
+		{"produced before, no GET (process memory)", began.UnixMicro() - 5_000_000, firstGetNone, false, false},
+		{"produced at the start", began.UnixMicro(), firstGetMissing, false, false},
+		{"produced after, GET missed", began.UnixMicro() + 5_000, firstGetMissing, true, false},
+		{"produced after, no GET (coalesced in memory)", began.UnixMicro() + 5_000, firstGetNone, true, false},
+		// sturdyc's distributed-storage path: the first GET found a record older than refreshAfter and the read
+		// waited for its synchronous rebuild. The rule before issue 35 did not count it.
+		{"produced after, GET found a value then rebuilt", began.UnixMicro() + 5_000, firstGetFound, true, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			waited, found := readWaited(tt.producedUS, began, tt.first)
+			if waited != tt.wantWaited || found != tt.wantFound {
+				t.Errorf("readWaited: got waited %v, found %v; want %v, %v", waited, found, tt.wantWaited, tt.wantFound)
+			}
+		})
+	}
+}
+
+// TestOriginCostPerID: an origin query for n ids sleeps n × --cost, and the counting wrapper sums the time spent
+// in window queries (origin time), the daemon's apart.
+func TestOriginCostPerID(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	const cost = 20 * time.Millisecond
+	e := &peersEnv{c: peersConfig{services: services{schema: schema}, keys: 20, cost: cost, lockTTL: 5 * time.Second}, pool: pool}
+	ctx := context.Background()
+	if err := e.setupDB(ctx); err != nil {
+		t.Fatal(err)
+	}
+	o := newOriginCounter(1)
+	now := time.Now()
+	o.setWindow(now.Add(-time.Minute), now.Add(time.Minute))
+	app, err := e.source(pool, o, "lockstep", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemon, err := e.source(pool, o, "keepwarm", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		src  countedSource
+		ids  []string
+	}{
+		{"app, one id", app, []string{"3"}},
+		{"daemon, a batch of 8", daemon, []string{"1", "2", "3", "4", "5", "6", "7", "8"}},
+	} {
+		t0 := time.Now()
+		vals, missing, err := tt.src.Fetch(ctx, tt.ids)
+		took := time.Since(t0)
+		if err != nil || len(vals) != len(tt.ids) || len(missing) != 0 {
+			t.Fatalf("%s: got %d values, missing %v, error %v; want %d values", tt.name, len(vals), missing, err, len(tt.ids))
+		}
+		// The upper bound is loose: a shared machine can delay a query by far more than its sleep.
+		if want := time.Duration(len(tt.ids)) * cost; took < want || took > want+time.Second {
+			t.Errorf("%s: took %v, want about %v (%d ids × %v)", tt.name, took, want, len(tt.ids), cost)
+		}
+	}
+	all, d := time.Duration(o.nanos.Load()), time.Duration(o.dNanos.Load())
+	if all < 9*cost || d < 8*cost || d >= all {
+		t.Errorf("origin time: got %v, daemon's %v; want at least 9 × %v, the daemon's at least 8 × and less than all", all, d, cost)
+	}
+}
+
+// TestRoundOrder: the same seed and round give the same order, every order is a permutation of the strategies, and
+// over a few rounds the order changes, so no strategy always runs first or last.
+func TestRoundOrder(t *testing.T) {
+	t.Parallel()
+	names := func(sts []peerStrategy) []string {
+		var out []string
+		for _, st := range sts {
+			out = append(out, st.name)
+		}
+		return out
+	}
+	all := names(peerStrategies)
+	firsts, lasts := map[string]bool{}, map[string]bool{}
+	for round := 1; round <= 8; round++ {
+		a, b := names(roundOrder(peerStrategies, 7, round)), names(roundOrder(peerStrategies, 7, round))
+		if !slices.Equal(a, b) {
+			t.Errorf("round %d, seed 7: got %v, then %v; want the same order twice", round, a, b)
+		}
+		if got := slices.Sorted(slices.Values(a)); !slices.Equal(got, slices.Sorted(slices.Values(all))) {
+			t.Errorf("round %d: got %v, want a permutation of %v", round, a, all)
+		}
+		firsts[a[0]], lasts[a[len(a)-1]] = true, true
+	}
+	if len(firsts) < 2 || len(lasts) < 2 {
+		t.Errorf("over 8 rounds: first strategies %v, last %v; want the order to change", firsts, lasts)
+	}
+	if a, b := names(roundOrder(peerStrategies, 7, 1)), names(roundOrder(peerStrategies, 8, 1)); slices.Equal(a, b) && slices.Equal(names(roundOrder(peerStrategies, 7, 2)), names(roundOrder(peerStrategies, 8, 2))) {
+		t.Errorf("seeds 7 and 8 gave the same orders %v: want the seed to matter", a)
+	}
+	if got := names(peerStrategies); !slices.Equal(got, all) {
+		t.Errorf("roundOrder changed its argument: %v", got)
+	}
+}
+
+// TestSpreadOf: the median (the middle value, or the mean of the two middle ones) and the range, whatever the
+// input order; the format shows the range only for several rounds.
+func TestSpreadOf(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		xs   []float64
+		want spread
+	}{
+		{"none", nil, spread{}},
+		{"one", []float64{4}, spread{4, 4, 4}},
+		{"three, unsorted", []float64{9, 1, 5}, spread{5, 1, 9}},
+		{"four: mean of the middle two", []float64{10, 1, 4, 2}, spread{3, 1, 10}},
+		{"an outlier moves the range, not the median", []float64{1, 1.2, 1.1, 40, 1.05}, spread{1.1, 1, 40}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := spreadOf(tt.xs); got != tt.want {
+				t.Errorf("spreadOf(%v): got %+v, want %+v", tt.xs, got, tt.want)
+			}
+		})
+	}
+	if got, want := (spread{3, 1, 10}).format("%.1f", 3), "3.0 [1.0–10.0]"; got != want {
+		t.Errorf("format, 3 rounds: got %q, want %q", got, want)
+	}
+	if got, want := (spread{3, 3, 3}).format("%.1f", 1), "3.0"; got != want {
+		t.Errorf("format, 1 round: got %q, want %q", got, want)
+	}
+}
+
+// TestSummarizePeers: cells are grouped by strategy and N over the rounds, in the configurations' order.
+func TestSummarizePeers(t *testing.T) {
+	t.Parallel()
+	rep := &peersReport{Configs: []peerConfig{{Strategy: "b"}, {Strategy: "a"}}}
+	for round, hot := range []int64{4, 0, 2} {
+		rep.Results = append(rep.Results,
+			peersResult{Strategy: "a", Instances: 4, Round: round + 1, HotReads: 1000, HotMisses: hot, Reads: 2000, Misses: 2 * hot},
+			peersResult{Strategy: "b", Instances: 4, Round: round + 1, HotReads: 1000, Reads: 2000, OriginTime: time.Duration(round+1) * time.Second})
+	}
+	got := summarizePeers(rep)
+	if len(got) != 2 || got[0].Strategy != "b" || got[1].Strategy != "a" || got[0].Rounds != 3 {
+		t.Fatalf("got %+v, want b then a, 3 rounds each", got)
+	}
+	if want := (spread{0.2, 0, 0.4}); got[1].HotWaitPct != want {
+		t.Errorf("a's hot waits %%: got %+v, want %+v", got[1].HotWaitPct, want)
+	}
+	if want := (spread{2, 1, 3}); got[0].OriginSeconds != want {
+		t.Errorf("b's origin seconds: got %+v, want %+v", got[0].OriginSeconds, want)
+	}
+}
+
+// TestDaemonTOML: the daemon's config file loads as `keepwarm run` loads it; the keepwarm-defaults row keeps the
+// shipped refresh_ahead and top_n, the tuned rows take --refresh-ahead and --top-n (the shipped top_n when 0),
+// and top_n never follows --hot.
+func TestDaemonTOML(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name      string
+		args      []string
+		tuned     bool
+		wantLead  time.Duration
+		wantTopN  int
+		wantConns int
+	}{
+		{"shipped defaults", []string{"--hot", "300"}, false, time.Duration(warmer.DefaultRefreshAheadFraction * float64(10*time.Second)), warmer.DefaultTopN, 4},
+		{"tuned, top_n unset", []string{"--hot", "300"}, true, 500 * time.Millisecond, warmer.DefaultTopN, 4},
+		{"tuned, top_n set", []string{"--hot", "300", "--top-n", "50", "--refresh-ahead", "1s", "--pg-conns", "2"}, true, time.Second, 50, 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parsePeers(tt.args, new(testWriter))
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "keepwarm.toml")
+			toml := daemonTOML(c, tt.tuned, "ks", "p:v:${id}", "redis://127.0.0.1:1/0", "postgres://u@127.0.0.1:1/db", "select id, value from t where id = any($1::text[])", "auto")
+			if err := os.WriteFile(path, []byte(toml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.LoadEnv(path, nil)
+			if err != nil {
+				t.Fatalf("load:\n%s\n%v", toml, err)
+			}
+			ks := cfg.Keyspace("ks")
+			if ks.RefreshAhead != tt.wantLead || ks.TopN != tt.wantTopN {
+				t.Errorf("refresh_ahead %v, top_n %d; want %v, %d\n%s", ks.RefreshAhead, ks.TopN, tt.wantLead, tt.wantTopN, toml)
+			}
+			if got := cfg.Postgres.MaxConns; int(got) != tt.wantConns {
+				t.Errorf("the daemon's max_conns: got %d, want %d (--pg-conns)", got, tt.wantConns)
 			}
 		})
 	}

@@ -42,9 +42,18 @@ var peerStrategies = []peerStrategy{
 	{"go-redis-cache", "github.com/go-redis/cache/v9 v9.0.0", goRedisCacheConfig, goRedisCacheStrategy},
 	{"redislock", "github.com/bsm/redislock v0.9.4", lockedConfig("redislock"), lockedStrategy(redislockLocker)},
 	{"redsync", "github.com/go-redsync/redsync/v4 v4.18.1", lockedConfig("redsync"), lockedStrategy(redsyncLocker)},
-	{"lockstep", "lockstep (this module), no daemon", lockstepConfig(false), lockstepPeer(false)},
-	{"keepwarm", "lockstep + the keepwarm warmer (in-process)", lockstepConfig(true), lockstepPeer(true)},
+	{"lockstep", "lockstep (this module), no daemon", lockstepConfig(lockstepMode{}), lockstepPeer(lockstepMode{})},
+	{"keepwarm", "lockstep + the keepwarm warmer (in-process)", lockstepConfig(lockstepMode{daemon: true}), lockstepPeer(lockstepMode{daemon: true})},
+	{"keepwarm-defaults", "lockstep + the keepwarm warmer (in-process) at the shipped refresh_ahead and top_n", lockstepConfig(lockstepMode{daemon: true, defaults: true}),
+		lockstepPeer(lockstepMode{daemon: true, defaults: true})},
+	{"lockstep+near", "lockstep (this module) with its near cache, no daemon", lockstepConfig(lockstepMode{near: true}), lockstepPeer(lockstepMode{near: true})},
+	{"lockstep+near+keepwarm", "lockstep with its near cache + the keepwarm warmer (in-process)", lockstepConfig(lockstepMode{near: true, daemon: true}),
+		lockstepPeer(lockstepMode{near: true, daemon: true})},
 }
+
+// hasDaemon reports whether the strategy runs the keepwarm daemon's warmer beside its apps: the rows whose name
+// contains "keepwarm" (lockstepPeer with lockstepMode.daemon).
+func (st peerStrategy) hasDaemon() bool { return strings.Contains(st.name, "keepwarm") }
 
 // peerByName returns the peer strategy called name.
 func peerByName(name string) (peerStrategy, bool) {
@@ -156,46 +165,70 @@ func (r *peerRun) app(ctx context.Context, s *peerSetup) (*redis.Client, lockste
 // --- sturdyc -----------------------------------------------------------------------------------------------------
 
 // sturdycKnobs maps the TTL onto sturdyc's knobs in the proportions of the README's "Distributed storage early
-// refreshes" example (records refreshed from the origin once Redis's copy is older than refreshAfter = 1 minute,
-// Redis TTL "something like an hour", in-memory ttl 5 minutes, in-memory refreshes every 2-4 s, synchronous
-// after 30 s), with refreshAfter = the TTL: the origin is asked when the shared copy is a TTL old, as a Redis TTL
-// would make the other strategies ask. In memory: a read after [ttl/10, ttl/5) since the last refresh schedules
-// a background refresh (from Redis, or from the origin when Redis's copy is older than refreshAfter); a read
-// after ttl/2 refreshes synchronously; an unread record leaves memory after 5×ttl. Redis keeps records 60×ttl.
+// refreshes" section and its example, examples/distributed-early-refreshes (records refreshed from the origin
+// once Redis's copy is older than refreshAfter = 1 minute, Redis TTL "something like an hour", in-memory ttl 5
+// minutes, in-memory refreshes every 2-4 s, synchronous after 30 s, refresh coalescing with a buffer of 3 ids
+// or 2 s, reads through GetOrFetchBatch), with refreshAfter = the TTL: the origin is asked when the shared copy
+// is a TTL old, as a Redis TTL would make the other strategies ask. In memory: a read after [ttl/10, ttl/5)
+// since the last refresh schedules a background refresh (from Redis, or from the origin when Redis's copy is
+// older than refreshAfter), buffered until 3 ids or ttl/10 (the example's buffer timeout equals its shortest
+// refresh delay) and fetched as one batch; a read after ttl/2 refreshes synchronously; an unread record leaves
+// memory after 5×ttl. Redis keeps records 60×ttl.
 type sturdycKnobs struct {
 	memTTL, minAsync, maxAsync, sync, refreshAfter, storageTTL time.Duration
+	bufferSize                                                 int
+	bufferTimeout                                              time.Duration
 }
 
 func sturdycKnobsFor(ttl time.Duration) sturdycKnobs {
-	return sturdycKnobs{memTTL: 5 * ttl, minAsync: ttl / 10, maxAsync: ttl / 5, sync: ttl / 2, refreshAfter: ttl, storageTTL: 60 * ttl}
+	return sturdycKnobs{memTTL: 5 * ttl, minAsync: ttl / 10, maxAsync: ttl / 5, sync: ttl / 2, refreshAfter: ttl, storageTTL: 60 * ttl,
+		bufferSize: 3, bufferTimeout: ttl / 10}
 }
 
 func sturdycConfig(c peersConfig) string {
 	k := sturdycKnobsFor(c.ttl)
 	return fmt.Sprintf("sturdyc.New[[]byte](capacity %d (every id), 10 shards, ttl %v, evict 10%%, WithEarlyRefreshes(%v, %v, sync %v, retry 100ms), "+
+		"WithRefreshCoalescing(%d, %v), "+
 		"WithDistributedStorageEarlyRefreshes(Redis GET/SET PX %v×(1+U·%g), MGET, pipelined SET, DEL; refreshAfter %v), WithNoContinuousEvictions "+
-		"(capacity is never reached; without it each client's eviction goroutine never exits)); GetOrFetch per read; "+
-		"values live in process memory, Redis holds sturdyc's JSON record {created_at, value}; no cross-process lock",
-		c.keys, k.memTTL, k.minAsync, k.maxAsync, k.sync, k.storageTTL, c.jitter, k.refreshAfter)
+		"(capacity is never reached; without it each client's eviction goroutine never exits)); GetOrFetchBatch([id], BatchKeyFn, one origin query for the ids asked) per read, "+
+		"as the README's example for this mode; values live in process memory, Redis holds sturdyc's JSON record {created_at, value}; no cross-process lock",
+		c.keys, k.memTTL, k.minAsync, k.maxAsync, k.sync, k.bufferSize, k.bufferTimeout, k.storageTTL, c.jitter, k.refreshAfter)
 }
 
 func sturdycStrategy(ctx context.Context, r *peerRun) (*peerSetup, error) {
 	c := r.c
 	k := sturdycKnobsFor(c.ttl)
 	return r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
-		rdb, load, err := r.app(ctx, s)
+		rdb, pool, err := r.conns(ctx, s)
+		if err != nil {
+			return peerInstance{}, err
+		}
+		src, err := r.source(pool, r.origin, r.name, false)
 		if err != nil {
 			return peerInstance{}, err
 		}
 		storage := &sturdycRedis{rdb: rdb, ttl: k.storageTTL, jitter: c.jitter}
 		cache := sturdyc.New[[]byte](c.keys, 10, k.memTTL, 10,
 			sturdyc.WithEarlyRefreshes(k.minAsync, k.maxAsync, k.sync, 100*time.Millisecond),
+			sturdyc.WithRefreshCoalescing(k.bufferSize, k.bufferTimeout),
 			sturdyc.WithDistributedStorageEarlyRefreshes(storage, k.refreshAfter),
 			sturdyc.WithNoContinuousEvictions(),
 			sturdyc.WithLog(&sturdyc.NoopLogger{}))
-		prefix := r.prefix
+		keyFn := cache.BatchKeyFn(r.prefix + "s")
+		fetch := func(ctx context.Context, ids []string) (map[string][]byte, error) {
+			vals, _, err := src.Fetch(ctx, ids) // an id left out is missing: sturdyc deletes it
+			return vals, err
+		}
 		return peerInstance{read: func(ctx context.Context, id string) ([]byte, error) {
-			return cache.GetOrFetch(ctx, prefix+id, func(ctx context.Context) ([]byte, error) { return load(ctx, id) })
+			vals, err := cache.GetOrFetchBatch(ctx, []string{id}, keyFn, fetch)
+			if err != nil {
+				return nil, err
+			}
+			v, ok := vals[id]
+			if !ok {
+				return nil, fmt.Errorf("id %s: %w", id, sturdyc.ErrNotFound)
+			}
+			return v, nil
 		}}, nil
 	})
 }
@@ -380,23 +413,47 @@ func lockedStrategy(newLocker func(*redis.Client) locker) func(context.Context, 
 
 // --- lockstep, alone and with the daemon ----------------------------------------------------------------------
 
+// lockstepMode is which lockstep row: with the daemon's warmer, with the near cache, with the daemon at the
+// shipped defaults of refresh_ahead and top_n (daemonTOML).
+type lockstepMode struct {
+	daemon, near, defaults bool
+}
+
+// nearCacheFor is the near cache of the near rows: 64 MiB and a hard age bound of ttl/2 (docs/protocol.md
+// §7.2's example, 64 MiB and 5s, at the default 10s TTL), MaxLag at its default.
+func nearCacheFor(ttl time.Duration) lockstep.NearCache {
+	return lockstep.NearCache{MaxBytes: 64 << 20, MaxStaleness: ttl / 2}
+}
+
 // lockstepConfig describes the README's options ("Using lockstep in an application"): jitter, a stale copy of 10
 // minutes, XFetch β = 1, and with the daemon access recording, at 1 rather than the README's 0.1: the counts are
 // batched per id per flush, so sampling saves little Redis work here, and full counts let the daemon learn the
-// hot set within a few polls rather than a few TTLs.
-func lockstepConfig(daemon bool) func(c peersConfig) string {
+// hot set within a few polls rather than a few TTLs. With the near cache, XFetch is off: lockstep refuses the two
+// together (XFetch decides on reads that reach Redis, and near hits would hide them).
+func lockstepConfig(m lockstepMode) func(c peersConfig) string {
 	return func(c peersConfig) string {
-		s := fmt.Sprintf("lockstep.New(client, keyspace, keys, load, ttl %v, WithJitter(%g), WithStale(10m), WithXFetch(1), WithLockTTL(%v)", c.ttl, c.jitter, c.lockTTL)
-		if !daemon {
+		s := fmt.Sprintf("lockstep.New(client, keyspace, keys, load, ttl %v, WithJitter(%g), WithStale(10m), ", c.ttl, c.jitter)
+		if m.near {
+			n := nearCacheFor(c.ttl)
+			s += fmt.Sprintf("WithNearCache(NearCache{MaxBytes: %s, MaxStaleness: %v, MaxLag: %v (the default)}) (no XFetch: lockstep refuses it with a near cache), ",
+				bytesIEC(float64(n.MaxBytes)), n.MaxStaleness, lockstep.DefaultNearMaxLag)
+		} else {
+			s += "WithXFetch(1), "
+		}
+		s += fmt.Sprintf("WithLockTTL(%v)", c.lockTTL)
+		if !m.daemon {
+			if m.near {
+				return s + "); hot values in process memory, invalidated by Redis (broadcast tracking on one connection of its own per instance)"
+			}
 			return s + "); nothing in process memory"
 		}
 		return s + ", WithAccessRecording(1): counts are batched per flush, so sampling saves little, and the daemon learns the hot set within a few polls); " +
 			"the daemon's warmer in-process, built by internal/config and internal/assemble from this config file, as `keepwarm run` builds it: " +
-			strings.Join(strings.Fields(daemonTOML(c, "<cell>", "<cell prefix>v:${id}", "<redis url>", "<postgres url>", "<the origin query on peers_v_keepwarm_daemon>", "auto")), " ")
+			strings.Join(strings.Fields(daemonTOML(c, !m.defaults, "<cell>", "<cell prefix>v:${id}", "<redis url>", "<postgres url>", "<the origin query on peers_v_keepwarm_daemon>", "auto")), " ")
 	}
 }
 
-func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, error) {
+func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, error) {
 	return func(ctx context.Context, r *peerRun) (*peerSetup, error) {
 		c := r.c
 		keyTemplate := r.prefix + "v:${id}"
@@ -404,15 +461,20 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 		if err != nil {
 			return nil, err
 		}
-		ksName := "kwbench-peers-" + r.run + "-" + r.name + "-" + fmt.Sprint(r.n)
+		ksName := "kwbench-peers-" + r.run + "-" + strings.ReplaceAll(r.name, "+", "-") + "-" + fmt.Sprint(r.n)
 		s, err := r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
 			rdb, load, err := r.app(ctx, s)
 			if err != nil {
 				return peerInstance{}, err
 			}
-			opts := []lockstep.Option{lockstep.WithJitter(c.jitter), lockstep.WithStale(10 * time.Minute), lockstep.WithXFetch(1),
+			opts := []lockstep.Option{lockstep.WithJitter(c.jitter), lockstep.WithStale(10 * time.Minute),
 				lockstep.WithLockTTL(c.lockTTL), lockstep.WithLogger(r.log)}
-			if daemon {
+			if m.near {
+				opts = append(opts, lockstep.WithNearCache(nearCacheFor(c.ttl)))
+			} else {
+				opts = append(opts, lockstep.WithXFetch(1))
+			}
+			if m.daemon {
 				opts = append(opts, lockstep.WithAccessRecording(1))
 			}
 			cl, err := lockstep.New(rdb, ksName, keys, load, c.ttl, opts...)
@@ -431,10 +493,10 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 			r.ctl.Del(bg, lockstep.AccessKey(ksName), "keepwarm:decay:"+ksName)
 			deletePrefix(r.ctl, ksName)
 		})
-		if !daemon {
+		if !m.daemon {
 			return s, nil
 		}
-		w, err := r.daemon(ctx, s, ksName, keyTemplate)
+		w, err := r.daemon(ctx, s, !m.defaults, ksName, keyTemplate)
 		if err != nil {
 			s.release()
 			return nil, err
@@ -452,11 +514,19 @@ func lockstepPeer(daemon bool) func(context.Context, *peerRun) (*peerSetup, erro
 	}
 }
 
-// daemonTOML is the keepwarm config file of the keepwarm strategy's daemon: keyspace ks with cache key template
-// key (the apps'), Redis url, PostgreSQL dsn, the origin query, notifications mode.
-// refresh_ahead and statement_timeout are short on purpose (docs/benchmarks.md §12): the lead is never less than
-// either, and it sets how often a hot key is refreshed.
-func daemonTOML(c peersConfig, ks, key, url, dsn, query, notifications string) string {
+// daemonTOML is the keepwarm config file of a row's daemon: keyspace ks with cache key template key (the apps'),
+// Redis url, PostgreSQL dsn, the origin query, notifications mode. statement_timeout and pool_wait_timeout are
+// short on purpose (docs/benchmarks.md §12): the lead is never less than their sum. Tuned, the keyspace takes
+// refresh_ahead from --refresh-ahead and top_n from --top-n when it is set; otherwise (the keepwarm-defaults row)
+// both, and min_score, are left to the shipped defaults. top_n is never derived from --hot.
+func daemonTOML(c peersConfig, tuned bool, ks, key, url, dsn, query, notifications string) string {
+	tuning := ""
+	if tuned {
+		tuning = fmt.Sprintf("refresh_ahead = %q\n", c.refreshAhead.String())
+		if c.topN > 0 {
+			tuning += fmt.Sprintf("top_n = %d\n", c.topN)
+		}
+	}
 	return fmt.Sprintf(`[redis]
 url = %q
 notifications = %q
@@ -474,21 +544,18 @@ stale = "stale:${key}"
 stale_ttl = "10m"
 ttl = %q
 jitter = %g
-refresh_ahead = %q
 lock_ttl = %q
-top_n = %d
-min_score = 1.0
-query = """
+%squery = """
 %s
 """
-`, url, notifications, dsn, c.pgConns, daemonStatementTimeout.String(), daemonPoolWait.String(), ks, key,
-		c.ttl.String(), c.jitter, c.refreshAhead.String(), c.lockTTL.String(), 2*c.hot, query)
+`, url, notifications, dsn, c.pgConns, daemonStatementTimeout(c.cost).String(), daemonPoolWait.String(), ks, key,
+		c.ttl.String(), c.jitter, c.lockTTL.String(), tuning, query)
 }
 
 // daemon writes the cell's config file, loads it as `keepwarm run` does (config.LoadEnv, without the
 // environment, so that KEEPWARM_* variables cannot point it elsewhere), and builds the warmer from it with
 // internal/assemble, on its own Redis client and PostgreSQL pool; its source goes through the counting wrapper.
-func (r *peerRun) daemon(ctx context.Context, s *peerSetup, ksName, key string) (*warmer.Warmer, error) {
+func (r *peerRun) daemon(ctx context.Context, s *peerSetup, tuned bool, ksName, key string) (*warmer.Warmer, error) {
 	notify := config.NotificationsOn
 	if r.private {
 		notify = config.NotificationsAuto
@@ -499,7 +566,7 @@ func (r *peerRun) daemon(ctx context.Context, s *peerSetup, ksName, key string) 
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "keepwarm.toml")
-	toml := daemonTOML(r.c, ksName, key, r.url, r.c.postgresURL, r.originQuery(r.name, true), notify)
+	toml := daemonTOML(r.c, tuned, ksName, key, r.url, r.c.postgresURL, r.originQuery(r.name, true), notify)
 	if err := os.WriteFile(path, []byte(toml), 0o600); err != nil {
 		return nil, err
 	}
