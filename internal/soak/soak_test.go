@@ -478,6 +478,20 @@ func TestReportChecksCanFail(t *testing.T) {
 	}{
 		{"clean", func(*soakResult) {}, ""},
 		{"uncounted gap", func(r *soakResult) { r.final["track"] = 0; r.logs = nil }, "key track:1: gap of 2.00s at 40s, after fault flushdb"},
+		// The keyspace's total is right (one count, one gap), but the count was for another key.
+		{"gap logged for another key only", func(r *soakResult) { r.logs[0].key = "track:2" },
+			"every gap >= 100ms logged for its key by some daemon: not logged: track:1 2.00s at 40s after flushdb"},
+		{"gap logged long before it", func(r *soakResult) { r.logs[0].at = at(35) }, "not logged: track:1"},
+		{"daemon logs unreadable", func(r *soakResult) { r.logErr = errors.New("read r1.1.log: EIO") }, "daemon logs: read r1.1.log: EIO"},
+		// A blink's length is an upper bound: the key may never have been missing, so no log line is required.
+		{"blink not logged", func(r *soakResult) {
+			r.gaps[0].Blink, r.gaps[0].Length, r.logs = true, 150*time.Millisecond, nil
+		}, ""},
+		// Cold starts are not expiries of a kept value, and not-hot-for-owner gaps are outside the SLO.
+		{"cold start and unowned gap not logged", func(r *soakResult) {
+			r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:3", Start: at(50), Length: time.Second, ColdStart: true},
+				gap{Keyspace: "track", Key: "track:4", Start: at(60), Length: time.Second, Unowned: true})
+		}, ""},
 		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
 		{"stale value", func(r *soakResult) { r.mismatches = []string{"track:5: cached a, PostgreSQL b"} }, "track:5"},
