@@ -452,7 +452,7 @@ func TestReportChecksCanFail(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	flush := faultRecord{plannedFault: plannedFault{At: 40 * time.Second, Kind: faultFlush}, started: at(40), ended: at(40),
-		counterAt: map[string]float64{"track": 0}}
+		counterAt: map[string]float64{"track": 0}, emptied: true}
 	clean := func() *soakResult {
 		return &soakResult{
 			seed: 7, start: t0, warmEnd: at(30), end: at(120), polls: 1000, maxHot: 10,
@@ -492,6 +492,20 @@ func TestReportChecksCanFail(t *testing.T) {
 			r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:3", Start: at(50), Length: time.Second, ColdStart: true},
 				gap{Keyspace: "track", Key: "track:4", Start: at(60), Length: time.Second, Unowned: true})
 		}, ""},
+		{"flush with no gap", func(r *soakResult) { r.gaps[0].Start = at(41); r.logs[0].at = at(41.5) },
+			"fault did not bite: flushdb at 40s: it emptied Redis, yet the observer saw no hot key's gap start while it ran"},
+		{"observer blind with Redis up", func(r *soakResult) { r.unread = []span{{at(70), at(75.5)}} },
+			"observer not blind: observer blind for 5.50s from 1m10s"},
+		{"observer blind during a Redis pause", func(r *soakResult) {
+			r.faults = append(r.faults, faultRecord{plannedFault: plannedFault{At: 70 * time.Second, Kind: faultRedisStop, Length: 10 * time.Second},
+				started: at(70), ended: at(80)})
+			r.unread = []span{{at(69.95), at(83)}}
+		}, ""},
+		{"observer blind long after a Redis pause", func(r *soakResult) {
+			r.faults = append(r.faults, faultRecord{plannedFault: plannedFault{At: 70 * time.Second, Kind: faultRedisStop, Length: 10 * time.Second},
+				started: at(70), ended: at(80)})
+			r.unread = []span{{at(69.95), at(90)}}
+		}, "observer blind for 20.05s from 1m10s"},
 		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
 		{"stale value", func(r *soakResult) { r.mismatches = []string{"track:5: cached a, PostgreSQL b"} }, "track:5"},

@@ -272,6 +272,15 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	fmt.Fprintf(w, "\nchecks (seed %d)\n", r.seed)
 	check(r.polls > 0 && r.maxHot > 0, "observer saw hot keys", fmt.Sprintf("%d polls, up to %d hot keys", r.polls, r.maxHot),
 		"the observer polled no hot key: every other check below would pass vacuously")
+	blind, excused := blindSpans(r.unread, r.faults)
+	blindGot := fmt.Sprintf("%d spans > %v without a reading outside Redis faults (%d within them)", len(blind), maxUnread, excused)
+	blindDetail := ""
+	if len(blind) > 0 {
+		slices.SortFunc(blind, func(a, b span) int { return int(b.to.Sub(b.from) - a.to.Sub(a.from)) })
+		blindDetail = fmt.Sprintf("observer blind for %s from %v, with Redis up: gaps there cannot be judged (the harness's fault, not a daemon's)",
+			benchload.Dur(blind[0].to.Sub(blind[0].from)), blind[0].from.Sub(r.start).Round(100*time.Millisecond))
+	}
+	check(len(blind) == 0, "observer not blind", blindGot, blindDetail)
 	uncDetail := ""
 	if totalUnc > float64(f.MaxUncounted) && len(notLogged) > 0 {
 		g := notLogged[0]
@@ -322,8 +331,12 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	fresh.checks(r, f, check)
 	var noBite []string
 	for _, fr := range r.faults {
-		if fr.noBite != "" {
-			noBite = append(noBite, fmt.Sprintf("%s at %v: %s", fr.Kind, fr.started.Sub(r.start).Round(time.Second), fr.noBite))
+		why := fr.noBite
+		if why == "" && fr.err == nil && fr.emptied && !gapDuring(r.gaps, fr.started, fr.ended) {
+			why = "it emptied Redis, yet the observer saw no hot key's gap start while it ran"
+		}
+		if why != "" {
+			noBite = append(noBite, fmt.Sprintf("%s at %v: %s", fr.Kind, fr.started.Sub(r.start).Round(time.Second), why))
 		}
 	}
 	check(len(noBite) == 0, "every fault bit (had an effect the soak could see)", fmt.Sprintf("%d faults, %d did not bite", len(r.faults), len(noBite)),
@@ -360,6 +373,47 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 		return &ChecksError{Seed: r.seed, Failed: failed}
 	}
 	return nil
+}
+
+// redisGrace is how long after a fault that made Redis unreadable the observer may still go without a reading:
+// a poll sent into the paused server waits for go-redis's read timeout (3 s), and a reconnect comes on top.
+const redisGrace = 4 * time.Second
+
+// blindSpans returns the spans of unread that are more than maxUnread longer than what the faults that make Redis
+// unreadable (redis-sigstop, redis-restart, sentinel-failover) explain, and how many spans they did explain: the
+// observer cannot read a paused or restarting Redis, but anything else that keeps it from reading is a harness
+// that judged nothing.
+func blindSpans(unread []span, faults []faultRecord) (blind []span, excused int) {
+	for _, u := range unread {
+		explained := false
+		for _, fr := range faults {
+			if fr.Kind != faultRedisStop && fr.Kind != faultRedisRestart && fr.Kind != faultFailover {
+				continue
+			}
+			from, to := fr.started, fr.ended.Add(redisGrace)
+			outside := max(0, from.Sub(u.from)) + max(0, u.to.Sub(to))
+			if u.from.Before(to) && u.to.After(from) && outside <= maxUnread {
+				explained = true
+				break
+			}
+		}
+		if explained {
+			excused++
+		} else {
+			blind = append(blind, u)
+		}
+	}
+	return blind, excused
+}
+
+// gapDuring reports whether a gap (of any kind, on any key) started between from and to, inclusive.
+func gapDuring(gaps []gap, from, to time.Time) bool {
+	for _, g := range gaps {
+		if !g.Start.Before(from) && !g.Start.After(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // expiryLog is one "hot key missed" warning of a daemon's log: the per-key trace of a count of the SLO counter.
