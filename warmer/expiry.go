@@ -235,7 +235,8 @@ func (k *keyspace) countMiss(h *hotState, now time.Time, why string) {
 	// before a Redis stall is answered after it. A claim dated before the stall would not match the same miss
 	// counted by another replica after it.
 	m := miss{k: k, id: h.id, why: why, expiry: h.expiry, learnedAt: h.learnedAt, seen: k.w.now(),
-		shortNotice: h.shortNotice, errors: h.errors}
+		shortNotice: h.shortNotice, errors: h.errors, after: h.missSeen}
+	h.missSeen = m.seen
 	if !h.expiry.IsZero() {
 		m.since = now.Sub(h.expiry)
 	}
