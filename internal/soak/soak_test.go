@@ -408,18 +408,29 @@ func TestUnlogged(t *testing.T) {
 		{Key: "track:2", Start: at(20), Length: 500 * time.Millisecond}, // logged 30 s later, by a re-check
 		{Key: "track:3", Start: at(30), Length: time.Second},            // the line is for another key
 		{Key: "track:4", Start: at(40), Length: time.Second},            // logged long before: no match
+		// Logged when the daemon read the rebuilt value at 73.1 (its window reaches into the next gap's), and the
+		// next gap of the key, 0.5 s later, logged too: both logged, though the first line is within 1 s of the
+		// second gap's start.
+		{Key: "track:5", Start: at(70), Length: 3 * time.Second},
+		{Key: "track:5", Start: at(73.5), Length: time.Second},
+		// Two gaps, one line after the second has ended: the first is unlogged.
+		{Key: "track:6", Start: at(80), Length: time.Second},
+		{Key: "track:6", Start: at(82), Length: time.Second},
 	}
 	logs := []expiryLog{
 		{key: "track:1", at: at(10.05)},
 		{key: "track:2", at: at(50)},
 		{key: "track:9", at: at(30)},
 		{key: "track:4", at: at(5)},
+		{key: "track:5", at: at(73.1)},
+		{key: "track:5", at: at(73.6)},
+		{key: "track:6", at: at(83.5)},
 	}
 	var got []string
 	for _, g := range unlogged(gaps, logs, 5*time.Minute) {
 		got = append(got, fmt.Sprintf("%s@%.0f", g.Key, g.Start.Sub(t0).Seconds()))
 	}
-	want := []string{"track:3@30", "track:4@40", "track:1@60"}
+	want := []string{"track:3@30", "track:4@40", "track:1@60", "track:6@80"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("unlogged: got %v, want %v", got, want)
 	}

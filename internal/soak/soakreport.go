@@ -465,9 +465,13 @@ func readExpiryLogs(dir string, keys map[string]*lockstep.Keys) ([]expiryLog, er
 	return out, nil
 }
 
-// unlogged returns the gaps that no daemon logged as an expired hot key: each log line matches at most one gap
-// of its key, the first whose window it falls in, from 1 s before the gap's start (the daemon dates an expiry
-// from the TTL it knew) until the key's next gap, and at most recheck after the gap's end.
+// unlogged returns the gaps that no daemon logged as an expired hot key. A log line can be a gap's from 1 s before
+// its start (the observer dates a vanished key by the poll that found it gone, which can come late) until recheck
+// after its end (a daemon may judge a miss only when it reads the rebuilt value, or claims it after an outage),
+// but never after the key's next gap has ended; each line is one gap's. The windows of one key's consecutive gaps
+// overlap (a miss logged at its rebuild, less than 1 s before the key's next gap), so each gap in turn takes the
+// earliest line left in its window: with windows whose starts and ends both rise, that matches as many gaps as
+// any assignment can. Which of two adjacent gaps is named unlogged can then be the wrong one; the count is not.
 func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
 	byKey := map[string][]time.Time{}
 	for _, l := range logs {
@@ -484,7 +488,7 @@ func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
 		until := g.Start.Add(g.Length + recheck)
 		for _, h := range sorted[i+1:] {
 			if h.Key == g.Key {
-				if t := h.Start.Add(-time.Second); t.Before(until) {
+				if t := h.Start.Add(h.Length); t.Before(until) {
 					until = t
 				}
 				break
