@@ -81,6 +81,38 @@ func (k *loopState) learnExpiries(ctx context.Context) {
 			k.adopt = append(k.adopt, batch...) // try again on the next pass
 		}
 	}
+	k.judgeLeft(ctx)
+}
+
+// judgeLeft reads the keys that left the hot set after their known expiry (setHot) and judges each reading as
+// the last of its hot spell: gone, or rebuilt by someone else since that expiry, it was missed while hot. A Redis
+// pause let such keys expire unrefreshed, and the first access-set poll after it dropped them (no reads were
+// recorded meanwhile) before any reading: the observer saw gaps of 6–9 s that no replica counted.
+func (k *loopState) judgeLeft(ctx context.Context) {
+	if len(k.left) == 0 {
+		return
+	}
+	hs := k.left
+	ids := make([]string, len(hs))
+	for i, h := range hs {
+		ids[i] = h.id
+	}
+	now := k.w.now()
+	ttls, err := k.pttls(ctx, k.cfg.Keys, ids)
+	if err != nil {
+		k.redisError(ctx, "read PTTL of keys that left the hot set", err)
+		return // read on the next pass
+	}
+	k.redisOK()
+	k.left = nil
+	for i, h := range hs {
+		switch p := ttls[i]; {
+		case p == pttlGone:
+			k.noteGone(h, now)
+		case p > 0:
+			k.judgeReading(h, now, p, "rebuilt by another writer after it expired")
+		}
+	}
 }
 
 // readPTTLs reads the PTTL of hs (pipelined) and folds each reading into its key's state and schedule, skipping
