@@ -159,11 +159,11 @@ func (f *fleet) claimOnce(ctx context.Context, pending []miss) []miss {
 				threshold = m.expiry.Add(-expiryTolerance)
 			}
 			if !m.expiry.IsZero() && !m.after.IsZero() && !threshold.After(m.after) {
-				// A value the daemon wrote is dated from its batch's start: before the previous miss was
-				// counted when that batch's own re-check or publish found the key gone, or within the margin
-				// after it when the batch came at once. The previous miss's claim (ours, or another replica's of
-				// the same earlier loss, which came first) then passed for this value's loss, and every second
-				// miss of a key rebuilt at once was only logged as counted already.
+				// A value the daemon wrote is dated when its publish was sent: before the previous miss was
+				// counted when that publish found the key gone (counted with its reply), or within the margin
+				// after it when the batch's re-check found it gone and the origin answered at once. The previous
+				// miss's claim (ours, or another replica's of the same earlier loss, which came first) then passed
+				// for this value's loss, and the next miss of a key rebuilt so was only logged as counted already.
 				threshold = m.after.Add(time.Millisecond)
 			}
 			cmds[i] = p.Eval(cctx, missClaimLua, []string{f.claimKey(m)}, threshold.UnixMilli(), m.seen.UnixMilli(),

@@ -840,9 +840,9 @@ func sharedOutage(t *testing.T, appsRebuild bool) {
 
 // A key lost again after its rebuild is a second miss, also in a fleet, where each miss is claimed in Redis
 // before it counts (missclaim.go). The claim of the first loss is dated when it was counted; the rebuild that
-// followed was dated from its batch's start, which can be earlier (the batch's own re-check or publish found the
-// key gone) or a few milliseconds later: within the claim's 250 ms margin, so the next loss of that value read
-// as the one counted already, and was only logged as "already counted by another replica" (a soak: track:3384
+// followed is dated when its publish was sent, which is earlier when that publish found the key gone, or a few
+// milliseconds later when the batch's re-check did: within the claim's 250 ms margin, so the next loss of that
+// value read as the one counted already, and was only logged as "already counted by another replica" (a soak: track:3384
 // missing 12.6 s in a Redis pause, counted by no replica, 21 s after its previous miss).
 func TestEachLossOfAKeyCountedInAFleet(t *testing.T) {
 	t.Parallel()
