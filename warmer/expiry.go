@@ -81,6 +81,38 @@ func (k *loopState) learnExpiries(ctx context.Context) {
 			k.adopt = append(k.adopt, batch...) // try again on the next pass
 		}
 	}
+	k.judgeLeft(ctx)
+}
+
+// judgeLeft reads the keys that left the hot set after their known expiry (setHot) and judges each reading as
+// the last of its hot spell: gone, or rebuilt by someone else since that expiry, it was missed while hot. A Redis
+// pause let such keys expire unrefreshed, and the first access-set poll after it dropped them (no reads were
+// recorded meanwhile) before any reading: the observer saw gaps of 6–9 s that no replica counted.
+func (k *loopState) judgeLeft(ctx context.Context) {
+	if len(k.left) == 0 {
+		return
+	}
+	hs := k.left
+	ids := make([]string, len(hs))
+	for i, h := range hs {
+		ids[i] = h.id
+	}
+	now := k.w.now()
+	ttls, err := k.pttls(ctx, k.cfg.Keys, ids)
+	if err != nil {
+		k.redisError(ctx, "read PTTL of keys that left the hot set", err)
+		return // read on the next pass
+	}
+	k.redisOK()
+	k.left = nil
+	for i, h := range hs {
+		switch p := ttls[i]; {
+		case p == pttlGone:
+			k.noteGone(h, now)
+		case p > 0:
+			k.judgeReading(h, now, p, "rebuilt by another writer after it expired")
+		}
+	}
 }
 
 // readPTTLs reads the PTTL of hs (pipelined) and folds each reading into its key's state and schedule, skipping
@@ -235,7 +267,8 @@ func (k *keyspace) countMiss(h *hotState, now time.Time, why string) {
 	// before a Redis stall is answered after it. A claim dated before the stall would not match the same miss
 	// counted by another replica after it.
 	m := miss{k: k, id: h.id, why: why, expiry: h.expiry, learnedAt: h.learnedAt, seen: k.w.now(),
-		shortNotice: h.shortNotice, errors: h.errors}
+		shortNotice: h.shortNotice, errors: h.errors, after: h.missSeen}
+	h.missSeen = m.seen
 	if !h.expiry.IsZero() {
 		m.since = now.Sub(h.expiry)
 	}

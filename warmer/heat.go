@@ -178,12 +178,18 @@ func (k *keyspace) decay(ctx context.Context, cfg KeyspaceConfig) {
 func formatScore(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
 // setHot applies a new hot set: newly hot ids are adopted (their expiry is learnt with PTTL), ids no longer hot
-// leave the queue but stay tracked.
+// leave the queue but stay tracked. An owned key that leaves after its known expiry, not judged since, expired
+// while hot: it is read once more (judgeLeft).
 func (k *loopState) setHot(hot map[string]bool) {
 	changed := false
+	now := k.w.now()
 	for id, h := range k.hotSet {
 		if !hot[id] {
 			changed = true
+			if !h.inflight && !h.persistent && !h.counted && !h.missing && !h.invalidated && !h.expiry.IsZero() &&
+				now.After(h.expiry.Add(expiryTolerance)) && k.owns(id) {
+				k.left = append(k.left, h)
+			}
 			k.q.remove(h)
 			k.cq.remove(h)
 			h.e.hot = nil
@@ -191,7 +197,7 @@ func (k *loopState) setHot(hot map[string]bool) {
 			delete(k.hotSet, id)
 		}
 	}
-	now := k.w.now().Unix()
+	sec := now.Unix()
 	for id := range hot {
 		if _, ok := k.hotSet[id]; ok {
 			continue
@@ -199,10 +205,10 @@ func (k *loopState) setHot(hot map[string]bool) {
 		changed = true
 		e := k.tr.entries[id]
 		if e == nil {
-			e = k.tr.observe(id, 0, now)
+			e = k.tr.observe(id, 0, sec)
 		}
 		k.hotSerial++
-		h := &hotState{id: id, serial: k.hotSerial, e: e, idx: -1, cidx: -1, needPTTL: true, hotSince: k.w.now()}
+		h := &hotState{id: id, serial: k.hotSerial, e: e, idx: -1, cidx: -1, needPTTL: true, hotSince: now}
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)

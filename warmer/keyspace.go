@@ -83,6 +83,7 @@ type loopState struct {
 	hotSerial uint64
 	q         dueQueue      // hot keys by due time
 	adopt     []*hotState   // hot keys whose expiry must be (re)learnt with PTTL
+	left      []*hotState   // owned keys that left the hot set after their known expiry, to be read once (judgeLeft)
 	lastSync  time.Time     // the last full read of the access set
 	lfu       lfuState      // whether Redis LFU counters can be read
 	invalid   invalidIDs    // skipped ids not yet reported in the log

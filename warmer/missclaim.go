@@ -17,7 +17,8 @@ import (
 // So a replica of a fleet claims each miss in Redis before counting it (missclaim.lua): the key
 // <fleet key>:missed:<keyspace>:<id> holds when the key's last counted miss was seen, for missClaimTTL. A miss
 // of a value the replica knew is the one already counted when that claim was seen after the value was written
-// (or first seen): one value is lost once, whether it expired or vanished (a flush). A miss it cannot date (a
+// (or first seen), and after this replica's own previous miss of the key (miss.after): one value is lost once,
+// whether it expired or vanished (a flush). A miss it cannot date (a
 // key found gone when taken over) is when the claim is less than two heartbeat TTLs old.
 // The first claim counts; a later one is only logged (keepwarm_warmer_fleet_misses_deduplicated_total). Two real
 // misses of one key less than two heartbeat TTLs apart, the second found by a replica that took the key over,
@@ -50,6 +51,10 @@ type miss struct {
 	shortNotice bool
 	errors      int
 	queued      time.Time // wall clock, for missClaimGiveUp
+	// after is the date (seen) of this replica's previous miss of the key; zero: none. The count is re-armed
+	// only by a value learnt since (countMiss), so a claim dated no later than after is an earlier value's loss,
+	// whatever the lost value's learnedAt says.
+	after time.Time
 }
 
 // record counts the miss: keepwarm_warmer_hot_expired_total (and the late-notice breakdown), Status, the log.
@@ -152,6 +157,14 @@ func (f *fleet) claimOnce(ctx context.Context, pending []miss) []miss {
 				threshold = m.learnedAt.Add(-expiryTolerance)
 			case !m.expiry.IsZero():
 				threshold = m.expiry.Add(-expiryTolerance)
+			}
+			if !m.expiry.IsZero() && !m.after.IsZero() && !threshold.After(m.after) {
+				// A value the daemon wrote is dated when its publish was sent: before the previous miss was
+				// counted when that publish found the key gone (counted with its reply), or within the margin
+				// after it when the batch's re-check found it gone and the origin answered at once. The previous
+				// miss's claim (ours, or another replica's of the same earlier loss, which came first) then passed
+				// for this value's loss, and the next miss of a key rebuilt so was only logged as counted already.
+				threshold = m.after.Add(time.Millisecond)
 			}
 			cmds[i] = p.Eval(cctx, missClaimLua, []string{f.claimKey(m)}, threshold.UnixMilli(), m.seen.UnixMilli(),
 				missClaimTTL.Milliseconds())

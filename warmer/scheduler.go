@@ -150,7 +150,7 @@ func (k *loopState) nextWait(now time.Time) time.Duration {
 // passWanted reports whether the messages just run left work for a full pass of the loop at now: a key whose
 // PTTL is to be read (adopt) or a key due now.
 func (k *loopState) passWanted(now time.Time) bool {
-	if len(k.adopt) > 0 {
+	if len(k.adopt) > 0 || len(k.left) > 0 {
 		return true
 	}
 	next := k.q.peek()

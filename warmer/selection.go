@@ -333,6 +333,7 @@ type hotState struct {
 	// known emptied (the flush canary's last write); zero otherwise.
 	flushedSince time.Time
 	missedAt     time.Time // when this key's last SLO miss was counted (countMiss)
+	missSeen     time.Time // that miss's date in its fleet claim (miss.seen), for the next miss's claim (miss.after)
 
 	// Reconciliation (reconcile.go).
 	cidx        int       // position in the check queue, -1 when not queued

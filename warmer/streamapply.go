@@ -767,7 +767,11 @@ func (c *Changes) noteRefreshed(k *keyspace, p *pipeline, batch []*item) {
 	k.mail.Send(func(k *loopState) { noteRefreshedOn(k, p, batch) })
 }
 
-// noteRefreshedOn is noteRefreshed's message, on k's loop.
+// noteRefreshedOn is noteRefreshed's message, on k's loop. The value each publish replaced is judged as a
+// refresh's is (settleOne): found gone, or someone's rebuild after the known expiry, the key was missed. And the
+// new value re-arms the count. Before, a change's publish only moved the expiry on: the miss it found was never
+// judged, and a key whose earlier miss was counted stayed counted, so its next expiry was not (a soak: hot albums
+// missing 1.3–1.6 s after a PostgreSQL outage, while the stream caught up, logged by no replica).
 func noteRefreshedOn(k *loopState, p *pipeline, batch []*item) {
 	for _, it := range batch {
 		if it.result != ResultOK {
@@ -777,6 +781,16 @@ func noteRefreshedOn(k *loopState, p *pipeline, batch []*item) {
 		if h == nil || h.inflight || h.persistent {
 			continue
 		}
+		if k.owns(h.id) {
+			switch {
+			case it.prevUnknown:
+			case it.prevTTL == lockstep.PrevGone:
+				k.noteGone(h, p.start)
+			case it.prevTTL > 0:
+				k.judgeReading(h, p.start, it.prevTTL, "rebuilt by another writer after it expired")
+			}
+		}
+		h.counted, h.invalidated, h.shortNotice = false, false, false
 		h.expiry, h.learnedAt = p.start.Add(it.ttl), p.start
 		h.lastRefresh = p.start
 		h.needPTTL = false

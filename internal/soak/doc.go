@@ -17,9 +17,10 @@
 //   - nemesis.go, nemesisfresh.go: the fault kinds (Kinds) and the schedule drawn from the seed (planFaults);
 //     each fault heals itself and records whether it bit.
 //   - soakreport.go, freshreport.go: the tables (faults, gaps by fault and keyspace, freshness) and the checks:
-//     every gap of at least MinGap counted by the SLO counter, no phantom counts, no orphaned locks, cached values
-//     equal to PostgreSQL, every fault bit, peak RSS under the manifest's limit, no daemon crash, freshness within
-//     the bound. A failed check makes Run return a *ChecksError.
+//     the observer not blind, every gap of at least MinGap counted by the SLO counter (per keyspace) and logged
+//     by some daemon for its key (per gap), no phantom counts, no orphaned locks, cached values equal to
+//     PostgreSQL, every fault bit, peak RSS under the manifest's limit, no daemon crash, freshness within the
+//     bound. A failed check makes Run return a *ChecksError.
 //
 // The load (Zipf readers through lockstep clients) and the row updater come from internal/benchload, shared with
 // the other keepwarm-bench commands. Like them, this package must not import package testing.

@@ -148,11 +148,14 @@ func (s *soak) inject(ctx context.Context, r *faultRecord) (string, error) {
 		if err == nil && n == 0 {
 			r.noBite = "Redis held no key to flush"
 		}
+		r.emptied = err == nil && n > 0
 		return d, err
 	case faultRedisStop:
 		return s.pauseRedis(ctx, f.Length, f.Target)
 	case faultRedisRestart:
-		return s.restartRedis(ctx, f.Target)
+		d, err := s.restartRedis(ctx, f.Target)
+		r.emptied = err == nil && s.cluster == nil && s.sentinel == nil
+		return d, err
 	case faultDaemonKill:
 		return s.killDaemon(ctx, s.daemons[f.Target], f.Length)
 	case faultDaemonStop:

@@ -22,11 +22,22 @@ type observer struct {
 	polls     atomic.Int64                        // polls that succeeded
 	track     *gapTracker                         // owned by run
 	onPoll    func(at time.Time, absent, hot int) // optional, for progress; called from run
+	// unread holds the spans longer than maxUnread between the starts of consecutive polls that read, and from
+	// the last of them to the end: what the observer did not see. Written by run, read once it has returned.
+	unread []span
 	// emptied carries the moments the nemesis emptied the whole data set (FLUSHDB): every hot key read present
 	// at its last poll was gone at that instant, even if it is back before the next poll (a rebuild within one
 	// interval would otherwise hide the gap). Optional; buffered by the sender.
 	emptied chan flush
 }
+
+// maxUnread is the longest the observer may go without a reading outside the faults that make Redis unreadable
+// (soakReport's cadence check): keys that expire and are rebuilt unseen within such a span show as blinks at best,
+// whose lengths are upper bounds and which the per-key check cannot judge.
+const maxUnread = time.Second
+
+// span is an interval of time.
+type span struct{ from, to time.Time }
 
 // flush is one FLUSHDB of the nemesis: sent before the command went out, done when its reply came. Redis emptied
 // the data set somewhere between; a reading taken between the two may come from before or after it.
@@ -36,10 +47,18 @@ type flush struct{ sent, done time.Time }
 func (o *observer) run(ctx context.Context) []gap {
 	t := time.NewTicker(o.interval)
 	defer t.Stop()
+	var lastRead time.Time // the start of the last poll that read
+	unread := func(now time.Time) {
+		if !lastRead.IsZero() && now.Sub(lastRead) > maxUnread {
+			o.unread = append(o.unread, span{lastRead, now})
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			return o.track.finish(time.Now())
+			now := time.Now()
+			unread(now)
+			return o.track.finish(now)
 		case fl := <-o.emptied:
 			o.track.emptied(fl.sent, fl.done)
 			continue
@@ -87,6 +106,8 @@ func (o *observer) run(ctx context.Context) []gap {
 			continue
 		}
 		o.polls.Add(1)
+		unread(at)
+		lastRead = at
 		absent := o.track.observe(at, hot, pttl)
 		if o.onPoll != nil {
 			o.onPoll(at, absent, len(hot))

@@ -192,6 +192,10 @@ type faultRecord struct {
 	// noBite says why the fault had no observable effect ("" when it had one): a fault that did not bite tested
 	// nothing, and the run fails.
 	noBite string
+	// emptied: the fault emptied the whole data set (FLUSHDB, a restart of the single Redis, which has no
+	// persistence). Every hot key the observer had read present lost its value then, so such a fault with no
+	// gap starting while it ran did not bite (the report judges it).
+	emptied bool
 	// biteLate: the fault's effect was not seen while it was in force, and is looked for again at the end of the
 	// run (a publication_gap resync that came after a reconnect back-off).
 	biteLate bool
@@ -403,6 +407,7 @@ type soakResult struct {
 	droppedGaps    int
 	polls, blind   int64
 	blindTime      time.Duration
+	unread         []span // the observer's spans without a reading, longer than maxUnread
 	maxHot         int
 	invalidations  []invalidation
 	orphanLocks    []string
@@ -627,6 +632,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	res.droppedGaps = obs.track.dropped
 	res.polls, res.blind, res.maxHot = obs.polls.Load(), obs.blind.Load(), int(maxHot.Load())
 	res.blindTime = time.Duration(obs.blindTime.Load())
+	res.unread = obs.unread
 	stopLoad()
 	bgStop()
 	bg.Wait()

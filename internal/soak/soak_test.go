@@ -408,18 +408,29 @@ func TestUnlogged(t *testing.T) {
 		{Key: "track:2", Start: at(20), Length: 500 * time.Millisecond}, // logged 30 s later, by a re-check
 		{Key: "track:3", Start: at(30), Length: time.Second},            // the line is for another key
 		{Key: "track:4", Start: at(40), Length: time.Second},            // logged long before: no match
+		// Logged when the daemon read the rebuilt value at 73.1 (its window reaches into the next gap's), and the
+		// next gap of the key, 0.5 s later, logged too: both logged, though the first line is within 1 s of the
+		// second gap's start.
+		{Key: "track:5", Start: at(70), Length: 3 * time.Second},
+		{Key: "track:5", Start: at(73.5), Length: time.Second},
+		// Two gaps, one line after the second has ended: the first is unlogged.
+		{Key: "track:6", Start: at(80), Length: time.Second},
+		{Key: "track:6", Start: at(82), Length: time.Second},
 	}
 	logs := []expiryLog{
 		{key: "track:1", at: at(10.05)},
 		{key: "track:2", at: at(50)},
 		{key: "track:9", at: at(30)},
 		{key: "track:4", at: at(5)},
+		{key: "track:5", at: at(73.1)},
+		{key: "track:5", at: at(73.6)},
+		{key: "track:6", at: at(83.5)},
 	}
 	var got []string
 	for _, g := range unlogged(gaps, logs, 5*time.Minute) {
 		got = append(got, fmt.Sprintf("%s@%.0f", g.Key, g.Start.Sub(t0).Seconds()))
 	}
-	want := []string{"track:3@30", "track:4@40", "track:1@60"}
+	want := []string{"track:3@30", "track:4@40", "track:1@60", "track:6@80"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("unlogged: got %v, want %v", got, want)
 	}
@@ -452,7 +463,7 @@ func TestReportChecksCanFail(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
 	flush := faultRecord{plannedFault: plannedFault{At: 40 * time.Second, Kind: faultFlush}, started: at(40), ended: at(40),
-		counterAt: map[string]float64{"track": 0}}
+		counterAt: map[string]float64{"track": 0}, emptied: true}
 	clean := func() *soakResult {
 		return &soakResult{
 			seed: 7, start: t0, warmEnd: at(30), end: at(120), polls: 1000, maxHot: 10,
@@ -478,6 +489,34 @@ func TestReportChecksCanFail(t *testing.T) {
 	}{
 		{"clean", func(*soakResult) {}, ""},
 		{"uncounted gap", func(r *soakResult) { r.final["track"] = 0; r.logs = nil }, "key track:1: gap of 2.00s at 40s, after fault flushdb"},
+		// The keyspace's total is right (one count, one gap), but the count was for another key.
+		{"gap logged for another key only", func(r *soakResult) { r.logs[0].key = "track:2" },
+			"every gap >= 100ms logged for its key by some daemon: not logged: track:1 2.00s at 40s after flushdb"},
+		{"gap logged long before it", func(r *soakResult) { r.logs[0].at = at(35) }, "not logged: track:1"},
+		{"daemon logs unreadable", func(r *soakResult) { r.logErr = errors.New("read r1.1.log: EIO") }, "daemon logs: read r1.1.log: EIO"},
+		// A blink's length is an upper bound: the key may never have been missing, so no log line is required.
+		{"blink not logged", func(r *soakResult) {
+			r.gaps[0].Blink, r.gaps[0].Length, r.logs = true, 150*time.Millisecond, nil
+		}, ""},
+		// Cold starts are not expiries of a kept value, and not-hot-for-owner gaps are outside the SLO.
+		{"cold start and unowned gap not logged", func(r *soakResult) {
+			r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:3", Start: at(50), Length: time.Second, ColdStart: true},
+				gap{Keyspace: "track", Key: "track:4", Start: at(60), Length: time.Second, Unowned: true})
+		}, ""},
+		{"flush with no gap", func(r *soakResult) { r.gaps[0].Start = at(41); r.logs[0].at = at(41.5) },
+			"fault did not bite: flushdb at 40s: it emptied Redis, yet the observer saw no hot key's gap start while it ran"},
+		{"observer blind with Redis up", func(r *soakResult) { r.unread = []span{{at(70), at(75.5)}} },
+			"observer not blind: observer blind for 5.50s from 1m10s"},
+		{"observer blind during a Redis pause", func(r *soakResult) {
+			r.faults = append(r.faults, faultRecord{plannedFault: plannedFault{At: 70 * time.Second, Kind: faultRedisStop, Length: 10 * time.Second},
+				started: at(70), ended: at(80)})
+			r.unread = []span{{at(69.95), at(83)}}
+		}, ""},
+		{"observer blind long after a Redis pause", func(r *soakResult) {
+			r.faults = append(r.faults, faultRecord{plannedFault: plannedFault{At: 70 * time.Second, Kind: faultRedisStop, Length: 10 * time.Second},
+				started: at(70), ended: at(80)})
+			r.unread = []span{{at(69.95), at(90)}}
+		}, "observer blind for 20.05s from 1m10s"},
 		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
 		{"stale value", func(r *soakResult) { r.mismatches = []string{"track:5: cached a, PostgreSQL b"} }, "track:5"},

@@ -159,15 +159,29 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 			judged = append(judged, g)
 		}
 	}
-	var notLogged []gap
+	// Every judged gap, short ones and blinks included, takes the log line that is its own (unlogged), so that a
+	// line is not left over for a later gap of the key. A blink's length is an upper bound: the key may have been
+	// refreshed in the last moment and never missing, which no daemon would log, so an unlogged blink is shown
+	// but not judged.
+	var notLogged, blinksNotLogged []gap
 	for _, g := range unlogged(judged, r.logs, 5*time.Minute) {
-		if g.Length >= f.MinGap {
+		switch {
+		case g.Length < f.MinGap:
+		case g.Blink:
+			blinksNotLogged = append(blinksNotLogged, g)
+		default:
 			notLogged = append(notLogged, g)
 			row(attribute(g, r.faults, r.invalidations)).unlogged++
 			perKS[g.Keyspace].unlogged++
 		}
 	}
 	slices.SortFunc(notLogged, func(a, b gap) int { return int(b.Length - a.Length) })
+	judgedLong := 0
+	for _, g := range judged {
+		if g.Length >= f.MinGap && !g.Blink {
+			judgedLong++
+		}
+	}
 
 	fmt.Fprintf(w, "\nmisses by fault kind (observer gaps on hot keys, attributed to the last fault injected before each gap; counted = Σ of the replicas' keepwarm_warmer_hot_expired_total from that fault to the next)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -229,9 +243,14 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	if r.logErr != nil {
 		fmt.Fprintf(w, "daemon logs: %v (the \"not logged\" column is incomplete)\n", r.logErr)
 	}
-	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs); longest:\n", f.MinGap)
+	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs; blinks left out); longest:\n", f.MinGap)
 	for _, g := range notLogged[:min(10, len(notLogged))] {
-		fmt.Fprintf(w, "  %-18s %8s at %7v  after %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations))
+		// The clock time too, to find the key's story in the daemons' logs.
+		fmt.Fprintf(w, "  %-18s %8s at %7v (%s)  after %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond),
+			g.Start.UTC().Format("15:04:05.000"), attribute(g, r.faults, r.invalidations))
+	}
+	if len(blinksNotLogged) > 0 {
+		fmt.Fprintf(w, "and %d blinks >= %v not logged, not judged (their lengths are upper bounds: a key refreshed in the last moment blinks too)\n", len(blinksNotLogged), f.MinGap)
 	}
 	if r.lostWindows > 0 {
 		fmt.Fprintf(w, "%d kill -9: each victim's counters were scraped just before the kill and kept; what it counted in the milliseconds between is lost\n", r.lostWindows)
@@ -255,6 +274,15 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	fmt.Fprintf(w, "\nchecks (seed %d)\n", r.seed)
 	check(r.polls > 0 && r.maxHot > 0, "observer saw hot keys", fmt.Sprintf("%d polls, up to %d hot keys", r.polls, r.maxHot),
 		"the observer polled no hot key: every other check below would pass vacuously")
+	blind, excused := blindSpans(r.unread, r.faults)
+	blindGot := fmt.Sprintf("%d spans > %v without a reading outside Redis faults (%d within them)", len(blind), maxUnread, excused)
+	blindDetail := ""
+	if len(blind) > 0 {
+		slices.SortFunc(blind, func(a, b span) int { return int(b.to.Sub(b.from) - a.to.Sub(a.from)) })
+		blindDetail = fmt.Sprintf("observer blind for %s from %v, with Redis up: gaps there cannot be judged (the harness's fault, not a daemon's)",
+			benchload.Dur(blind[0].to.Sub(blind[0].from)), blind[0].from.Sub(r.start).Round(100*time.Millisecond))
+	}
+	check(len(blind) == 0, "observer not blind", blindGot, blindDetail)
 	uncDetail := ""
 	if totalUnc > float64(f.MaxUncounted) && len(notLogged) > 0 {
 		g := notLogged[0]
@@ -273,6 +301,18 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	}
 	check(totalUnc <= float64(f.MaxUncounted), fmt.Sprintf("gaps >= %v counted by the SLO counter (uncounted <= %d)", f.MinGap, f.MaxUncounted),
 		fmt.Sprintf("%d gaps, %.0f counted, %.0f uncounted (per keyspace: max(0, gaps - counted))", totalLong, totalCounted, totalUnc), uncDetail)
+	// Per key: the totals above let counts on one key hide a miss on another; this one does not.
+	var nlNames []string
+	for _, g := range notLogged[:min(3, len(notLogged))] {
+		nlNames = append(nlNames, fmt.Sprintf("%s %s at %v after %s", g.Key, benchload.Dur(g.Length),
+			g.Start.Sub(r.start).Round(100*time.Millisecond), attribute(g, r.faults, r.invalidations)))
+	}
+	nlDetail := "not logged: " + strings.Join(nlNames, "; ")
+	if r.logErr != nil {
+		nlDetail = fmt.Sprintf("daemon logs: %v", r.logErr)
+	}
+	check(len(notLogged) == 0 && r.logErr == nil, fmt.Sprintf("every gap >= %v logged for its key by some daemon", f.MinGap),
+		fmt.Sprintf("%d gaps (blinks left out), %d not logged", judgedLong, len(notLogged)), nlDetail)
 	limit := f.PhantomRatio*float64(totalObserved) + f.PhantomSlack
 	phDetail := ""
 	if totalCounted > limit {
@@ -293,8 +333,12 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	fresh.checks(r, f, check)
 	var noBite []string
 	for _, fr := range r.faults {
-		if fr.noBite != "" {
-			noBite = append(noBite, fmt.Sprintf("%s at %v: %s", fr.Kind, fr.started.Sub(r.start).Round(time.Second), fr.noBite))
+		why := fr.noBite
+		if why == "" && fr.err == nil && fr.emptied && !gapDuring(r.gaps, fr.started, fr.ended) {
+			why = "it emptied Redis, yet the observer saw no hot key's gap start while it ran"
+		}
+		if why != "" {
+			noBite = append(noBite, fmt.Sprintf("%s at %v: %s", fr.Kind, fr.started.Sub(r.start).Round(time.Second), why))
 		}
 	}
 	check(len(noBite) == 0, "every fault bit (had an effect the soak could see)", fmt.Sprintf("%d faults, %d did not bite", len(r.faults), len(noBite)),
@@ -331,6 +375,47 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 		return &ChecksError{Seed: r.seed, Failed: failed}
 	}
 	return nil
+}
+
+// redisGrace is how long after a fault that made Redis unreadable the observer may still go without a reading:
+// a poll sent into the paused server waits for go-redis's read timeout (3 s), and a reconnect comes on top.
+const redisGrace = 4 * time.Second
+
+// blindSpans returns the spans of unread that are more than maxUnread longer than what the faults that make Redis
+// unreadable (redis-sigstop, redis-restart, sentinel-failover) explain, and how many spans they did explain: the
+// observer cannot read a paused or restarting Redis, but anything else that keeps it from reading is a harness
+// that judged nothing.
+func blindSpans(unread []span, faults []faultRecord) (blind []span, excused int) {
+	for _, u := range unread {
+		explained := false
+		for _, fr := range faults {
+			if fr.Kind != faultRedisStop && fr.Kind != faultRedisRestart && fr.Kind != faultFailover {
+				continue
+			}
+			from, to := fr.started, fr.ended.Add(redisGrace)
+			outside := max(0, from.Sub(u.from)) + max(0, u.to.Sub(to))
+			if u.from.Before(to) && u.to.After(from) && outside <= maxUnread {
+				explained = true
+				break
+			}
+		}
+		if explained {
+			excused++
+		} else {
+			blind = append(blind, u)
+		}
+	}
+	return blind, excused
+}
+
+// gapDuring reports whether a gap (of any kind, on any key) started between from and to, inclusive.
+func gapDuring(gaps []gap, from, to time.Time) bool {
+	for _, g := range gaps {
+		if !g.Start.Before(from) && !g.Start.After(to) {
+			return true
+		}
+	}
+	return false
 }
 
 // expiryLog is one "hot key missed" warning of a daemon's log: the per-key trace of a count of the SLO counter.
@@ -380,9 +465,13 @@ func readExpiryLogs(dir string, keys map[string]*lockstep.Keys) ([]expiryLog, er
 	return out, nil
 }
 
-// unlogged returns the gaps that no daemon logged as an expired hot key: each log line matches at most one gap
-// of its key, the first whose window it falls in, from 1 s before the gap's start (the daemon dates an expiry
-// from the TTL it knew) until the key's next gap, and at most recheck after the gap's end.
+// unlogged returns the gaps that no daemon logged as an expired hot key. A log line can be a gap's from 1 s before
+// its start (the observer dates a vanished key by the poll that found it gone, which can come late) until recheck
+// after its end (a daemon may judge a miss only when it reads the rebuilt value, or claims it after an outage),
+// but never after the key's next gap has ended; each line is one gap's. The windows of one key's consecutive gaps
+// overlap (a miss logged at its rebuild, less than 1 s before the key's next gap), so each gap in turn takes the
+// earliest line left in its window: with windows whose starts and ends both rise, that matches as many gaps as
+// any assignment can. Which of two adjacent gaps is named unlogged can then be the wrong one; the count is not.
 func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
 	byKey := map[string][]time.Time{}
 	for _, l := range logs {
@@ -399,7 +488,7 @@ func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
 		until := g.Start.Add(g.Length + recheck)
 		for _, h := range sorted[i+1:] {
 			if h.Key == g.Key {
-				if t := h.Start.Add(-time.Second); t.Before(until) {
+				if t := h.Start.Add(h.Length); t.Before(until) {
 					until = t
 				}
 				break
