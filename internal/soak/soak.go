@@ -48,6 +48,9 @@ type Options struct {
 	// The checks' bounds.
 	MinGap       time.Duration // observer gaps at least this long must be counted by the SLO counter; default 100 ms
 	MaxUncounted int           // uncounted gaps allowed; default 0
+	// MaxUnlogged is how many gaps >= MinGap may go unlogged for their key by every daemon; default 0. make test
+	// sets it above 0 while the per-key holes listed in docs/benchmarks.md §10 are open.
+	MaxUnlogged  int
 	PhantomRatio float64       // the counters' sum may exceed the observer's gaps by this factor ...; default 1.05
 	PhantomSlack float64       // ... plus this many (keys that turn hot and expire within the 1 s hot-set refresh); default 3
 	Settle       time.Duration // wait after the last row update before comparing cached values with PostgreSQL; default 5 s

@@ -527,6 +527,25 @@ func TestReportChecksCanFail(t *testing.T) {
 		{"fault did not bite", func(r *soakResult) { r.faults[0].noBite = "Redis refused nothing" }, "fault did not bite: flushdb at 40s: Redis refused nothing"},
 		{"change never visible", func(r *soakResult) { r.fresh[0].Targets[0].Resolved = false }, "never visible"},
 	}
+	// MaxUnlogged (make test's tolerance while the per-key holes are open): the gap logged for another key only
+	// passes with one allowed, and two such gaps fail it.
+	t.Run("max unlogged", func(t *testing.T) {
+		f := f
+		f.MaxUnlogged = 1
+		r := clean()
+		r.logs[0].key = "track:2"
+		if err := r.report(io.Discard, f); err != nil {
+			t.Errorf("one gap not logged, --max-unlogged 1: %v, want every check to pass", err)
+		}
+		r = clean()
+		r.logs[0].key = "track:2"
+		r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:9", Start: at(41), Length: time.Second})
+		r.final["track"] = 2
+		err := r.report(io.Discard, f)
+		if err == nil || !strings.Contains(err.Error(), "not logged <= 1") {
+			t.Errorf("two gaps not logged, --max-unlogged 1: %v, want the per-key check to fail", err)
+		}
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := clean()

@@ -311,7 +311,11 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	if r.logErr != nil {
 		nlDetail = fmt.Sprintf("daemon logs: %v", r.logErr)
 	}
-	check(len(notLogged) == 0 && r.logErr == nil, fmt.Sprintf("every gap >= %v logged for its key by some daemon", f.MinGap),
+	name := fmt.Sprintf("every gap >= %v logged for its key by some daemon", f.MinGap)
+	if f.MaxUnlogged > 0 {
+		name = fmt.Sprintf("gaps >= %v logged for their key by some daemon (not logged <= %d: a known open hole, see docs/benchmarks.md §10)", f.MinGap, f.MaxUnlogged)
+	}
+	check(len(notLogged) <= f.MaxUnlogged && r.logErr == nil, name,
 		fmt.Sprintf("%d gaps (blinks left out), %d not logged", judgedLong, len(notLogged)), nlDetail)
 	limit := f.PhantomRatio*float64(totalObserved) + f.PhantomSlack
 	phDetail := ""
