@@ -230,6 +230,9 @@ type stampedeEnv struct {
 	stderr  io.Writer
 	schema  string
 	machine machine
+	// checked, when set (tests), is called after each reference read's first look at the value, before it
+	// decides to recompute or wait: a test knows then that the read saw the key as it was.
+	checked func()
 }
 
 func stampede(ctx context.Context, c stampedeConfig, stdout, stderr io.Writer) (*stampedeReport, error) {

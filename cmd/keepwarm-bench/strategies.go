@@ -356,6 +356,9 @@ func (e *stampedeEnv) referenceReader(name, sp string, xf, locked bool, recomput
 
 	return func(ctx context.Context) readOutcome {
 		v, o, must := check(ctx)
+		if e.checked != nil {
+			e.checked()
+		}
 		switch {
 		case !must:
 			return o

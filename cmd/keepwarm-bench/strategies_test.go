@@ -78,7 +78,9 @@ func TestReferenceStrategies(t *testing.T) {
 			const workers = 4
 			rdb := testenv.Redis(t)
 			cmds := testenv.CountCommands(rdb)
-			e := &stampedeEnv{c: stampedeConfig{workers: workers, expiry: time.Minute, lockTTL: 10 * time.Second, beta: 1}, app: rdb}
+			var checked atomic.Int64
+			e := &stampedeEnv{c: stampedeConfig{workers: workers, expiry: time.Minute, lockTTL: 10 * time.Second, beta: 1}, app: rdb,
+				checked: func() { checked.Add(1) }}
 			setup, err := st.start(context.Background(), &strategyRun{stampedeEnv: e, name: tt.name,
 				prefix: prefix + tt.name + ":", recompute: recompute, origin: &origin{}, cnt: &stampedeCounters{},
 				measuring: new(atomic.Bool)})
@@ -98,11 +100,13 @@ func TestReferenceStrategies(t *testing.T) {
 					outs[i] = read(context.Background())
 				}()
 			}
-			// Release the recomputes once every reader recomputes or has tried the lock (a SET NX; nothing else
-			// sends SET before a recompute returns).
+			// Release the recomputes once every reader has looked at the empty key and recomputes or waits for the
+			// lock (a SET NX; nothing else sends SET before a recompute returns). Counting SETs alone was not
+			// enough: a loser retries its SET NX every lockPoll, so on a loaded machine three readers reached the
+			// count while the fourth had not read yet, and it then found the value (a hit, not the miss wanted).
 			testenv.Eventually(t, 10*time.Second, "every reader recomputing or waiting for the lock", func() bool {
 				n := inflight.Load()
-				return n == workers || n == 1 && cmds.Count("set") >= workers
+				return checked.Load() == workers && (n == workers || n == 1 && cmds.Count("set") >= workers)
 			})
 			if got := inflight.Load(); got != tt.wantRecomputes {
 				t.Errorf("recomputes at once: got %d, want %d", got, tt.wantRecomputes)
