@@ -119,14 +119,6 @@ func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time
 		}
 		return
 	}
-	if it.result == ResultLockLost && errors.Is(it.err, lockstep.ErrLockGone) && it.prevTTL == lockstep.PrevGone &&
-		h != nil && !h.expiry.IsZero() && p.start.Before(h.expiry.Add(-expiryTolerance)) {
-		// The publish found the lock gone after the lease could have lapsed (renewals were late), but the value
-		// was gone too, before its known expiry: deleted with its lock (an invalidation, or a flush), not
-		// expired. Judged as a lock found gone, not retried with back-off (which left an invalidated key
-		// uncached until the next look, and counted it then).
-		it.result = ResultLockGone
-	}
 	if it.result != "" && it.result != ResultFresh && it.result != resultSettled {
 		k.countItem(it)
 	}
