@@ -106,12 +106,7 @@ func (k *loopState) judgeLeft(ctx context.Context) {
 	k.redisOK()
 	k.left = nil
 	for i, h := range hs {
-		switch p := ttls[i]; {
-		case p == pttlGone:
-			k.noteGone(h, now)
-		case p > 0:
-			k.judgeReading(h, now, p, "rebuilt by another writer after it expired")
-		}
+		k.judgeReplaced(h, now, ttls[i])
 	}
 }
 
@@ -212,6 +207,19 @@ func (k *loopState) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 			h.expiry = exp
 			k.schedule(h)
 		}
+	}
+}
+
+// judgeReplaced judges the last reading of a value the daemon knew, taken at now: the TTL a publish reported
+// for the value it replaced, or a PTTL read after the key left the hot set. Gone (pttlGone), the value was lost
+// (noteGone); present, it is judged as a reading (judgeReading: someone's rebuild after the known expiry is a
+// miss). Other TTLs (no expiry) judge nothing.
+func (k *loopState) judgeReplaced(h *hotState, now time.Time, pttl time.Duration) {
+	switch {
+	case pttl == pttlGone:
+		k.noteGone(h, now)
+	case pttl > 0:
+		k.judgeReading(h, now, pttl, "rebuilt by another writer after it expired")
 	}
 }
 

@@ -187,9 +187,9 @@ func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time
 			// The publish found the value already gone: an expiry the periodic check may never have seen.
 			k.noteHandover(h, pttlGone, now)
 			k.noteGone(h, now)
-		case it.prevTTL > 0:
+		default:
 			// The value it replaced: the daemon's own, or someone's rebuild after the known expiry (a miss).
-			k.judgeReading(h, p.start, it.prevTTL, "rebuilt by another writer after it expired")
+			k.judgeReplaced(h, p.start, it.prevTTL)
 		}
 		if !it.prevUnknown {
 			k.w.m.leadSeconds.WithLabelValues(cfg.Name).Observe(max(it.prevTTL, 0).Seconds())

@@ -782,12 +782,8 @@ func noteRefreshedOn(k *loopState, p *pipeline, batch []*item) {
 			continue
 		}
 		if k.owns(h.id) {
-			switch {
-			case it.prevUnknown:
-			case it.prevTTL == lockstep.PrevGone:
-				k.noteGone(h, p.start)
-			case it.prevTTL > 0:
-				k.judgeReading(h, p.start, it.prevTTL, "rebuilt by another writer after it expired")
+			if !it.prevUnknown {
+				k.judgeReplaced(h, p.start, it.prevTTL)
 			}
 		}
 		h.counted, h.invalidated, h.shortNotice = false, false, false
