@@ -65,10 +65,19 @@ type NearCache struct {
 // Dialer, and rdb's OnConnect (run first), but Protocol 2 and one connection. Hooks added to rdb with AddHook do not
 // see it.
 //
+// The dedicated connection must be on the server the app's client reaches: on every new connection, and at
+// every heartbeat, the app's client PUBLISHes an empty message to a channel that only the dedicated connection
+// subscribes to (__lockstep:near:probe:<token>), and no receiver means that it is on another server (after a
+// Sentinel failover, or when a proxy or DNS name moved the app's connections): the near cache is emptied and
+// bypassed until a new dedicated connection passes the probe. So rdb may be a Sentinel failover client
+// (redis.NewFailoverClient): the copied Dialer reaches the current master, and after a failover a value is served
+// at most about MaxLag/2 after the app's client has moved to the new master. The app's ACL user needs PUBLISH.
+// A ReplicaOnly failover client reads from replicas that the dedicated connection does not follow: its near cache
+// stays bypassed, with a warning.
+//
 // New refuses the near cache, with an error wrapping ErrNearUnsupported, when rdb is not a *redis.Client (a
-// Cluster client or a Ring: tracking is per node, and one connection sees one node's changes only), when it is a
-// Sentinel failover client (the dedicated connection would not follow a failover), when it takes credentials from
-// a StreamingCredentialsProvider (go-redis re-authenticates live connections with AUTH, and Redis refuses AUTH on a
+// Cluster client or a Ring: tracking is per node, and one connection sees one node's changes only), when it takes
+// credentials from a StreamingCredentialsProvider (go-redis re-authenticates live connections with AUTH, and Redis refuses AUTH on a
 // subscribed RESP2 connection), or with WithXFetch (XFetch decides on reads that reach Redis; near hits would hide
 // them). The app's connection protocol (RESP2 or RESP3) and database do not matter: broadcast tracking names keys
 // without their database, so a change of the same key name in another database also invalidates (harmless).

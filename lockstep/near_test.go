@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,14 +55,21 @@ type nearReaders struct {
 
 func newNearReaders(tb testing.TB, url string, keys *lockstep.Keys, origin *atomic.Pointer[string], n int) *nearReaders {
 	tb.Helper()
+	return newNearReadersOn(tb, func(i int) *redis.Client {
+		if i%2 == 1 { // the app's protocol does not matter: half the Clients speak RESP2
+			return redisFromURL(tb, url+"?protocol=2")
+		}
+		return redisFromURL(tb, url)
+	}, keys, origin, n)
+}
+
+// newNearReadersOn is newNearReaders with the app's client of Client i made by rdb(i).
+func newNearReadersOn(tb testing.TB, rdb func(i int) *redis.Client, keys *lockstep.Keys, origin *atomic.Pointer[string], n int) *nearReaders {
+	tb.Helper()
 	r := &nearReaders{origin: origin}
 	load := func(_ context.Context, _ string) ([]byte, error) { return []byte(*origin.Load()), nil }
 	for i := range n {
-		u := url
-		if i%2 == 1 { // the app's protocol does not matter: half the Clients speak RESP2
-			u += "?protocol=2"
-		}
-		rdb := redisFromURL(tb, u)
+		rdb := rdb(i)
 		rec := newNearRecorder()
 		c := newClient(tb, rdb, "product", keys, load, time.Hour, lockstep.WithNearCache(nearOpts), lockstep.WithRecorder(rec))
 		waitNearUp(tb, c)
@@ -270,6 +278,57 @@ func TestNearCacheConnectionLoss(t *testing.T) {
 	}
 }
 
+// TestNearCacheFollowsTheAppsServer: the app's client moves to another server (a proxy or DNS name now points at
+// server B, and the app's connections to A are killed) while the invalidation connection, a pub/sub one, stays
+// subscribed on A and would hear nothing of changes made on B. The probe (the app's client PUBLISHes to a channel
+// only the invalidation connection subscribes to) finds no receiver on B: the near cache is emptied and bypassed,
+// every reader sees B's value well within the hour of MaxStaleness, and the near cache comes back on a new
+// connection to B. Without the probe the readers serve A's old value from memory and the test fails.
+func TestNearCacheFollowsTheAppsServer(t *testing.T) {
+	ctx := context.Background()
+	a, err := redisserver.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+	b, err := redisserver.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	onA, onB := redisFromURL(t, a.URL), redisFromURL(t, b.URL)
+	var target atomic.Pointer[string] // the address the name "moving:6379" resolves to
+	addrA := onA.Options().Addr
+	target.Store(&addrA)
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, *target.Load())
+	}
+	keys := mustKeys(t, "nearmoved:", false)
+	var origin atomic.Pointer[string]
+	v1, v2 := "v1 on A", "v2 on B"
+	origin.Store(&v1)
+	r := newNearReadersOn(t, func(int) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: "moving:6379", Dialer: dial})
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}, keys, &origin, 3)
+	r.warm(t, "1", v1)
+
+	addrB := onB.Options().Addr
+	target.Store(&addrB)
+	origin.Store(&v2)
+	if err := onB.Set(ctx, mustFor(t, keys, "1").Cache, v2, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The app's connections (TYPE normal) leave A; the invalidation connections (TYPE pubsub) stay.
+	if err := onA.ClientKillByFilter(ctx, "TYPE", "normal", "SKIPME", "yes").Err(); err != nil {
+		t.Fatalf("CLIENT KILL TYPE normal on A: %v", err)
+	}
+	r.converge(t, "1", v2, 5*time.Second, true)
+	r.warm(t, "1", v2) // served from memory again: the near cache is back, on B (A never had v2)
+}
+
 // TestNearCacheBypassWhileDown: a Client whose invalidation connection cannot be made (the server is gone) reads
 // Redis on every Get and counts bypasses; nothing is served from memory.
 func TestNearCacheBypassWhileDown(t *testing.T) {
@@ -472,8 +531,6 @@ func TestNearCacheRefused(t *testing.T) {
 	t.Cleanup(func() { _ = cluster.Close() })
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}})
 	t.Cleanup(func() { _ = ring.Close() })
-	failover := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}})
-	t.Cleanup(func() { _ = failover.Close() })
 	provider := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", StreamingCredentialsProvider: staticStreamingCredentials{}})
 	t.Cleanup(func() { _ = provider.Close() })
 	tests := []struct {
@@ -486,7 +543,6 @@ func TestNearCacheRefused(t *testing.T) {
 		{"cluster", cluster, nil, lockstep.ErrNearUnsupported, "*redis.ClusterClient"},
 		{"ring", ring, nil, lockstep.ErrNearUnsupported, "*redis.Ring"},
 		{"wrapper", wrappedClient{plain}, nil, lockstep.ErrNearUnsupported, "not a *redis.Client"},
-		{"sentinel failover", failover, nil, lockstep.ErrNearUnsupported, "Sentinel"},
 		{"streaming credentials provider", provider, nil, lockstep.ErrNearUnsupported, "streaming provider"},
 		{"xfetch", plain, []lockstep.Option{lockstep.WithXFetch(1)}, lockstep.ErrNearUnsupported, "XFetch"},
 	}

@@ -17,6 +17,14 @@ import (
 // nearInvalidateChannel is where Redis redirects invalidation messages for RESP2 connections.
 const nearInvalidateChannel = "__redis__:invalidate"
 
+// nearProbePrefix starts the name of the channel that only one tracker's dedicated connection subscribes to; the
+// app's client publishes to it to learn whether the two are on the same server (nearTracker.onAppServer).
+const nearProbePrefix = "__lockstep:near:probe:"
+
+// errNotOnAppServer: the dedicated connection is subscribed on a server other than the one the app's client
+// reaches (PUBLISH to the probe channel through the app's client had no receiver).
+var errNotOnAppServer = errors.New("the invalidation connection is not on the server the app's client reaches (a failover, or a proxy or DNS name that moved)")
+
 // nearTracker owns the dedicated invalidation connection of a near cache: a go-redis client of its own (RESP2,
 // one connection) whose OnConnect hook turns broadcast tracking on, and a PubSub on __redis__:invalidate whose
 // messages it applies to the store. The store is up only from the subscription's confirmation on a connection
@@ -24,6 +32,8 @@ const nearInvalidateChannel = "__redis__:invalidate"
 type nearTracker struct {
 	store    *nearStore
 	rdb      *redis.Client // the dedicated client; its connections go through dialHook and onConnect
+	app      *redis.Client // the app's client, which publishes to probe
+	probe    string        // nearProbePrefix + a token: subscribed by the dedicated connection alone
 	prefix   string        // BCAST PREFIX; "" tracks every key
 	maxLag   time.Duration
 	log      *slog.Logger
@@ -48,10 +58,7 @@ func checkNear(rdb RedisClient, cfg *config) (*redis.Client, error) {
 		return nil, unsupported(fmt.Sprintf("rdb is a %T, not a *redis.Client: tracking is per Redis node (a Cluster or a Ring would need one tracking connection per node)", rdb))
 	}
 	opt := c.Options()
-	switch {
-	case opt.Addr == "FailoverClient":
-		return nil, unsupported("rdb is a Sentinel failover client: the tracking connection would not follow a failover")
-	case opt.StreamingCredentialsProvider != nil:
+	if opt.StreamingCredentialsProvider != nil {
 		return nil, unsupported("rdb takes credentials from a streaming provider: go-redis re-authenticates live connections with AUTH, and Redis refuses AUTH on a subscribed RESP2 connection")
 	}
 	return c, nil
@@ -70,10 +77,11 @@ func literalPrefix(t Template) string {
 }
 
 // newNearTracker builds the dedicated client from a copy of rdb's options: same address, database, credentials,
-// TLS and Dialer, but RESP2 (so that invalidations arrive as pub/sub messages), one connection, no client-side
-// caching of go-redis's own, and lockstep's OnConnect (after the app's, if any).
+// TLS and Dialer (a Sentinel failover client's Dialer asks the Sentinels for the current master on every dial),
+// but RESP2 (so that invalidations arrive as pub/sub messages), one connection, no client-side caching of
+// go-redis's own, and lockstep's OnConnect (after the app's, if any).
 func newNearTracker(rdb *redis.Client, store *nearStore, prefix string, maxLag time.Duration, log *slog.Logger, report func(int64)) *nearTracker {
-	t := &nearTracker{store: store, prefix: prefix, maxLag: maxLag, log: log, report: report}
+	t := &nearTracker{store: store, app: rdb, probe: nearProbePrefix + NewToken(), prefix: prefix, maxLag: maxLag, log: log, report: report}
 	opt := *rdb.Options()
 	t.appHook = opt.OnConnect
 	opt.OnConnect = t.onConnect
@@ -188,11 +196,12 @@ func (t *nearTracker) run(stop <-chan struct{}) {
 		_ = t.rdb.Close()
 	}()
 	backoff := minBackoff
+	warned := false // errNotOnAppServer was logged since the store was last up
 	timer := time.NewTimer(0)
 	<-timer.C
 	defer timer.Stop()
 	for {
-		ps := t.rdb.Subscribe(ctx, nearInvalidateChannel) // an error here comes back from ReceiveTimeout
+		ps := t.rdb.Subscribe(ctx, nearInvalidateChannel, t.probe) // an error here comes back from ReceiveTimeout
 		if !hb.set(ps) {
 			return
 		}
@@ -200,8 +209,11 @@ func (t *nearTracker) run(stop <-chan struct{}) {
 			dials := t.started()
 			msg, err := ps.ReceiveTimeout(ctx, t.maxLag)
 			if err == nil {
-				t.apply(msg)
+				err = t.apply(ctx, msg)
+			}
+			if err == nil {
 				backoff = minBackoff
+				warned = warned && !t.store.up.Load()
 				continue
 			}
 			wasUp := t.store.up.Load()
@@ -210,9 +222,14 @@ func (t *nearTracker) run(stop <-chan struct{}) {
 			if ctx.Err() != nil {
 				return
 			}
-			if wasUp {
+			switch {
+			case wasUp:
 				t.log.Warn("lockstep: near cache invalidation subscription interrupted (a lost or late connection, or a flush); bypassing the near cache until it is back", "error", err)
-			} else {
+			case errors.Is(err, errNotOnAppServer) && !warned:
+				warned = true // once until the store is up again: a client that reads from replicas would repeat it every second
+				t.log.Warn("lockstep: near cache bypassed: its invalidation connection keeps reaching another server than the app's client (with Sentinel, is the client ReplicaOnly?)", "error", err)
+				fallthrough
+			default:
 				t.log.Debug("lockstep: near cache invalidation connection: still down", "error", err, "retry_in", backoff)
 				timer.Reset(backoff)
 				select {
@@ -231,26 +248,52 @@ func (t *nearTracker) run(stop <-chan struct{}) {
 }
 
 // apply handles one message of the subscription: the confirmation of a new connection's subscription (the store
-// goes up), an invalidation of keys, or a heartbeat reply.
-func (t *nearTracker) apply(msg any) {
+// goes up if that connection is on the app's server, else apply returns the error of onAppServer), an
+// invalidation of keys, or a heartbeat reply (ignored, like the probes).
+func (t *nearTracker) apply(ctx context.Context, msg any) error {
 	switch m := msg.(type) {
 	case *redis.Subscription:
 		if m.Kind == "subscribe" && m.Channel == nearInvalidateChannel {
+			// SUBSCRIBE names both channels in one command, so the probe channel is subscribed by now.
+			if err := t.onAppServer(ctx); err != nil {
+				return err
+			}
 			t.subscribed()
 			t.report(t.store.bytes.Load())
 		}
 	case *redis.Message:
 		if m.Channel != nearInvalidateChannel {
-			return
+			return nil
 		}
 		if len(m.PayloadSlice) == 0 {
 			t.store.reset(true) // no key named: treat it as a flush
-			return
+			return nil
 		}
 		for _, k := range m.PayloadSlice {
 			t.store.invalidate(k)
 		}
 	}
+	return nil
+}
+
+// onAppServer says whether the dedicated connection is subscribed on the server that the app's client reaches
+// now: the app's client PUBLISHes an empty message to the probe channel, which no one but this tracker's
+// connection subscribes to, and Redis answers with the number of receivers on that server. 0 is
+// errNotOnAppServer: after a Sentinel failover, or when a proxy or a DNS name moved the app's connections, the
+// dedicated one can still be subscribed on the old server and would not hear of changes made on the new one. The
+// PUBLISH goes through the app's client and its hooks, and is bounded by MaxLag; its error (the server is down)
+// is returned as it is.
+func (t *nearTracker) onAppServer(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, t.maxLag)
+	defer cancel()
+	n, err := t.app.Publish(ctx, t.probe, "").Result()
+	switch {
+	case err != nil:
+		return fmt.Errorf("probe of the app's server (PUBLISH %s): %w", t.probe, err)
+	case n == 0:
+		return errNotOnAppServer
+	}
+	return nil
 }
 
 // nearHeartbeat is the PubSub the heartbeat pings. mu guards ps and closed.
@@ -289,7 +332,10 @@ func (h *nearHeartbeat) close() {
 }
 
 // heartbeat pings the subscribed connection every MaxLag/2 while the store is up (Redis answers in order, so a
-// pong proves every earlier invalidation has arrived) until stop is closed, then closes the PubSub.
+// pong proves every earlier invalidation has arrived), and checks that it is still on the app's server
+// (onAppServer): when it is not, the store goes down at once and the connection is closed, so that run makes a
+// new one (through the Dialer, which after a Sentinel failover reaches the new master). It runs until stop is
+// closed, then closes the PubSub.
 func (t *nearTracker) heartbeat(ctx context.Context, cancel context.CancelFunc, stop <-chan struct{}, hb *nearHeartbeat) {
 	defer cancel()
 	tick := time.NewTicker(t.maxLag / 2)
@@ -308,10 +354,17 @@ func (t *nearTracker) heartbeat(ctx context.Context, cancel context.CancelFunc, 
 		if !t.store.up.Load() {
 			continue // no connection to ping; pinging would dial one outside run's back-off
 		}
-		if ps := hb.get(); ps != nil {
-			if err := ps.Ping(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				t.log.Debug("lockstep: near cache heartbeat", "error", err)
-			}
+		ps := hb.get()
+		if ps == nil {
+			continue
+		}
+		if err := ps.Ping(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			t.log.Debug("lockstep: near cache heartbeat", "error", err)
+		}
+		if err := t.onAppServer(ctx); errors.Is(err, errNotOnAppServer) {
+			t.down()
+			t.log.Warn("lockstep: near cache bypassed until its invalidation connection is made again", "error", err)
+			_ = ps.Close() // run's ReceiveTimeout fails, and run subscribes on a new connection
 		}
 	}
 }

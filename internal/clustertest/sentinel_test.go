@@ -2,14 +2,18 @@ package clustertest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/warmer"
 )
 
@@ -109,4 +113,125 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 	t.Logf("SENTINEL FAILOVER %s -> %s: promoted after %v, daemon subscribed there with flags after %v, old master demoted after %v, window %v; in the window: %d misses, %d errors; %s; apps: %v",
 		old, promoted, promotedIn.Round(time.Millisecond), resubscribedIn.Round(time.Millisecond), demotedIn.Round(time.Millisecond),
 		windowLen.Round(time.Millisecond), missesIn, errsIn, errorReasons(t, d), r)
+}
+
+// nearRecorder counts a lockstep Client's near hits (lockstep.NearRecorder); the rest goes to a readers.
+type nearRecorder struct {
+	recorder
+	nearHits atomic.Int64
+}
+
+func (c *nearRecorder) NearHit(string)          { c.nearHits.Add(1) }
+func (c *nearRecorder) NearBypass(string)       {}
+func (c *nearRecorder) NearInvalidation(string) {}
+func (c *nearRecorder) NearBytes(string, int64) {}
+
+// TestNearCacheSentinelFailover: three app Clients on Sentinel failover clients hold a value in their near
+// caches (MaxStaleness one hour); SENTINEL FAILOVER promotes the replica, and the value is changed on the new
+// master while the old one is still a master (Sentinel demotes it about 10 s later), so the invalidation
+// connections still subscribed there hear nothing of the change. Every reader must read the new value within
+// 5 s of the write, and none the old one after the new one; the near caches come back on the new master. What
+// makes it pass is lockstep's probe of the app's server (the app's client PUBLISHes to a channel only the
+// invalidation connection subscribes to): without it the readers serve the old value from memory until the
+// demotion's resynchronisation.
+func TestNearCacheSentinelFailover(t *testing.T) {
+	writer := testenv.SentinelClient(t)
+	ctx := context.Background()
+	p := testenv.Prefix(t, writer)
+	keys, err := lockstep.NewKeys(p+"near:${id}", "", lockstep.DefaultStaleTemplate, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cacheKey := p + "near:1"
+	var origin atomic.Pointer[string]
+	v1, v2 := "v1 on the old master", "v2 on the new master"
+	origin.Store(&v1)
+	load := func(context.Context, string) ([]byte, error) { return []byte(*origin.Load()), nil }
+	var clients []*lockstep.Client
+	var recs []*nearRecorder
+	for range 3 {
+		rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: testenv.SentinelMasterName(), SentinelAddrs: testenv.SentinelAddrs()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		rec := &nearRecorder{recorder: recorder{r: &readers{}}}
+		c, err := lockstep.New(rdb, "near", keys, load, time.Hour,
+			lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: time.Hour}), lockstep.WithRecorder(rec))
+		if err != nil {
+			t.Fatalf("lockstep.New with a near cache on a Sentinel failover client: %v", err)
+		}
+		t.Cleanup(func() { _ = c.Close(context.Background()) })
+		clients, recs = append(clients, c), append(recs, rec)
+	}
+	servedFromMemory := func(want string) {
+		t.Helper()
+		for i, c := range clients {
+			testenv.Eventually(t, 10*time.Second, fmt.Sprintf("client %d serves %q from memory", i, want), func() bool {
+				before := recs[i].nearHits.Load()
+				v, err := c.Get(ctx, "1")
+				return err == nil && string(v) == want && recs[i].nearHits.Load() > before
+			})
+		}
+	}
+	servedFromMemory(v1)
+
+	old := sentinelMaster(t)
+	s := redis.NewSentinelClient(&redis.Options{Addr: testenv.SentinelAddrs()[0]})
+	defer s.Close()
+	if err := s.Failover(ctx, testenv.SentinelMasterName()).Err(); err != nil {
+		t.Fatalf("SENTINEL FAILOVER %s: %v", testenv.SentinelMasterName(), err)
+	}
+	var promoted string
+	testenv.Eventually(t, 20*time.Second, "the Sentinels name a new master", func() bool {
+		promoted = sentinelMaster(t)
+		return promoted != old && role(node(t, promoted)) == "master"
+	})
+	_, port, _ := net.SplitHostPort(promoted)
+	testenv.Eventually(t, 20*time.Second, "v2 written on the new master", func() bool {
+		info, err := writer.Info(ctx, "server").Result()
+		if err != nil || !strings.Contains(info, "tcp_port:"+port) {
+			return false
+		}
+		origin.Store(&v2)
+		return writer.Set(ctx, cacheKey, v2, time.Hour).Err() == nil
+	})
+	written := time.Now()
+	oldRole := role(node(t, old))
+
+	// 2 goroutines per Client read until v2, then 20 more reads each, all v2.
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(clients))
+	for i, c := range clients {
+		for g := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				after := -1
+				for after < 20 {
+					if rctx.Err() != nil {
+						errs <- fmt.Errorf("client %d goroutine %d: never read %q within 5s of the write", i, g, v2)
+						return
+					}
+					v, err := c.Get(rctx, "1")
+					switch {
+					case err != nil: // the failover's errors (READONLY, closed connections) are not what is judged
+					case string(v) == v2:
+						after++
+					case after >= 0:
+						errs <- fmt.Errorf("client %d goroutine %d: read %q after %q", i, g, v, v2)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	converged := time.Since(written)
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	servedFromMemory(v2)
+	t.Logf("SENTINEL FAILOVER %s -> %s; the old master's role when v2 was written: %s; every reader read v2 %v after the write",
+		old, promoted, oldRole, converged.Round(time.Millisecond))
 }
