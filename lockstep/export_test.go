@@ -46,3 +46,14 @@ func NearUp(c *Client) bool { return c.near.up.Load() }
 
 // NearBytes is the bytes c's near cache holds.
 func NearBytes(c *Client) int64 { return c.near.bytes.Load() }
+
+// NearDeadline is the deadline of key's value in c's near cache, or zero when it holds none.
+func NearDeadline(c *Client, key string) time.Time {
+	sh := c.near.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if el, ok := sh.items[key]; ok {
+		return el.Value.(*nearEntry).deadline
+	}
+	return time.Time{}
+}

@@ -51,7 +51,19 @@ type NearCache struct {
 	// PING every MaxLag/2) before it counts as down: the near cache is then emptied and bypassed, and a new
 	// connection is made. Default DefaultNearMaxLag (500ms); 0 takes the default; at least 10ms, or New returns an error.
 	MaxLag time.Duration
+	// NoRefetch turns off the background refetch. By default one goroutine per Client reads a key again (GET and
+	// PTTL, under the same rules as a fill) when an invalidation drops a value that was served from memory since
+	// it was fetched, and when a value is read from memory in the last fifth of its life there (its deadline,
+	// start + min(MaxStaleness, PTTL)): the next reads find the value in memory instead of each instance's first
+	// reader paying a Redis round trip after every change and every MaxStaleness. This is refresh-ahead for the
+	// memory tier, and what keeps hot-read p99 at memory speed. It costs one GET per Client per change of such a
+	// key and per MaxStaleness, which those reads would otherwise have made themselves. At most 1,024 keys wait;
+	// more are dropped (the next read fetches them).
+	NoRefetch bool
 }
+
+// nearRefetchQueue bounds the keys waiting for a refetch (NearCache.NoRefetch).
+const nearRefetchQueue = 1024
 
 // WithNearCache turns on the near cache (off by default). A Get first looks in memory; a value is held there only
 // while the invalidation connection is up, is dropped as soon as Redis's invalidation of its key reaches the Client,
@@ -134,7 +146,8 @@ type nearStore struct {
 	bytes     atomic.Int64  // sum over shards
 	shards    [nearShards]nearShard
 	clock     func() time.Time
-	onInvalid func() // counts one invalidation (NearRecorder.NearInvalidation)
+	onInvalid func()      // counts one invalidation (NearRecorder.NearInvalidation)
+	refetch   chan string // keys to read again after an invalidation (nil: NoRefetch)
 }
 
 // nearShard is one locked part of the store. mu guards every field.
@@ -152,7 +165,19 @@ type nearEntry struct {
 	size     int64
 	epoch    uint64
 	deadline time.Time // by the Client's clock: served strictly before it
+	served   bool      // served from memory since it was stored (worth a refetch when invalidated)
+	renewAt  time.Time // from then on a read queues one refetch (zero: never; see nearRenewFraction)
+	renewing bool      // that refetch is queued
 }
+
+// nearRenewFraction: a value read from memory in the last fifth of its life there (deadline − start) is refetched
+// in the background once, so a key read often keeps being served from memory across MaxStaleness instead of one
+// reader per instance paying a Redis round trip each time it runs out. Values held less than nearMinRenewLife are
+// not (a key about to expire in Redis would be refetched over and over).
+const (
+	nearRenewFraction = 0.2
+	nearMinRenewLife  = 100 * time.Millisecond
+)
 
 // nearTicket is what begin hands to put.
 type nearTicket struct {
@@ -172,6 +197,9 @@ func newNearStore(n *NearCache, clock func() time.Time, onInvalid func()) *nearS
 	}
 	for i := range s.shards {
 		s.shards[i].items = map[string]*list.Element{}
+	}
+	if !n.NoRefetch {
+		s.refetch = make(chan string, nearRefetchQueue)
 	}
 	return s
 }
@@ -201,7 +229,24 @@ func (s *nearStore) get(key string) ([]byte, bool) {
 		return nil, false
 	}
 	sh.lru.MoveToFront(el)
+	e.served = true
+	if !e.renewing && !e.renewAt.IsZero() && !now.Before(e.renewAt) && s.queueRefetch(key) {
+		e.renewing = true
+	}
 	return e.val, true
+}
+
+// queueRefetch queues key for a refetch unless refetches are off or the queue is full.
+func (s *nearStore) queueRefetch(key string) bool {
+	if s.refetch == nil {
+		return false
+	}
+	select {
+	case s.refetch <- key:
+		return true
+	default: // full: the next read fetches it
+		return false
+	}
 }
 
 // begin starts a fill of key; the ticket is not ok while the connection is down (a bypass).
@@ -232,6 +277,9 @@ func (s *nearStore) put(t nearTicket, key string, val []byte, ttl time.Duration)
 		life = ttl
 	}
 	e := &nearEntry{key: key, val: val, size: size, epoch: t.epoch, deadline: t.start.Add(life)}
+	if life >= nearMinRenewLife {
+		e.renewAt = e.deadline.Add(-time.Duration(float64(life) * nearRenewFraction))
+	}
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -260,16 +308,24 @@ func (sh *nearShard) remove(el *list.Element) {
 	sh.bytes -= e.size
 }
 
-// invalidate drops key and fails the fills of its shard in flight.
+// invalidate drops key and fails the fills of its shard in flight. A dropped value that had been served from
+// memory is queued for a refetch (NearCache.NoRefetch), after the shard's sequence moved, so the refetch's own
+// ticket is newer than this invalidation.
 func (s *nearStore) invalidate(key string) {
 	s.onInvalid()
 	sh := s.shard(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	sh.seq++
+	served := false
 	if el, ok := sh.items[key]; ok {
-		s.bytes.Add(-el.Value.(*nearEntry).size)
+		e := el.Value.(*nearEntry)
+		served = e.served
+		s.bytes.Add(-e.size)
 		sh.remove(el)
+	}
+	sh.mu.Unlock()
+	if served {
+		s.queueRefetch(key)
 	}
 }
 
@@ -317,6 +373,12 @@ func (c *Client) nearGet(ctx context.Context, key string) ([]byte, error) {
 		}
 		return v, nil
 	}
+	return c.nearFill(ctx, t, key)
+}
+
+// nearFill reads key from Redis (GET and PTTL in one round trip) and stores the value under ticket t, which the
+// caller took before the read. It returns redis.Nil for a missing value.
+func (c *Client) nearFill(ctx context.Context, t nearTicket, key string) ([]byte, error) {
 	v, pttl, _, err := c.readWithPTTL(ctx, key, "")
 	if err != nil {
 		return nil, err
@@ -325,6 +387,28 @@ func (c *Client) nearGet(ctx context.Context, key string) ([]byte, error) {
 		c.near.put(t, key, bytes.Clone(v), ttl)
 	}
 	return v, nil
+}
+
+// nearRefetch reads again, one at a time, the keys that invalidate queued, until stop is closed. Each read is a
+// fill like a reader's (its ticket taken after the invalidation was applied, bounded by the Client's timeouts);
+// a missing key or an error stores nothing.
+func (c *Client) nearRefetch(stop <-chan struct{}) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-stop:
+			return
+		case key := <-c.near.refetch:
+			if t := c.near.begin(key); t.ok {
+				_, _ = c.nearFill(ctx, t, key)
+			}
+		}
+	}
 }
 
 // startNear builds the near cache on rdb and starts its tracker, stopped by Close.
@@ -343,4 +427,11 @@ func (c *Client) startNear(rdb *redis.Client) {
 		defer c.wg.Done()
 		t.run(c.stop)
 	}()
+	if c.near.refetch != nil {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.nearRefetch(c.stop)
+		}()
+	}
 }

@@ -329,6 +329,50 @@ func TestNearCacheFollowsTheAppsServer(t *testing.T) {
 	r.warm(t, "1", v2) // served from memory again: the near cache is back, on B (A never had v2)
 }
 
+// TestNearCacheRefetch: a value served from memory and then changed by another writer is read again in the
+// background, with no Get in between, so that the next Get is a near hit of the new value; a value that was only
+// fetched (never served from memory) is not, and the next Get of it goes to Redis.
+func TestNearCacheRefetch(t *testing.T) {
+	srv := testenv.RestartableRedis(t)
+	writer := redisFromURL(t, srv.URL)
+	ctx := context.Background()
+	keys := mustKeys(t, "nearrefetch:", false)
+	rec := newNearRecorder()
+	c := newClient(t, redisFromURL(t, srv.URL), "product", keys, func(_ context.Context, id string) ([]byte, error) {
+		return []byte("v1-" + id), nil
+	}, time.Hour, lockstep.WithNearCache(nearOpts), lockstep.WithRecorder(rec))
+	waitNearUp(t, c)
+	get := func(id, want string) (nearHit bool) {
+		t.Helper()
+		before := rec.nearHits.Load()
+		v, err := c.Get(ctx, id)
+		checkGet(t, v, err, want, nil)
+		return rec.nearHits.Load() > before
+	}
+	testenv.Eventually(t, 5*time.Second, "1 served from memory", func() bool { return get("1", "v1-1") })
+	held := lockstep.NearBytes(c)
+	testenv.Eventually(t, 5*time.Second, "2 held in memory, never served from it", func() bool {
+		if get("2", "v1-2") {
+			t.Fatal("a Get of 2 was a near hit before the check below")
+		}
+		return lockstep.NearBytes(c) > held
+	})
+	inval := rec.invalidations.Load()
+	for _, id := range []string{"2", "1"} { // invalidations arrive in this order; refetches run in it
+		if err := writer.Set(ctx, mustFor(t, keys, id).Cache, "v2-"+id, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 5*time.Second, "both invalidations applied", func() bool { return rec.invalidations.Load() >= inval+2 })
+	testenv.Eventually(t, 5*time.Second, "1 refetched without a Get", func() bool { return lockstep.NearBytes(c) > 0 })
+	if !get("1", "v2-1") {
+		t.Errorf("first Get of 1 after the change: a Redis read, want a near hit (the refetch)")
+	}
+	if get("2", "v2-2") {
+		t.Errorf("first Get of 2 after the change: a near hit, want a Redis read (2 was never served from memory)")
+	}
+}
+
 // TestNearCacheBypassWhileDown: a Client whose invalidation connection cannot be made (the server is gone) reads
 // Redis on every Get and counts bypasses; nothing is served from memory.
 func TestNearCacheBypassWhileDown(t *testing.T) {
@@ -385,7 +429,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 // TestNearCacheMaxStaleness: a held value is served from memory until MaxStaleness has passed on the Client's
-// clock, not a nanosecond longer, with no invalidation at all.
+// clock, not a nanosecond longer, with no invalidation at all (NoRefetch: nothing renews it in the background).
 func TestNearCacheMaxStaleness(t *testing.T) {
 	rdb := testenv.Redis(t)
 	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
@@ -393,7 +437,7 @@ func TestNearCacheMaxStaleness(t *testing.T) {
 	rdb.AddHook(h)
 	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte("v"), nil },
-		time.Hour, lockstep.WithClock(clock.Now), lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: 10 * time.Second}))
+		time.Hour, lockstep.WithClock(clock.Now), lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: 10 * time.Second, NoRefetch: true}))
 	waitNearUp(t, c)
 	ctx := context.Background()
 	get := func() int64 {
@@ -420,6 +464,50 @@ func TestNearCacheMaxStaleness(t *testing.T) {
 		if got := get(); got != s.want {
 			t.Errorf("step %d (+%v): round trips: got %d, want %d", i, s.advance, got, s.want)
 		}
+	}
+}
+
+// TestNearCacheRenewsBeforeItsBound: with the refetch on, a value read from memory in the last fifth of its life
+// there is read again in the background, so that a Get past the first value's bound is still served from memory
+// (no round trip of its own); before that fifth, reads queue nothing.
+func TestNearCacheRenewsBeforeItsBound(t *testing.T) {
+	rdb := testenv.Redis(t)
+	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
+	h := &tripCounter{}
+	rdb.AddHook(h)
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte("v"), nil },
+		time.Hour, lockstep.WithClock(clock.Now), lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: 10 * time.Second}))
+	waitNearUp(t, c)
+	ctx := context.Background()
+	key := mustFor(t, keys, "1").Cache
+	get := func() {
+		t.Helper()
+		v, err := c.Get(ctx, "1")
+		checkGet(t, v, err, "v", nil)
+	}
+	testenv.Eventually(t, 5*time.Second, "value held", func() bool {
+		get()
+		return !lockstep.NearDeadline(c, key).IsZero()
+	})
+	first := lockstep.NearDeadline(c, key)
+	clock.Advance(8*time.Second - time.Nanosecond) // 1ns before the last fifth
+	before := h.n.Load()
+	get()
+	get()
+	if got := h.n.Load() - before; got != 0 {
+		t.Errorf("reads before the last fifth: %d round trips, want 0 (no refetch queued)", got)
+	}
+	clock.Advance(time.Nanosecond)
+	get() // queues the refetch
+	testenv.Eventually(t, 5*time.Second, "the value renewed in the background", func() bool {
+		return lockstep.NearDeadline(c, key).After(first)
+	})
+	clock.Advance(2 * time.Second) // past the first value's bound
+	before = h.n.Load()
+	get()
+	if got := h.n.Load() - before; got != 0 {
+		t.Errorf("a Get past the first value's bound: %d round trips, want 0 (served from the renewed value)", got)
 	}
 }
 
