@@ -74,6 +74,7 @@ type peersConfig struct {
 	lockTTL      time.Duration
 	refreshAhead time.Duration
 	topN         int // 0: the shipped default
+	batchSize    int // the tuned rows' batch_size
 	pgConns      int
 	quick        bool
 	svg          string
@@ -102,8 +103,9 @@ func peersFlagSet(c *peersConfig, stderr io.Writer) (*flag.FlagSet, *string, *st
 	fs.IntVar(&c.hot, "hot", 100, "hot keys: the ids with the highest Zipf probability, for the hot-key figures (the daemon is not told)")
 	fs.DurationVar(&c.cost, "cost", 5*time.Millisecond, "database work per id: an origin query for n ids spends n × cost in pg_sleep (0: none), standing for a real query's work")
 	fs.DurationVar(&c.lockTTL, "lock-ttl", 5*time.Second, "lock TTL of every locking strategy (lockstep, redislock, redsync)")
-	fs.DurationVar(&c.refreshAhead, "refresh-ahead", 500*time.Millisecond, "the tuned daemon rows' refresh_ahead (keepwarm-defaults keeps the shipped one; the lead is never less than 3× the rebuild p95, nor than statement_timeout max(300ms, 2 × 100 ids × --cost) + pool wait 100ms)")
+	fs.DurationVar(&c.refreshAhead, "refresh-ahead", 500*time.Millisecond, "the tuned daemon rows' refresh_ahead (keepwarm-defaults keeps the shipped one; the lead is never less than 3× the rebuild p95, nor than statement_timeout max(300ms, 2 × batch_size ids × --cost) + pool wait 100ms)")
 	fs.IntVar(&c.topN, "top-n", 0, "the tuned daemon rows' top_n (0: the shipped default, as keepwarm-defaults)")
+	fs.IntVar(&c.batchSize, "batch-size", 40, "the tuned daemon rows' batch_size (keepwarm-defaults keeps the shipped 100): with --cost per id, a smaller batch has a shorter statement_timeout (2 × its sleep), which is the floor of the lead")
 	fs.IntVar(&c.pgConns, "pg-conns", 4, "PostgreSQL connections per instance pool, and in the daemon's own pool (rows with the daemon have N × pg-conns + pg-conns)")
 	fs.BoolVar(&c.quick, "quick", false, "the short variant, --duration 30s --warmup 10s: 81 cells (9 strategies × 3 N × 3 rounds) in about 55 minutes at the defaults (flags given explicitly win)")
 	fs.StringVar(&c.svg, "svg", "", "write the plot (origin queries per hot key per TTL, hot p99 ratio, against N) to this SVG file")
@@ -159,7 +161,8 @@ func parsePeers(args []string, stderr io.Writer) (peersConfig, error) {
 	check(c.pgConns >= 1, "--pg-conns must be >= 1")
 	check(c.topN >= 0 && c.topN <= warmer.MaxTopN, fmt.Sprintf("--top-n must be in [0, %d]", warmer.MaxTopN))
 	check(c.rounds >= 1, "--rounds must be >= 1")
-	check(c.cost < 0 || daemonStatementTimeout(c.cost)+daemonPoolWait <= c.ttl/2,
+	check(c.batchSize >= 1 && c.batchSize <= warmer.DefaultBatchSize, fmt.Sprintf("--batch-size must be in [1, %d]", warmer.DefaultBatchSize))
+	check(c.cost < 0 || daemonStatementTimeout(c.cost, warmer.DefaultBatchSize)+daemonPoolWait <= c.ttl/2,
 		"--cost too long for --ttl: the daemon's statement timeout (2 × a full batch's sleep) must fit in half the TTL")
 	check(c.redisPort >= 0 && c.redisPort < 65536, "--redis-port must be a port number")
 	var err error
@@ -297,6 +300,7 @@ type peersResult struct {
 	SimultaneousHot    int64            `json:"simultaneous_hot_fetches"` // hot-id fetches that started while another fetch of that id was in flight
 	PerHotKeyPerTTL    float64          `json:"origin_per_hot_key_per_ttl"`
 	MaxPerHotKeyPerTTL float64          `json:"origin_per_hot_key_per_ttl_max"` // the worst hot id's
+	HotIDsRated        int              `json:"hot_ids_rated"`                  // hot ids with ≥ 2 fetches in the window, which the two above average
 	CellQueries        int64            `json:"cell_origin_queries"`            // from before the first instance started to after the last stopped
 	CellPGSS           int64            `json:"cell_pg_stat_statements"`        // -1: extension not available
 	Latency            latencySummary   `json:"latency"`
@@ -519,12 +523,31 @@ type originCounter struct {
 	errs             atomic.Int64
 	simulHot         atomic.Int64
 	nanos, dNanos    atomic.Int64   // time spent in window queries (origin time), all and the daemon's, ns
-	perHot           []atomic.Int64 // window fetches of hot id i+1
 	hotInflight      []atomic.Int64 // fetches of hot id i+1 in flight now
+	mu               sync.Mutex     // guards perHot
+	perHot           []hotFetches   // window fetches of hot id i+1
+}
+
+// hotFetches are one hot id's origin fetches that started in the window: how many, the first and the last start.
+type hotFetches struct {
+	n           int
+	first, last time.Time
+}
+
+// perTTL is the id's fetch rate per ttl, (n − 1) ÷ (last − first) × ttl, and false with fewer than 2 fetches.
+// Measured between fetches rather than over the window, it does not depend on where the window falls against the
+// id's refresh cycle: with a 30s window and a 10s TTL, a count over the window is 3 or 4 for the same cycle,
+// ±1/3.
+func (h hotFetches) perTTL(ttl time.Duration) (float64, bool) {
+	span := h.last.Sub(h.first)
+	if h.n < 2 || span <= 0 {
+		return 0, false
+	}
+	return float64(h.n-1) * ttl.Seconds() / span.Seconds(), true
 }
 
 func newOriginCounter(hot int) *originCounter {
-	return &originCounter{hot: hot, perHot: make([]atomic.Int64, hot), hotInflight: make([]atomic.Int64, hot)}
+	return &originCounter{hot: hot, perHot: make([]hotFetches, hot), hotInflight: make([]atomic.Int64, hot)}
 }
 
 // setWindow sets the measured window; queries that start inside [from, to) count in it.
@@ -556,7 +579,8 @@ func (s countedSource) ValidID(id string) error { return s.src.ValidID(id) }
 // Fetch runs the origin query for ids and counts it.
 func (s countedSource) Fetch(ctx context.Context, ids []string) (map[string][]byte, []string, error) {
 	o := s.o
-	now := time.Now().UnixNano()
+	start := time.Now()
+	now := start.UnixNano()
 	inWin := now >= o.winStart.Load() && now < o.winEnd.Load()
 	o.inflight.Add(1)
 	var hot []int
@@ -585,9 +609,18 @@ func (s countedSource) Fetch(ctx context.Context, ids []string) (map[string][]by
 		o.nanos.Add(took)
 		o.fetches.Add(int64(len(ids)))
 		o.hotFetches.Add(int64(len(hot)))
+		o.mu.Lock()
 		for _, i := range hot {
-			o.perHot[i].Add(1)
+			h := &o.perHot[i]
+			if h.n == 0 || start.Before(h.first) {
+				h.first = start
+			}
+			if start.After(h.last) {
+				h.last = start
+			}
+			h.n++
 		}
+		o.mu.Unlock()
 		if s.daemon {
 			o.dQueries.Add(1)
 			o.dFetches.Add(int64(len(ids)))
@@ -613,10 +646,10 @@ func (e *peersEnv) source(pool *pgxpool.Pool, o *originCounter, strategy string,
 // than it plus statement_timeout (daemonStatementTimeout), so both are kept short to let refresh_ahead set the lead.
 const daemonPoolWait = 100 * time.Millisecond
 
-// daemonStatementTimeout is the daemon's [postgres] statement_timeout for cost per id: 300ms, or twice what a
-// full batch (warmer.DefaultBatchSize ids) sleeps when that is longer, so that a batch is never cut short.
-func daemonStatementTimeout(cost time.Duration) time.Duration {
-	return max(300*time.Millisecond, 2*time.Duration(warmer.DefaultBatchSize)*cost)
+// daemonStatementTimeout is the daemon's [postgres] statement_timeout for cost per id and batches of batch ids:
+// 300ms, or twice what a full batch sleeps when that is longer, so that a batch is never cut short.
+func daemonStatementTimeout(cost time.Duration, batch int) time.Duration {
+	return max(300*time.Millisecond, 2*time.Duration(batch)*cost)
 }
 
 // jitterTTL returns a TTL drawn from [ttl, ttl×(1+jitter)) with lockstep.Jitter, the formula lockstep and the
@@ -925,11 +958,21 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 	res.DaemonQueries, res.DaemonFetches, res.OriginErrors = o.dQueries.Load(), o.dFetches.Load(), o.errs.Load()
 	res.SimultaneousHot = o.simulHot.Load()
 	res.OriginTime, res.DaemonOriginTime = time.Duration(o.nanos.Load()), time.Duration(o.dNanos.Load())
-	periods := c.duration.Seconds() / c.ttl.Seconds()
-	res.PerHotKeyPerTTL = float64(res.OriginHotFetches) / (float64(c.hot) * periods)
-	for i := range o.perHot {
-		res.MaxPerHotKeyPerTTL = max(res.MaxPerHotKeyPerTTL, float64(o.perHot[i].Load())/periods)
+	var sum float64
+	var ids int
+	o.mu.Lock()
+	for _, h := range o.perHot {
+		if r, ok := h.perTTL(c.ttl); ok {
+			sum += r
+			ids++
+			res.MaxPerHotKeyPerTTL = max(res.MaxPerHotKeyPerTTL, r)
+		}
 	}
+	o.mu.Unlock()
+	if ids > 0 {
+		res.PerHotKeyPerTTL = sum / float64(ids)
+	}
+	res.HotIDsRated = ids
 	res.CellQueries = cellQueries
 	res.CellPGSS = -1
 	if pgssBefore >= 0 && pgssAfter >= 0 {
@@ -971,8 +1014,9 @@ func printPeers(w io.Writer, rep *peersReport) {
 	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, `
-origin/hot key/TTL: origin fetches of hot ids in the window ÷ (hot ids × window ÷ TTL); worst hot key: the same for
-the hot id fetched most. misses: reads that returned a value produced by an origin query that ended after the read
+origin/hot key/TTL: each hot id's fetch rate, (fetches − 1) ÷ (last − first fetch start in the window) × TTL,
+averaged over the hot ids with 2 fetches or more (a count over the window would round each id to 3 or 4 in 30 s,
+by where the window falls against its cycle); worst hot key: the highest id's rate. misses: reads that returned a value produced by an origin query that ended after the read
 began (they waited for it), whatever path they took; of which GET found: those whose first Redis GET found a value
 that the library then rebuilt before answering (not counted before issue 35); hot reads, hot misses: the same for
 hot ids; errors: reads that returned an error. simultaneous hot: fetches of a hot id that started while another fetch of

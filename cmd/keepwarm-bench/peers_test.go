@@ -453,10 +453,12 @@ func TestDaemonTOML(t *testing.T) {
 		wantLead  time.Duration
 		wantTopN  int
 		wantConns int
+		wantBatch int
+		wantStmt  time.Duration
 	}{
-		{"shipped defaults", []string{"--hot", "300"}, false, time.Duration(warmer.DefaultRefreshAheadFraction * float64(10*time.Second)), warmer.DefaultTopN, 4},
-		{"tuned, top_n unset", []string{"--hot", "300"}, true, 500 * time.Millisecond, warmer.DefaultTopN, 4},
-		{"tuned, top_n set", []string{"--hot", "300", "--top-n", "50", "--refresh-ahead", "1s", "--pg-conns", "2"}, true, time.Second, 50, 2},
+		{"shipped defaults", []string{"--hot", "300"}, false, time.Duration(warmer.DefaultRefreshAheadFraction * float64(10*time.Second)), warmer.DefaultTopN, 4, warmer.DefaultBatchSize, time.Second},
+		{"tuned, top_n unset", []string{"--hot", "300"}, true, 500 * time.Millisecond, warmer.DefaultTopN, 4, 40, 400 * time.Millisecond},
+		{"tuned, top_n set", []string{"--hot", "300", "--top-n", "50", "--refresh-ahead", "1s", "--pg-conns", "2", "--batch-size", "10"}, true, time.Second, 50, 2, 10, 300 * time.Millisecond},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := parsePeers(tt.args, new(testWriter))
@@ -476,9 +478,46 @@ func TestDaemonTOML(t *testing.T) {
 			if ks.RefreshAhead != tt.wantLead || ks.TopN != tt.wantTopN {
 				t.Errorf("refresh_ahead %v, top_n %d; want %v, %d\n%s", ks.RefreshAhead, ks.TopN, tt.wantLead, tt.wantTopN, toml)
 			}
+			if ks.BatchSize != tt.wantBatch || cfg.Postgres.StatementTimeout != tt.wantStmt {
+				t.Errorf("batch_size %d, statement_timeout %v; want %d, %v (2 × the batch's sleep at 5ms per id, at least 300ms)",
+					ks.BatchSize, cfg.Postgres.StatementTimeout, tt.wantBatch, tt.wantStmt)
+			}
 			if got := cfg.Postgres.MaxConns; int(got) != tt.wantConns {
 				t.Errorf("the daemon's max_conns: got %d, want %d (--pg-conns)", got, tt.wantConns)
 			}
 		})
+	}
+}
+
+// TestHotFetchRateIgnoresTheWindowPhase: an id refreshed every 9.4s has the rate 10/9.4 per 10s TTL whether a
+// 30s window caught 3 or 4 of its fetches; fewer than 2 fetches give no rate.
+func TestHotFetchRateIgnoresTheWindowPhase(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	at := func(offsets ...float64) hotFetches {
+		var h hotFetches
+		for _, o := range offsets {
+			ts := t0.Add(time.Duration(o * float64(time.Second)))
+			if h.n == 0 || ts.Before(h.first) {
+				h.first = ts
+			}
+			if ts.After(h.last) {
+				h.last = ts
+			}
+			h.n++
+		}
+		return h
+	}
+	want := 10 / 9.4
+	for name, h := range map[string]hotFetches{
+		"3 in the window": at(5, 14.4, 23.8),
+		"4 in the window": at(0.5, 9.9, 19.3, 28.7),
+	} {
+		got, ok := h.perTTL(10 * time.Second)
+		if !ok || math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: perTTL = %v, %v; want %v, true", name, got, ok, want)
+		}
+	}
+	if _, ok := at(3).perTTL(10 * time.Second); ok {
+		t.Errorf("one fetch: perTTL ok, want no rate")
 	}
 }

@@ -517,12 +517,14 @@ func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, e
 // daemonTOML is the keepwarm config file of a row's daemon: keyspace ks with cache key template key (the apps'),
 // Redis url, PostgreSQL dsn, the origin query, notifications mode. statement_timeout and pool_wait_timeout are
 // short on purpose (docs/benchmarks.md §12): the lead is never less than their sum. Tuned, the keyspace takes
-// refresh_ahead from --refresh-ahead and top_n from --top-n when it is set; otherwise (the keepwarm-defaults row)
-// both, and min_score, are left to the shipped defaults. top_n is never derived from --hot.
+// refresh_ahead from --refresh-ahead, batch_size from --batch-size (and statement_timeout from that batch) and
+// top_n from --top-n when it is set; otherwise (the keepwarm-defaults row) refresh_ahead, batch_size, top_n and
+// min_score are left to the shipped defaults. top_n is never derived from --hot.
 func daemonTOML(c peersConfig, tuned bool, ks, key, url, dsn, query, notifications string) string {
-	tuning := ""
+	tuning, batch := "", warmer.DefaultBatchSize
 	if tuned {
-		tuning = fmt.Sprintf("refresh_ahead = %q\n", c.refreshAhead.String())
+		batch = c.batchSize
+		tuning = fmt.Sprintf("refresh_ahead = %q\nbatch_size = %d\n", c.refreshAhead.String(), batch)
 		if c.topN > 0 {
 			tuning += fmt.Sprintf("top_n = %d\n", c.topN)
 		}
@@ -548,7 +550,7 @@ lock_ttl = %q
 %squery = """
 %s
 """
-`, url, notifications, dsn, c.pgConns, daemonStatementTimeout(c.cost).String(), daemonPoolWait.String(), ks, key,
+`, url, notifications, dsn, c.pgConns, daemonStatementTimeout(c.cost, batch).String(), daemonPoolWait.String(), ks, key,
 		c.ttl.String(), c.jitter, c.lockTTL.String(), tuning, query)
 }
 
