@@ -313,6 +313,8 @@ type peersResult struct {
 	Commands           map[string]int64 `json:"commands,omitempty"`
 	HeapPerInstance    float64          `json:"heap_bytes_per_instance"`
 	Daemon             map[string]int64 `json:"daemon_refreshes,omitempty"`
+	NearHits           int64            `json:"near_hits,omitempty"`     // reads served from process memory in the window (near rows)
+	NearBypasses       int64            `json:"near_bypasses,omitempty"` // reads that found the near cache down
 	Window             [2]time.Time     `json:"window"`
 }
 
@@ -900,8 +902,10 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 		return nil, ctx.Err()
 	}
 	stats0, err0 := commandUsec(bg, e.ctl)
+	nearHits0, nearBypasses0 := setup.near.snapshot()
 	sleepCtx(ctx, time.Until(winEnd))
 	stats1, err1 := commandUsec(bg, e.ctl)
+	nearHits1, nearBypasses1 := setup.near.snapshot()
 	stop.Store(true)
 	wg.Wait()
 	if ctx.Err() != nil {
@@ -956,6 +960,9 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 	res.Baseline = latencies(slices.Concat(base...)).summary()
 	res.OriginQueries, res.OriginFetches, res.OriginHotFetches = o.queries.Load(), o.fetches.Load(), o.hotFetches.Load()
 	res.DaemonQueries, res.DaemonFetches, res.OriginErrors = o.dQueries.Load(), o.dFetches.Load(), o.errs.Load()
+	if setup.near != nil {
+		res.NearHits, res.NearBypasses = nearHits1-nearHits0, nearBypasses1-nearBypasses0
+	}
 	res.SimultaneousHot = o.simulHot.Load()
 	res.OriginTime, res.DaemonOriginTime = time.Duration(o.nanos.Load()), time.Duration(o.dNanos.Load())
 	var sum float64
@@ -1039,6 +1046,10 @@ read end − the origin query's clock_timestamp().
 				ms = append(ms, fmt.Sprintf("id %s at %.2fs (%s)", m.ID, m.At.Seconds(), benchload.Dur(m.Took)))
 			}
 			fmt.Fprintf(w, "%s N=%d round %d: hot misses: %s\n", r.Strategy, r.Instances, r.Round, strings.Join(ms, ", "))
+		}
+		if strings.Contains(r.Strategy, "near") {
+			fmt.Fprintf(w, "%s N=%d round %d: near cache: %d reads served from memory (%.2f%% of all reads, %.2f%% of the hot reads' count), %d bypasses\n",
+				r.Strategy, r.Instances, r.Round, r.NearHits, 100*float64(r.NearHits)/float64(max(r.Reads, 1)), 100*float64(r.NearHits)/float64(max(r.HotReads, 1)), r.NearBypasses)
 		}
 		if r.Daemon != nil {
 			fmt.Fprintf(w, "%s N=%d round %d: the warmer's refreshes by result: %v\n", r.Strategy, r.Instances, r.Round, r.Daemon)

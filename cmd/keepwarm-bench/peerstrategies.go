@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -83,10 +84,37 @@ type peerInstance struct {
 // peerSetup is a strategy set up for one cell.
 type peerSetup struct {
 	instances []peerInstance
+	// near counts the near-cache rows' near hits and bypasses, all instances together; nil in the other rows.
+	near *nearCount
 	// stop, when set, stops what runs in the background (the warmer) and returns its refreshes by result.
 	stop func() map[string]int64
 	// closers release the instances' clients and pools, in order.
 	closers []func()
+}
+
+// nearCount is a lockstep Recorder (and NearRecorder) that counts near hits and bypasses only.
+type nearCount struct{ hits, bypasses atomic.Int64 }
+
+func (*nearCount) Hit(string)                            {}
+func (*nearCount) Miss(string)                           {}
+func (*nearCount) StaleServe(string)                     {}
+func (*nearCount) Rebuild(string, time.Duration, string) {}
+func (*nearCount) LockContention(string)                 {}
+func (*nearCount) Wait(string, time.Duration, string)    {}
+func (*nearCount) EarlyRefresh(string)                   {}
+func (n *nearCount) NearHit(string)                      { n.hits.Add(1) }
+func (n *nearCount) NearBypass(string)                   { n.bypasses.Add(1) }
+func (*nearCount) NearInvalidation(string)               {}
+func (*nearCount) NearBytes(string, int64)               {}
+
+var _ lockstep.NearRecorder = (*nearCount)(nil)
+
+// snapshot returns the counts so far; nil-safe (0, 0).
+func (n *nearCount) snapshot() (hits, bypasses int64) {
+	if n == nil {
+		return 0, 0
+	}
+	return n.hits.Load(), n.bypasses.Load()
 }
 
 // finish calls stop once; later calls return nil.
@@ -462,6 +490,10 @@ func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, e
 			return nil, err
 		}
 		ksName := "kwbench-peers-" + r.run + "-" + strings.ReplaceAll(r.name, "+", "-") + "-" + fmt.Sprint(r.n)
+		var near *nearCount
+		if m.near {
+			near = &nearCount{}
+		}
 		s, err := r.instances(ctx, func(ctx context.Context, s *peerSetup, _ int) (peerInstance, error) {
 			rdb, load, err := r.app(ctx, s)
 			if err != nil {
@@ -470,7 +502,7 @@ func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, e
 			opts := []lockstep.Option{lockstep.WithJitter(c.jitter), lockstep.WithStale(10 * time.Minute),
 				lockstep.WithLockTTL(c.lockTTL), lockstep.WithLogger(r.log)}
 			if m.near {
-				opts = append(opts, lockstep.WithNearCache(nearCacheFor(c.ttl)))
+				opts = append(opts, lockstep.WithNearCache(nearCacheFor(c.ttl)), lockstep.WithRecorder(near))
 			} else {
 				opts = append(opts, lockstep.WithXFetch(1))
 			}
@@ -488,6 +520,7 @@ func lockstepPeer(m lockstepMode) func(context.Context, *peerRun) (*peerSetup, e
 		if err != nil {
 			return nil, err
 		}
+		s.near = near
 		s.closers = append(s.closers, func() {
 			bg := context.WithoutCancel(ctx)
 			r.ctl.Del(bg, lockstep.AccessKey(ksName), "keepwarm:decay:"+ksName)
