@@ -428,17 +428,25 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// TestNearCacheMaxStaleness: a held value is served from memory until MaxStaleness has passed on the Client's
-// clock, not a nanosecond longer, with no invalidation at all (NoRefetch: nothing renews it in the background).
-func TestNearCacheMaxStaleness(t *testing.T) {
+// clockedNear is a Client with a near cache of MaxStaleness 10s (refetch off when noRefetch) on the shared Redis,
+// its clock moved by hand, its key template's keys, and a counter of its Redis round trips.
+func clockedNear(t *testing.T, noRefetch bool) (*lockstep.Client, *lockstep.Keys, *fakeClock, *tripCounter) {
+	t.Helper()
 	rdb := testenv.Redis(t)
 	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
 	h := &tripCounter{}
 	rdb.AddHook(h)
 	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte("v"), nil },
-		time.Hour, lockstep.WithClock(clock.Now), lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: 10 * time.Second, NoRefetch: true}))
+		time.Hour, lockstep.WithClock(clock.Now), lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: 10 * time.Second, NoRefetch: noRefetch}))
 	waitNearUp(t, c)
+	return c, keys, clock, h
+}
+
+// TestNearCacheMaxStaleness: a held value is served from memory until MaxStaleness has passed on the Client's
+// clock, not a nanosecond longer, with no invalidation at all (NoRefetch: nothing renews it in the background).
+func TestNearCacheMaxStaleness(t *testing.T) {
+	c, _, clock, h := clockedNear(t, true)
 	ctx := context.Background()
 	get := func() int64 {
 		t.Helper()
@@ -471,14 +479,7 @@ func TestNearCacheMaxStaleness(t *testing.T) {
 // there is read again in the background, so that a Get past the first value's bound is still served from memory
 // (no round trip of its own); before that fifth, reads queue nothing.
 func TestNearCacheRenewsBeforeItsBound(t *testing.T) {
-	rdb := testenv.Redis(t)
-	keys := mustKeys(t, testenv.Prefix(t, rdb), false)
-	h := &tripCounter{}
-	rdb.AddHook(h)
-	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	c := newClient(t, rdb, "product", keys, func(context.Context, string) ([]byte, error) { return []byte("v"), nil },
-		time.Hour, lockstep.WithClock(clock.Now), lockstep.WithNearCache(lockstep.NearCache{MaxBytes: 1 << 20, MaxStaleness: 10 * time.Second}))
-	waitNearUp(t, c)
+	c, keys, clock, h := clockedNear(t, false)
 	ctx := context.Background()
 	key := mustFor(t, keys, "1").Cache
 	get := func() {

@@ -32,6 +32,23 @@ func sentinelMaster(t *testing.T) string {
 	return ""
 }
 
+// failover runs SENTINEL FAILOVER and returns the promoted master's address once the Sentinels name it instead
+// of old and it reports the master role.
+func failover(t *testing.T, old string) string {
+	t.Helper()
+	s := redis.NewSentinelClient(&redis.Options{Addr: testenv.SentinelAddrs()[0]})
+	defer s.Close()
+	if err := s.Failover(context.Background(), testenv.SentinelMasterName()).Err(); err != nil {
+		t.Fatalf("SENTINEL FAILOVER %s: %v", testenv.SentinelMasterName(), err)
+	}
+	var promoted string
+	testenv.Eventually(t, 20*time.Second, "the Sentinels name a new master", func() bool {
+		promoted = sentinelMaster(t)
+		return promoted != old && role(node(t, promoted)) == "master"
+	})
+	return promoted
+}
+
 func role(c *redis.Client) string {
 	r, err := c.Do(context.Background(), "ROLE").Slice()
 	if err != nil || len(r) == 0 {
@@ -67,16 +84,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 
 	r.window.Store(true)
 	start := time.Now()
-	s := redis.NewSentinelClient(&redis.Options{Addr: testenv.SentinelAddrs()[0]})
-	defer s.Close()
-	if err := s.Failover(ctx, testenv.SentinelMasterName()).Err(); err != nil {
-		t.Fatalf("SENTINEL FAILOVER %s: %v", testenv.SentinelMasterName(), err)
-	}
-	var promoted string
-	testenv.Eventually(t, 20*time.Second, "the Sentinels name a new master", func() bool {
-		promoted = sentinelMaster(t)
-		return promoted != old && role(node(t, promoted)) == "master"
-	})
+	promoted := failover(t, old)
 	promotedIn := time.Since(start)
 	testenv.Eventually(t, 20*time.Second, "the daemon subscribed on the new master and set its flags", func() bool {
 		flags, err := node(t, promoted).ConfigGet(ctx, "notify-keyspace-events").Result()
@@ -174,16 +182,7 @@ func TestNearCacheSentinelFailover(t *testing.T) {
 	servedFromMemory(v1)
 
 	old := sentinelMaster(t)
-	s := redis.NewSentinelClient(&redis.Options{Addr: testenv.SentinelAddrs()[0]})
-	defer s.Close()
-	if err := s.Failover(ctx, testenv.SentinelMasterName()).Err(); err != nil {
-		t.Fatalf("SENTINEL FAILOVER %s: %v", testenv.SentinelMasterName(), err)
-	}
-	var promoted string
-	testenv.Eventually(t, 20*time.Second, "the Sentinels name a new master", func() bool {
-		promoted = sentinelMaster(t)
-		return promoted != old && role(node(t, promoted)) == "master"
-	})
+	promoted := failover(t, old)
 	_, port, _ := net.SplitHostPort(promoted)
 	testenv.Eventually(t, 20*time.Second, "v2 written on the new master", func() bool {
 		info, err := writer.Info(ctx, "server").Result()
