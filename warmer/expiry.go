@@ -270,7 +270,7 @@ func (k *loopState) noteGone(h *hotState, now time.Time) {
 // keepwarm_warmer_hot_late_notice_total, a breakdown, not an exemption. In a fleet the count waits for the miss's
 // fleet-wide claim, so that one miss counts in one replica (missclaim.go).
 func (k *keyspace) countMiss(h *hotState, now time.Time, why string) {
-	h.counted, h.missedAt = true, now
+	h.counted, h.missedAt, h.missedExpiry = true, now, h.expiry
 	// seen is when the miss is counted, not the reading's now: a reading is dated when it was sent, and one sent
 	// before a Redis stall is answered after it. A claim dated before the stall would not match the same miss
 	// counted by another replica after it.

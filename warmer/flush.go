@@ -247,13 +247,20 @@ func (k *loopState) rereadOwned(why string, emptied, now time.Time) {
 		h.invalidated = false // an earlier invalidation does not excuse what the flush removed
 		if !emptied.IsZero() && !h.lockGoneAt.IsZero() && !h.lockGoneAt.Before(emptied) {
 			// A refresh found its lock gone after Redis was emptied and took it for an invalidation: it was this
-			// flush, which removed the value too. A miss, dated by the expiry known before it (the key may have
-			// been rebuilt since, by the refresh settle scheduled at once).
-			if h.expiry.IsZero() {
-				h.expiry = h.lockGoneExpiry
-			}
-			if !h.counted && !h.expiry.IsZero() {
+			// flush, which removed the value too. A miss of the value known then, dated by its expiry and
+			// learnedAt (the key may have been rebuilt since, by the refresh settle scheduled at once, and that
+			// newer value is neither counted nor re-dated), unless this replica counted that value's loss already
+			// (a notification or a reading judged it before the canary noticed the flush). Dated by the lost
+			// value, the fleet's claim also finds another replica's count of the same loss (missclaim.go).
+			lost := h.lockGoneExpiry
+			already := !h.missedAt.IsZero() && h.missedExpiry.Equal(lost)
+			if !lost.IsZero() && !already {
+				cur, curLearned, curCounted := h.expiry, h.learnedAt, h.counted
+				h.expiry, h.learnedAt = lost, h.lockGoneLearned
 				k.countMiss(h, now, "flushed while its refresh was in flight")
+				if !cur.IsZero() { // a value learnt since: keep it, and its own count armed
+					h.expiry, h.learnedAt, h.counted = cur, curLearned, curCounted
+				}
 			}
 		}
 		h.lockGoneAt = time.Time{}

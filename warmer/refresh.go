@@ -137,7 +137,7 @@ func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time
 		// the value and the lock) after our origin query read the old row. An invalidation, not an SLO miss;
 		// rebuild it at once, so that the new row is cached within one refresh, not one recheck later. Unless a
 		// flush the canary has not noticed yet took the lock: rereadOwned looks at lockGoneAt then.
-		h.lockGoneAt, h.lockGoneExpiry = now, h.expiry
+		h.lockGoneAt, h.lockGoneExpiry, h.lockGoneLearned = now, h.expiry, h.learnedAt
 		h.invalidated = true
 		h.needPTTL = false
 		h.expiry = time.Time{}

@@ -324,15 +324,17 @@ type hotState struct {
 	invalidated bool   // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
 	pendingGone string // a gone event (expired, evicted, del, or a flush) that arrived while a refresh was in flight
 	// lockGoneAt is when a refresh last found its lock gone and took it for an invalidation (settleOne), and
-	// lockGoneExpiry the expiry known then: a flush noticed later whose emptying began before lockGoneAt took that
-	// lock, not an app, and counts the miss (rereadOwned).
-	lockGoneAt, lockGoneExpiry time.Time
-	handover                   bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
-	hotSince                   time.Time // when the id became hot
+	// lockGoneExpiry and lockGoneLearned the expiry and learnedAt of the value known then: a flush noticed later
+	// whose emptying began before lockGoneAt took that lock, not an app, and counts that value's loss
+	// (rereadOwned).
+	lockGoneAt, lockGoneExpiry, lockGoneLearned time.Time
+	handover                                    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
+	hotSince                                    time.Time // when the id became hot
 	// flushedSince is, while a flush's re-read of the key is pending (rereadAll), the moment since which Redis is
 	// known emptied (the flush canary's last write); zero otherwise.
 	flushedSince time.Time
 	missedAt     time.Time // when this key's last SLO miss was counted (countMiss)
+	missedExpiry time.Time // the expiry of the value whose loss that miss was (zero: unknown)
 	missSeen     time.Time // that miss's date in its fleet claim (miss.seen), for the next miss's claim (miss.after)
 
 	// Reconciliation (reconcile.go).
