@@ -59,9 +59,9 @@ func (s *soak) stallStandby(ctx context.Context, r *faultRecord) (string, error)
 		cancel()
 		sleep(ctx, min(250*time.Millisecond, time.Until(end)))
 	}
+	r.inner[1] = time.Now() // the stall certainly held until here; a commit can return as soon as SIGCONT is sent
 	_ = syscall.Kill(pid, syscall.SIGCONT)
 	r.outer[1] = time.Now()
-	r.inner[1] = r.outer[1]
 	s.scrapeAll()
 	vt := sumOf(s.counterTotals().sub(r.totalsAt).of("visibility_timeouts"))
 	if waiting == 0 {
