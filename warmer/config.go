@@ -432,13 +432,14 @@ const (
 	leaseLeadFraction = 4
 )
 
-// lease is the TTL of the daemon's own rebuild locks: min(LockTTL, max(minLease, Lead(0)/leaseLeadFraction)).
+// Lease is the TTL of the daemon's own rebuild locks: min(LockTTL, max(minLease, Lead(0)/leaseLeadFraction)).
 // Lead(0), the lead without a measured rebuild time, is the keyspace's smallest lead. A batch renews its leases
 // every lease/4 from the acquisition until the release (pipeline.renewLeases), so a slow query is never cut
 // short; renewals late by 3/4 of a lease are counted (lease_extensions_total{result="late"}), and the publish,
 // token-checked, writes nothing through a lock that lapsed. LockTTL keeps its meaning for apps (their locks,
-// SET NX PX lock_ttl), and bounds the lease from above.
-func (c KeyspaceConfig) lease() time.Duration {
+// SET NX PX lock_ttl), and bounds the lease from above. Call it on a config returned by New's validation (or
+// Resolve).
+func (c KeyspaceConfig) Lease() time.Duration {
 	return min(c.LockTTL, max(minLease, c.Lead(0)/leaseLeadFraction))
 }
 

@@ -15,6 +15,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keepwarm/keepwarm/lockstep"
 )
 
 // Defaults of a FleetConfig: the one definition of each. internal/config refers to these.
@@ -61,6 +63,18 @@ type FleetConfig struct {
 	HeartbeatInterval time.Duration
 	// HeartbeatTTL is how long a heartbeat lasts; default DefaultHeartbeatTTL, at least 2 × HeartbeatInterval.
 	HeartbeatTTL time.Duration
+}
+
+// LockTokenPrefix starts every token of the daemon's rebuild locks: LockToken(replica) is
+// "kw:<replica>:<32 hex digits of lockstep.NewToken>". The token stays unique and unguessable (lockstep compares
+// tokens only for equality, docs/protocol.md §2), and a lock read with GET names the replica that holds it: an
+// operator can tell a daemon's lease from an app's lock (whose tokens are bare hex), and the soak checks that
+// the locks of a killed replica lapse within its lease.
+const LockTokenPrefix = "kw:"
+
+// LockToken returns a new token for a rebuild lock of the replica (FleetConfig.ReplicaID, resolved).
+func LockToken(replica string) string {
+	return LockTokenPrefix + replica + ":" + lockstep.NewToken()
 }
 
 // DefaultReplicaID is the replica id of this process: its host name and process id, "host-1234".

@@ -37,8 +37,8 @@ func TestLease(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Resolve: %v", err)
 			}
-			if got := cfg.lease(); got != tt.want {
-				t.Errorf("lease() = %v with lead %v, lock_ttl %v; want %v", got, cfg.Lead(0), cfg.LockTTL, tt.want)
+			if got := cfg.Lease(); got != tt.want {
+				t.Errorf("Lease() = %v with lead %v, lock_ttl %v; want %v", got, cfg.Lead(0), cfg.LockTTL, tt.want)
 			}
 		})
 	}

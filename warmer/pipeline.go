@@ -128,8 +128,8 @@ func (k *keyspace) newPipeline(cfg KeyspaceConfig, ttl func() time.Duration) *pi
 // whole could not run (ctx ended while waiting for budget, or Redis failed before or at publishing): the caller
 // retries or counts those items as failed.
 func (p *pipeline) run(ctx context.Context, items []*item) error {
-	p.token = lockstep.NewToken()
-	p.lease = p.cfg.lease()
+	p.token = LockToken(p.k.w.cfg.Fleet.ReplicaID)
+	p.lease = p.cfg.Lease()
 	defer func() {
 		p.renewals.stop() // no renewal starts after this; then the locks are released
 		p.releaseOwned(ctx, items)

@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // The nemesis's fault kinds, in the order the usage lists them. Each is one method of soak below.
@@ -294,11 +296,66 @@ func (s *soak) killDaemon(ctx context.Context, d *daemon, down time.Duration) (s
 		return "", err
 	}
 	<-done
+	kl := s.readKilledLocks(ctx, d.id)
+	s.bookMu.Lock()
+	s.killed = append(s.killed, kl)
+	s.bookMu.Unlock()
 	sleep(ctx, down)
 	if err := d.start(); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("%s (pid %d) down %v", d.id, pid, down.Round(100*time.Millisecond)), d.waitReady(ctx, 30*time.Second)
+}
+
+// killedLocks is what the soak read of a killed replica's rebuild locks right after the kill, before any could
+// lapse. The daemon's lock tokens name their replica (warmer.LockToken), and each lock must lapse within its
+// keyspace's lease (warmer.KeyspaceConfig.Lease), not lock_ttl: the takeover of a dead replica's keys waits for
+// them (docs/operations.md, "what a kill -9 still costs by design").
+type killedLocks struct {
+	at      time.Time
+	replica string
+	held    int           // its locks found
+	longest time.Duration // their longest PTTL
+	bound   time.Duration // the largest lease of the keyspaces
+	bad     []string      // "key PTTL x" of its locks with no TTL or a PTTL over bound
+	err     error
+}
+
+// readKilledLocks lists the lock keys (lockKeys) and reads each one's token and PTTL in one pipeline, keeping the
+// killed replica's.
+func (s *soak) readKilledLocks(ctx context.Context, replica string) killedLocks {
+	kl := killedLocks{at: time.Now(), replica: replica}
+	for _, ks := range s.cfg.Keyspaces {
+		kl.bound = max(kl.bound, s.cfg.WarmerKeyspace(ks, nil).Lease())
+	}
+	keys := s.lockKeys(ctx)
+	if len(keys) == 0 {
+		return kl
+	}
+	gets, pttls := make([]*redis.StringCmd, len(keys)), make([]*redis.DurationCmd, len(keys))
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			gets[i], pttls[i] = p.Get(ctx, k), p.PTTL(ctx, k)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		kl.err = err
+		return kl
+	}
+	prefix := warmer.LockTokenPrefix + replica + ":"
+	for i, k := range keys {
+		if tok, err := gets[i].Result(); err != nil || !strings.HasPrefix(tok, prefix) {
+			continue // gone since the scan, or another replica's or an app's
+		}
+		ttl := pttls[i].Val()
+		kl.held++
+		kl.longest = max(kl.longest, ttl)
+		if ttl < 0 || ttl > kl.bound {
+			kl.bad = append(kl.bad, fmt.Sprintf("%s PTTL %v", k, ttl))
+		}
+	}
+	return kl
 }
 
 func (s *soak) pauseDaemon(ctx context.Context, d *daemon, length time.Duration) (string, error) {

@@ -158,12 +158,13 @@ type soak struct {
 	plan    []plannedFault           // the nemesis's schedule, drawn from the seed before setup
 	fresh   *freshObserver           // the freshness observer, the updater's hook
 
-	bookMu        sync.Mutex                                 // guards lastHot, counters, peaks and invalidations
+	bookMu        sync.Mutex                                 // guards lastHot, counters, peaks, invalidations and killed
 	lastHot       map[string]map[string]map[string]time.Time // replica → keyspace → id → owned since (zero: not owned): its last /debug/hotkeys
 	lastHotAt     map[string]time.Time                       // replica → when it last answered
 	counters      map[incarnation]counterSet
 	peaks         map[incarnation]int64
 	invalidations []invalidation
+	killed        []killedLocks // read right after each daemon-kill9
 }
 
 // incarnation is one process of a replica: its counters start from 0 again after a restart.
@@ -414,6 +415,7 @@ type soakResult struct {
 	maxHot         int
 	invalidations  []invalidation
 	orphanLocks    []string
+	killed         []killedLocks // the killed replicas' locks, read right after each kill
 	logs           []expiryLog // the daemons' "hot key missed" warnings
 	logErr         error
 	checkedValues  int // cached values of the fed keyspaces compared with PostgreSQL at the end
@@ -653,6 +655,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	res.logs, res.logErr = readExpiryLogs(s.f.LogDir, s.keys)
 	s.bookMu.Lock()
 	res.invalidations = slices.Clone(s.invalidations)
+	res.killed = slices.Clone(s.killed)
 	for k, v := range s.peaks {
 		res.peaks[k] = v
 	}

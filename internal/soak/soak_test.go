@@ -519,6 +519,13 @@ func TestReportChecksCanFail(t *testing.T) {
 		}, "observer blind for 20.05s from 1m10s"},
 		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
+		{"killed replica's lock past the lease", func(r *soakResult) {
+			r.killed = []killedLocks{{at: at(50), replica: "r2", held: 2, longest: 10 * time.Second, bound: 500 * time.Millisecond,
+				bad: []string{"lock:track:7 PTTL 10s"}}}
+		}, "r2 at 50s: lock:track:7 PTTL 10s"},
+		{"killed replica's locks within the lease", func(r *soakResult) {
+			r.killed = []killedLocks{{at: at(50), replica: "r2", held: 2, longest: 400 * time.Millisecond, bound: 500 * time.Millisecond}}
+		}, ""},
 		{"stale value", func(r *soakResult) { r.mismatches = []string{"track:5: cached a, PostgreSQL b"} }, "track:5"},
 		{"RSS over the limit", func(r *soakResult) { r.peaks[incarnation{"r2", 3}] = 300 << 20 }, "r2 (incarnation 3)"},
 		{"observer saw nothing", func(r *soakResult) { r.maxHot, r.gaps, r.final["track"] = 0, nil, 0 }, "vacuously"},

@@ -332,6 +332,22 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 		fmt.Sprintf("%.0f counted, %d gaps (blinks included), limit %.1f", totalCounted, totalObserved, limit), phDetail)
 	check(len(r.orphanLocks) == 0, "orphaned locks after everything stopped", fmt.Sprintf("%d", len(r.orphanLocks)),
 		"lock keys: "+strings.Join(r.orphanLocks[:min(5, len(r.orphanLocks))], ", "))
+	if len(r.killed) > 0 {
+		held, longest, bound := 0, time.Duration(0), time.Duration(0)
+		var bad []string
+		for _, kl := range r.killed {
+			held, longest, bound = held+kl.held, max(longest, kl.longest), max(bound, kl.bound)
+			for _, b := range kl.bad {
+				bad = append(bad, kl.replica+" at "+kl.at.Sub(r.start).Round(time.Second).String()+": "+b)
+			}
+			if kl.err != nil {
+				bad = append(bad, kl.replica+" at "+kl.at.Sub(r.start).Round(time.Second).String()+": not read: "+kl.err.Error())
+			}
+		}
+		check(len(bad) == 0, "a killed replica's locks lapse within the lease (read right after each kill -9)",
+			fmt.Sprintf("%d kills, %d of their locks held at the kill, longest PTTL %v, lease ≤ %v", len(r.killed), held, longest, bound),
+			strings.Join(bad[:min(5, len(bad))], "; "))
+	}
 	check(len(r.mismatches) == 0, fmt.Sprintf("cached values of the fed keyspaces equal to PostgreSQL %v after the last update", f.Settle),
 		fmt.Sprintf("%d compared (%d hot), %d differ", r.checkedValues, r.checkedHot, len(r.mismatches)), strings.Join(r.mismatches[:min(3, len(r.mismatches))], "; "))
 	fresh.checks(r, f, check)
