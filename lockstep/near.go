@@ -2,6 +2,7 @@ package lockstep
 
 import (
 	"bytes"
+	"container/heap"
 	"container/list"
 	"context"
 	"errors"
@@ -53,7 +54,7 @@ type NearCache struct {
 	MaxLag time.Duration
 	// NoRefetch turns off the background refetch. By default one goroutine per Client reads a key again (GET and
 	// PTTL, under the same rules as a fill) when an invalidation drops a value that was served from memory since
-	// it was fetched, and when a value is read from memory in the last fifth of its life there (its deadline,
+	// it was fetched, and when the last fifth of the life in memory of such a value begins (its deadline,
 	// start + min(MaxStaleness, PTTL)): the next reads find the value in memory instead of each instance's first
 	// reader paying a Redis round trip after every change and every MaxStaleness. This is refresh-ahead for the
 	// memory tier, and what keeps hot-read p99 at memory speed. It costs one GET per Client per change of such a
@@ -134,9 +135,11 @@ type NearRecorder interface {
 }
 
 // nearStore holds the values. A fill is a read of Redis that may end in a put: begin records the store's epoch
-// and the shard's sequence; put stores the value only when neither moved, i.e. no invalidation of the shard, no
-// flush and no connection loss reached the Client while the read was in flight (so a value read before a change
-// can never be stored after the change's invalidation was applied).
+// and the shard's sequence; put stores the value only when the epoch did not move and no invalidation of the
+// key itself is among the shard's invalidations since (nearShard.invalidatedSince; more than 64 of them refuse
+// it too), i.e. no invalidation of the key, no flush and no connection loss reached the Client while the read
+// was in flight (so a value read before a change can never be stored after the change's invalidation was
+// applied).
 type nearStore struct {
 	maxStale  time.Duration
 	shardMax  int64
@@ -146,17 +149,51 @@ type nearStore struct {
 	bytes     atomic.Int64  // sum over shards
 	shards    [nearShards]nearShard
 	clock     func() time.Time
-	onInvalid func()      // counts one invalidation (NearRecorder.NearInvalidation)
-	refetch   chan string // keys to read again after an invalidation (nil: NoRefetch)
+	onInvalid func()              // counts one invalidation (NearRecorder.NearInvalidation)
+	refetch   chan nearRefetchReq // keys to read again (nil: NoRefetch)
+	renewMu   sync.Mutex          // guards renewQ; taken after a shard's mu, never before one
+	renewQ    renewHeap           // values served since they were stored, by renewAt (Client.nearRefetch pops them)
+}
+
+// nearRefetchReq is one key to read again; warm: the value it replaces was served from memory, so the new one
+// inherits that (nearEntry.inherited).
+type nearRefetchReq struct {
+	key  string
+	warm bool
+}
+
+// renewItem is one held value waiting for its renewal: e, under key, from at.
+type renewItem struct {
+	at  time.Time
+	key string
+	e   *nearEntry
+}
+
+// renewHeap is a min-heap of renewItems by at (container/heap).
+type renewHeap []renewItem
+
+func (h renewHeap) Len() int           { return len(h) }
+func (h renewHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h renewHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *renewHeap) Push(x any)        { *h = append(*h, x.(renewItem)) }
+func (h *renewHeap) Pop() any {
+	old := *h
+	it := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return it
 }
 
 // nearShard is one locked part of the store. mu guards every field.
 type nearShard struct {
-	mu    sync.Mutex
-	seq   uint64 // bumped by each invalidation of a key of this shard
-	items map[string]*list.Element
-	lru   list.List // of *nearEntry, most recently read first
-	bytes int64
+	mu  sync.Mutex
+	seq uint64 // bumped by each invalidation of a key of this shard
+	// recent[n % nearRecent] is the key whose invalidation made seq n: a fill whose ticket is older than seq is
+	// refused only if its own key is among the invalidations since (or they are too many to tell), so a burst of
+	// invalidations of other keys (a daemon batch's publish) does not refuse every fill and refetch in flight.
+	recent [nearRecent]string
+	items  map[string]*list.Element
+	lru    list.List // of *nearEntry, most recently read first
+	bytes  int64
 }
 
 type nearEntry struct {
@@ -165,19 +202,31 @@ type nearEntry struct {
 	size     int64
 	epoch    uint64
 	deadline time.Time // by the Client's clock: served strictly before it
-	served   bool      // served from memory since it was stored (worth a refetch when invalidated)
-	renewAt  time.Time // from then on a read queues one refetch (zero: never; see nearRenewFraction)
-	renewing bool      // that refetch is queued
+	served   bool      // served from memory since it was stored (worth a refetch when invalidated, and a renewal)
+	// inherited: stored by a refetch of a value that had been served, so it is worth a refetch when invalidated
+	// even if no read came between (a key read about once a second per instance is often invalidated by the
+	// daemon's refresh before its first read after a renewal). One generation only: a refetch of an unserved
+	// inherited value does not pass it on, so a key no longer read stops being refetched.
+	inherited bool
+	renewAt   time.Time // when the last fifth of its life begins (zero: never renewed; see nearRenewFraction)
+	renewing  bool      // its renewal is queued
 }
 
-// nearRenewFraction: a value read from memory in the last fifth of its life there (deadline − start) is refetched
-// in the background once, so a key read often keeps being served from memory across MaxStaleness instead of one
-// reader per instance paying a Redis round trip each time it runs out. Values held less than nearMinRenewLife are
-// not (a key about to expire in Redis would be refetched over and over).
+// nearRenewFraction: a value served from memory since it was stored is refetched in the background once the last
+// fifth of its life there (deadline − start) begins, whether or not it is read then, so a hot key stays in memory
+// across MaxStaleness instead of one reader per instance paying a Redis round trip each time it runs out (with
+// a read-triggered renewal, a key read about once a second per instance missed its last second half the time:
+// 6.7% of the hot reads of the N = 16 peers cell still went to Redis). Values held less than nearMinRenewLife
+// are not renewed (a key about to expire in Redis would be refetched over and over). nearRenewTick is how often
+// the due renewals are looked for, by the Client's clock.
 const (
 	nearRenewFraction = 0.2
 	nearMinRenewLife  = 100 * time.Millisecond
+	nearRenewTick     = 25 * time.Millisecond
 )
+
+// nearRecent is how many of a shard's latest invalidations are remembered by key (nearShard.recent).
+const nearRecent = 64
 
 // nearTicket is what begin hands to put.
 type nearTicket struct {
@@ -185,6 +234,7 @@ type nearTicket struct {
 	epoch uint64
 	seq   uint64
 	start time.Time
+	warm  bool // a refetch of a value that was served (nearEntry.inherited)
 }
 
 func newNearStore(n *NearCache, clock func() time.Time, onInvalid func()) *nearStore {
@@ -199,7 +249,7 @@ func newNearStore(n *NearCache, clock func() time.Time, onInvalid func()) *nearS
 		s.shards[i].items = map[string]*list.Element{}
 	}
 	if !n.NoRefetch {
-		s.refetch = make(chan string, nearRefetchQueue)
+		s.refetch = make(chan nearRefetchReq, nearRefetchQueue)
 	}
 	return s
 }
@@ -229,20 +279,45 @@ func (s *nearStore) get(key string) ([]byte, bool) {
 		return nil, false
 	}
 	sh.lru.MoveToFront(el)
-	e.served = true
-	if !e.renewing && !e.renewAt.IsZero() && !now.Before(e.renewAt) && s.queueRefetch(key) {
-		e.renewing = true
+	if !e.served {
+		e.served = true
+		if s.refetch != nil && !e.renewAt.IsZero() {
+			s.renewMu.Lock()
+			heap.Push(&s.renewQ, renewItem{at: e.renewAt, key: key, e: e})
+			s.renewMu.Unlock()
+		}
 	}
 	return e.val, true
 }
 
-// queueRefetch queues key for a refetch unless refetches are off or the queue is full.
-func (s *nearStore) queueRefetch(key string) bool {
+// renewDue queues a refetch of every held value whose renewal is due at now: served since it was stored, still
+// held, and not queued already. Items of values replaced or dropped since are discarded.
+func (s *nearStore) renewDue(now time.Time) {
+	for {
+		s.renewMu.Lock()
+		if len(s.renewQ) == 0 || s.renewQ[0].at.After(now) {
+			s.renewMu.Unlock()
+			return
+		}
+		it := heap.Pop(&s.renewQ).(renewItem)
+		s.renewMu.Unlock()
+		sh := s.shard(it.key)
+		sh.mu.Lock()
+		el, ok := sh.items[it.key]
+		if ok && el.Value.(*nearEntry) == it.e && !it.e.renewing && s.queueRefetch(it.key, true) {
+			it.e.renewing = true
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// queueRefetch queues key for a refetch unless refetches are off or the queue is full; warm: see nearRefetchReq.
+func (s *nearStore) queueRefetch(key string, warm bool) bool {
 	if s.refetch == nil {
 		return false
 	}
 	select {
-	case s.refetch <- key:
+	case s.refetch <- nearRefetchReq{key, warm}:
 		return true
 	default: // full: the next read fetches it
 		return false
@@ -276,14 +351,14 @@ func (s *nearStore) put(t nearTicket, key string, val []byte, ttl time.Duration)
 	if ttl > 0 && ttl < life {
 		life = ttl
 	}
-	e := &nearEntry{key: key, val: val, size: size, epoch: t.epoch, deadline: t.start.Add(life)}
+	e := &nearEntry{key: key, val: val, size: size, epoch: t.epoch, deadline: t.start.Add(life), inherited: t.warm}
 	if life >= nearMinRenewLife {
 		e.renewAt = e.deadline.Add(-time.Duration(float64(life) * nearRenewFraction))
 	}
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.seq != t.seq || s.epoch.Load() != t.epoch || !s.up.Load() {
+	if s.epoch.Load() != t.epoch || !s.up.Load() || sh.invalidatedSince(t.seq, key) {
 		return
 	}
 	if old, ok := sh.items[key]; ok {
@@ -298,6 +373,20 @@ func (s *nearStore) put(t nearTicket, key string, val []byte, ttl time.Duration)
 	sh.items[key] = sh.lru.PushFront(e)
 	sh.bytes += size
 	s.bytes.Add(size)
+}
+
+// invalidatedSince reports whether key may have been invalidated after seq: it was, or more invalidations than
+// recent remembers happened since. sh.mu is held.
+func (sh *nearShard) invalidatedSince(seq uint64, key string) bool {
+	if sh.seq-seq > nearRecent {
+		return true
+	}
+	for n := seq + 1; n <= sh.seq; n++ {
+		if sh.recent[n%nearRecent] == key {
+			return true
+		}
+	}
+	return false
 }
 
 // remove drops el; sh.mu is held.
@@ -316,16 +405,17 @@ func (s *nearStore) invalidate(key string) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	sh.seq++
-	served := false
+	sh.recent[sh.seq%nearRecent] = key
+	served, warm := false, false
 	if el, ok := sh.items[key]; ok {
 		e := el.Value.(*nearEntry)
-		served = e.served
+		served, warm = e.served || e.inherited, e.served
 		s.bytes.Add(-e.size)
 		sh.remove(el)
 	}
 	sh.mu.Unlock()
 	if served {
-		s.queueRefetch(key)
+		s.queueRefetch(key, warm)
 	}
 }
 
@@ -336,6 +426,9 @@ func (s *nearStore) reset(up bool) {
 		s.up.Store(false)
 	}
 	s.epoch.Add(1)
+	s.renewMu.Lock()
+	s.renewQ = nil
+	s.renewMu.Unlock()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -389,7 +482,8 @@ func (c *Client) nearFill(ctx context.Context, t nearTicket, key string) ([]byte
 	return v, nil
 }
 
-// nearRefetch reads again, one at a time, the keys that invalidate queued, until stop is closed. Each read is a
+// nearRefetch reads again, one at a time, the keys that invalidate and renewDue (every nearRenewTick) queued,
+// until stop is closed. Each read is a
 // fill like a reader's (its ticket taken after the invalidation was applied, bounded by the Client's timeouts);
 // a missing key or an error stores nothing.
 func (c *Client) nearRefetch(stop <-chan struct{}) {
@@ -399,13 +493,18 @@ func (c *Client) nearRefetch(stop <-chan struct{}) {
 		<-stop
 		cancel()
 	}()
+	tick := time.NewTicker(nearRenewTick)
+	defer tick.Stop()
 	for {
 		select {
 		case <-stop:
 			return
-		case key := <-c.near.refetch:
-			if t := c.near.begin(key); t.ok {
-				_, _ = c.nearFill(ctx, t, key)
+		case <-tick.C:
+			c.near.renewDue(c.near.clock())
+		case req := <-c.near.refetch:
+			if t := c.near.begin(req.key); t.ok {
+				t.warm = req.warm
+				_, _ = c.nearFill(ctx, t, req.key)
 			}
 		}
 	}

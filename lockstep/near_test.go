@@ -475,9 +475,10 @@ func TestNearCacheMaxStaleness(t *testing.T) {
 	}
 }
 
-// TestNearCacheRenewsBeforeItsBound: with the refetch on, a value read from memory in the last fifth of its life
-// there is read again in the background, so that a Get past the first value's bound is still served from memory
-// (no round trip of its own); before that fifth, reads queue nothing.
+// TestNearCacheRenewsBeforeItsBound: with the refetch on, a value served from memory is read again in the
+// background once the last fifth of its life there begins, with no Get at that moment, so that a Get past the
+// first value's bound is still served from memory (no round trip of its own); before that fifth, nothing is
+// read again.
 func TestNearCacheRenewsBeforeItsBound(t *testing.T) {
 	c, keys, clock, h := clockedNear(t, false)
 	ctx := context.Background()
@@ -499,8 +500,7 @@ func TestNearCacheRenewsBeforeItsBound(t *testing.T) {
 	if got := h.n.Load() - before; got != 0 {
 		t.Errorf("reads before the last fifth: %d round trips, want 0 (no refetch queued)", got)
 	}
-	clock.Advance(time.Nanosecond)
-	get() // queues the refetch
+	clock.Advance(time.Nanosecond) // the last fifth begins; no Get until the renewal is seen
 	testenv.Eventually(t, 5*time.Second, "the value renewed in the background", func() bool {
 		return lockstep.NearDeadline(c, key).After(first)
 	})

@@ -314,6 +314,8 @@ type peersResult struct {
 	HeapPerInstance    float64          `json:"heap_bytes_per_instance"`
 	Daemon             map[string]int64 `json:"daemon_refreshes,omitempty"`
 	NearHits           int64            `json:"near_hits,omitempty"`     // reads served from process memory in the window (near rows)
+	HotNoGet           int64            `json:"hot_reads_without_get"`   // hot reads that sent no GET: from process memory (every row)
+	HotNoGetLatency    latencySummary   `json:"hot_latency_without_get"` // their latency
 	NearBypasses       int64            `json:"near_bypasses,omitempty"` // reads that found the near cache down
 	Window             [2]time.Time     `json:"window"`
 }
@@ -664,8 +666,10 @@ func jitterTTL(ttl time.Duration, jitter float64) time.Duration {
 type peerWorker struct {
 	reads, errs, misses, hotReads, hotMisses int64
 	foundMisses                              int64 // misses whose first GET found a value
+	hotNoGet                                 int64 // hot reads that sent no GET (served from process memory)
 	firstErr                                 error
 	lat, hotLat, age                         latencies
+	hotNoGetLat                              latencies // the latencies of those
 	hotMissAt                                []hotMiss // the first few
 }
 
@@ -852,6 +856,10 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 					continue
 				}
 				wk.age = append(wk.age, t1.Sub(time.UnixMicro(us)))
+				if hot && rs.first.Load() == firstGetNone {
+					wk.hotNoGet++
+					wk.hotNoGetLat = append(wk.hotNoGetLat, d)
+				}
 				if waited, found := readWaited(us, t0, rs.first.Load()); waited {
 					wk.misses++
 					if found {
@@ -934,7 +942,7 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 
 	res := &peersResult{Strategy: st.name, Instances: n, Window: [2]time.Time{winStart, winEnd}, Daemon: daemon,
 		HeapPerInstance: heapPer, BaselineGets: baseGets.Load()}
-	var lat, hotLat, age []latencies
+	var lat, hotLat, age, hotNoGetLat []latencies
 	for i := range workers {
 		wk := &workers[i]
 		res.Reads += wk.reads
@@ -943,6 +951,8 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 		res.FoundMisses += wk.foundMisses
 		res.HotReads += wk.hotReads
 		res.HotMisses += wk.hotMisses
+		res.HotNoGet += wk.hotNoGet
+		hotNoGetLat = append(hotNoGetLat, wk.hotNoGetLat)
 		if wk.firstErr != nil && res.FirstError == "" {
 			res.FirstError = wk.firstErr.Error()
 		}
@@ -956,6 +966,7 @@ func (e *peersEnv) runCell(ctx context.Context, st peerStrategy, n int) (*peersR
 	res.ReadsPerS = float64(res.Reads) / c.duration.Seconds()
 	res.Latency = latencies(slices.Concat(lat...)).summary()
 	res.HotLatency = latencies(slices.Concat(hotLat...)).summary()
+	res.HotNoGetLatency = latencies(slices.Concat(hotNoGetLat...)).summary()
 	res.Age = latencies(slices.Concat(age...)).summary()
 	res.Baseline = latencies(slices.Concat(base...)).summary()
 	res.OriginQueries, res.OriginFetches, res.OriginHotFetches = o.queries.Load(), o.fetches.Load(), o.hotFetches.Load()
@@ -1048,8 +1059,12 @@ read end − the origin query's clock_timestamp().
 			fmt.Fprintf(w, "%s N=%d round %d: hot misses: %s\n", r.Strategy, r.Instances, r.Round, strings.Join(ms, ", "))
 		}
 		if strings.Contains(r.Strategy, "near") {
-			fmt.Fprintf(w, "%s N=%d round %d: near cache: %d reads served from memory (%.2f%% of all reads, %.2f%% of the hot reads' count), %d bypasses\n",
-				r.Strategy, r.Instances, r.Round, r.NearHits, 100*float64(r.NearHits)/float64(max(r.Reads, 1)), 100*float64(r.NearHits)/float64(max(r.HotReads, 1)), r.NearBypasses)
+			fmt.Fprintf(w, "%s N=%d round %d: near cache: %d reads served from memory (%.2f%% of all reads), %d bypasses\n",
+				r.Strategy, r.Instances, r.Round, r.NearHits, 100*float64(r.NearHits)/float64(max(r.Reads, 1)), r.NearBypasses)
+		}
+		if r.HotNoGet > 0 {
+			fmt.Fprintf(w, "%s N=%d round %d: hot reads that sent no Redis GET (served from process memory): %.3f%%, their p99 %v; %d hot reads sent one\n",
+				r.Strategy, r.Instances, r.Round, 100*float64(r.HotNoGet)/float64(max(r.HotReads, 1)), r.HotNoGetLatency.P99, r.HotReads-r.HotNoGet)
 		}
 		if r.Daemon != nil {
 			fmt.Fprintf(w, "%s N=%d round %d: the warmer's refreshes by result: %v\n", r.Strategy, r.Instances, r.Round, r.Daemon)
