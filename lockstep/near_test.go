@@ -512,6 +512,46 @@ func TestNearCacheRenewsBeforeItsBound(t *testing.T) {
 	}
 }
 
+// TestNearCacheRefetchesARenewedValue: a value renewed in the background (served, then its last fifth began) and
+// changed by another writer before any read of the renewal is read again too: the renewal inherits the warmth
+// of the value it replaced. Before, the first read after such a change, in every instance, went to Redis.
+func TestNearCacheRefetchesARenewedValue(t *testing.T) {
+	c, keys, clock, h := clockedNear(t, false)
+	ctx := context.Background()
+	key := mustFor(t, keys, "1").Cache
+	read := func() string {
+		t.Helper()
+		v, err := c.Get(ctx, "1")
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		return string(v)
+	}
+	testenv.Eventually(t, 5*time.Second, "value held", func() bool {
+		read()
+		return !lockstep.NearDeadline(c, key).IsZero()
+	})
+	read() // served from memory: worth renewing
+	first := lockstep.NearDeadline(c, key)
+	clock.Advance(8 * time.Second)
+	testenv.Eventually(t, 5*time.Second, "the value renewed in the background", func() bool {
+		return lockstep.NearDeadline(c, key).After(first)
+	})
+	renewed := lockstep.NearDeadline(c, key)
+	clock.Advance(time.Second) // a refetch from now on has a later deadline than the renewal's
+	writer := testenv.Redis(t)
+	if err := writer.Set(ctx, key, "v2", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the change refetched with no Get", func() bool {
+		return lockstep.NearDeadline(c, key).After(renewed)
+	})
+	before := h.n.Load()
+	if got := read(); got != "v2" || h.n.Load() != before {
+		t.Errorf("first Get after the change: %q with %d round trips, want \"v2\" from memory", got, h.n.Load()-before)
+	}
+}
+
 // TestNearCacheMemoryBound: the bytes held stay within MaxBytes however many values are read, and a value larger
 // than a sixteenth of MaxBytes is never held.
 func TestNearCacheMemoryBound(t *testing.T) {
