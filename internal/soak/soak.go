@@ -416,7 +416,7 @@ type soakResult struct {
 	invalidations  []invalidation
 	orphanLocks    []string
 	killed         []killedLocks // the killed replicas' locks, read right after each kill
-	logs           []expiryLog // the daemons' "hot key missed" warnings
+	logs           []expiryLog   // the daemons' "hot key missed" warnings
 	logErr         error
 	checkedValues  int // cached values of the fed keyspaces compared with PostgreSQL at the end
 	checkedHot     int // of which hot
