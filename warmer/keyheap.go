@@ -87,6 +87,24 @@ func (q *keyHeap[O]) popDue(until time.Time, n int) []*hotState {
 	return out
 }
 
+// countBy returns how many keys' times are at or before until, in O(that count): a subtree whose root is
+// later than until holds no such key (the heap's order), so it is not visited.
+func (q *keyHeap[O]) countBy(until time.Time) int {
+	var o O
+	n := 0
+	stack := []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if i >= len(q.keys) || o.at(q.keys[i]).After(until) {
+			continue
+		}
+		n++
+		stack = append(stack, 2*i+1, 2*i+2)
+	}
+	return n
+}
+
 // byDue orders the due queue: by due time; at equal due times the hotter key first, so that when the origin
 // budget is short the keys closest to expiry and with the highest heat are refreshed first.
 type byDue struct{}

@@ -94,6 +94,7 @@ type loopState struct {
 	// failSafeBusy: a fail-safe-only batch is in flight (at most one; see dispatch); probes: refresh batches in
 	// flight (while the origin fails, at most one is started).
 	failSafeBusy bool
+	dueGaugeAt   time.Time // when dispatch last counted the due keys for their gauge
 	probes       int
 
 	// Reconciliation (reconcile.go).

@@ -124,15 +124,18 @@ func (k *loopState) dispatch(ctx, workCtx context.Context) time.Duration {
 			ks.poke()
 		}()
 	}
-	due := 0
-	for _, h := range k.q.keys {
-		if !h.due.After(now) {
-			due++
-		}
+	// The gauge of due keys: counted in O(due keys), and at most every dueGaugeEvery, since dispatch runs after
+	// every batch. Scanning the whole queue here made each batch cost O(hot keys): at 300,000 pinned keys one
+	// daemon refreshed 2,268 keys/s and fell behind (docs/benchmarks.md, fleet-scale).
+	if now.Sub(k.dueGaugeAt) >= dueGaugeEvery || now.Before(k.dueGaugeAt) {
+		k.dueGaugeAt = now
+		k.w.m.queued.WithLabelValues(cfg.Name).Set(float64(k.q.countBy(now)))
 	}
-	k.w.m.queued.WithLabelValues(cfg.Name).Set(float64(due))
 	return k.nextWait(now)
 }
+
+// dueGaugeEvery is how often at most dispatch recounts keepwarm_warmer_keys_due.
+const dueGaugeEvery = 250 * time.Millisecond
 
 // nextWait is how long the loop may sleep at now until the next key falls due.
 func (k *loopState) nextWait(now time.Time) time.Duration {

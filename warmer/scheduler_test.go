@@ -3,6 +3,7 @@ package warmer
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -121,6 +122,39 @@ func TestDueQueueBudget(t *testing.T) {
 	q.remove(q.peek())
 	if got := q.peek().id; got != "5" {
 		t.Errorf("after remove, head = %s, want 5", got)
+	}
+}
+
+// TestDueQueueCountBy: the pruned count of keys due by a time equals a scan of the whole queue, for every cut,
+// on a queue whose times repeat and whose order was disturbed by reschedules and removals.
+func TestDueQueueCountBy(t *testing.T) {
+	t.Parallel()
+	base := time.Unix(1000, 0)
+	rnd := rand.New(rand.NewPCG(7, 7))
+	var q dueQueue
+	var all []*hotState
+	for i := range 2000 {
+		h := &hotState{id: fmt.Sprint(i), e: &entry{}, idx: -1}
+		all = append(all, h)
+		q.schedule(h, base.Add(time.Duration(rnd.IntN(500))*time.Millisecond))
+	}
+	for _, h := range all[:300] {
+		q.schedule(h, base.Add(time.Duration(rnd.IntN(500))*time.Millisecond))
+	}
+	for _, h := range all[300:400] {
+		q.remove(h)
+	}
+	for cut := -10; cut <= 510; cut += 7 {
+		until := base.Add(time.Duration(cut) * time.Millisecond)
+		want := 0
+		for _, h := range q.keys {
+			if !h.due.After(until) {
+				want++
+			}
+		}
+		if got := q.countBy(until); got != want {
+			t.Fatalf("countBy(+%dms) = %d, want %d (a scan of the %d queued)", cut, got, want, q.Len())
+		}
 	}
 }
 
