@@ -39,6 +39,8 @@ commands:
   zipf      the same as trace on a synthetic Zipf workload (--skew)
   warmup    keepwarm warmup --query over 1,000,000 generated rows vs a naive warmer and the machine's limits
   scale     the warmer itself: memory per tracked key, refresh throughput, Redis commands per refresh, idle CPU
+  fleet-scale  a fleet of 3 and 5 warmers keeping 1,000,000 hot keys warm on a Redis Cluster: refreshes/s and CPU
+            per replica, Redis commands and CPU per refresh, memory per hot key, keys moved on a join and a leave
   changes   update track rows at a rate; time commit-to-Redis; check cached keys against the origin
   peers     sturdyc, go-redis/cache, redislock, redsync, lockstep (± near cache) and keepwarm side by side: N app
             instances, Zipf reads, shuffled rounds
@@ -66,6 +68,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runTrace(ctx, args[1:], stdout, stderr)
 	case "zipf":
 		return runZipf(ctx, args[1:], stdout, stderr)
+	case "fleet-scale":
+		return runFleetScale(ctx, args[1:], stdout, stderr)
 	case "scale":
 		return runScale(ctx, args[1:], stdout, stderr)
 	case "changes":
