@@ -50,7 +50,12 @@ type Options struct {
 	MaxUncounted int           // uncounted gaps allowed; default 0
 	// MaxUnlogged is how many gaps >= MinGap may go unlogged for their key by every daemon; default 0. make test
 	// sets it above 0 while the per-key holes listed in docs/benchmarks.md §10 are open.
-	MaxUnlogged  int
+	MaxUnlogged int
+	// MaxGap is the longest a hot key may be missing: the check fails when a gap the SLO judges (cold starts,
+	// invalidations and keys not hot for their owner left out; blinks included, their lengths are upper bounds)
+	// lasts longer. 0, the default, does not check: faults such as redis-restart and pg-outage miss keys for
+	// seconds by design.
+	MaxGap       time.Duration
 	PhantomRatio float64       // the counters' sum may exceed the observer's gaps by this factor ...; default 1.05
 	PhantomSlack float64       // ... plus this many (keys that turn hot and expire within the 1 s hot-set refresh); default 3
 	Settle       time.Duration // wait after the last row update before comparing cached values with PostgreSQL; default 5 s

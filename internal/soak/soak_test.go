@@ -553,6 +553,53 @@ func TestReportChecksCanFail(t *testing.T) {
 			t.Errorf("two gaps not logged, --max-unlogged 1: %v, want the per-key check to fail", err)
 		}
 	})
+	// MaxGap: the longest gap of a hot key, judged only when set; cold starts and gaps outside the SLO are left
+	// out, and a gap before the warm-up's end is not judged.
+	t.Run("max gap", func(t *testing.T) {
+		f := f
+		f.MaxGap = time.Second
+		for _, tt := range []struct {
+			name  string
+			spoil func(r *soakResult)
+			want  string
+		}{
+			{"gap over the bound", func(*soakResult) {}, "no hot key missing longer than 1s: longest gap of a hot key: 2.00s on track:1 at 40s after flushdb"},
+			{"gap within the bound", func(r *soakResult) { r.gaps[0].Length = 900 * time.Millisecond }, ""},
+			{"long cold start and unowned gap", func(r *soakResult) {
+				r.gaps[0].Length = 900 * time.Millisecond
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:3", Start: at(50), Length: 5 * time.Second, ColdStart: true},
+					gap{Keyspace: "track", Key: "track:4", Start: at(60), Length: 5 * time.Second, Unowned: true})
+			}, ""},
+			{"long gap in the warm-up", func(r *soakResult) {
+				r.gaps[0].Length = 900 * time.Millisecond
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:5", Start: at(10), Length: 5 * time.Second})
+			}, ""},
+			{"long gap among short ones", func(r *soakResult) {
+				r.gaps[0].Length = 900 * time.Millisecond
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:6", Start: at(70), Length: 1200 * time.Millisecond})
+				r.logs = append(r.logs, expiryLog{key: "track:6", at: at(70.5)})
+				r.final["track"] = 2
+			}, "longest gap of a hot key: 1.20s on track:6 at 1m10s after flushdb"},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				r := clean()
+				tt.spoil(r)
+				var out strings.Builder
+				err := r.report(&out, f)
+				switch {
+				case tt.want == "" && err != nil:
+					t.Errorf("got %v, want every check to pass\n%s", err, out.String())
+				case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+					t.Errorf("got %v, want an error containing %q\n%s", err, tt.want, out.String())
+				}
+			})
+		}
+		// Not set, it is not judged.
+		if err := clean().report(io.Discard, Options{Interval: f.Interval, MinGap: f.MinGap, PhantomRatio: f.PhantomRatio,
+			PhantomSlack: f.PhantomSlack, Settle: f.Settle, Duration: f.Duration, FreshMaxP99: f.FreshMaxP99}); err != nil {
+			t.Errorf("MaxGap 0: %v, want every check to pass", err)
+		}
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := clean()

@@ -328,6 +328,15 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 		}
 		phDetail = fmt.Sprintf("most counted beyond the observed gaps after fault %s (%.0f)", worstKind, worstExcess)
 	}
+	if f.MaxGap > 0 {
+		got, detail := "none", ""
+		if longest.Key != "" {
+			got = fmt.Sprintf("%s on %s at %v after %s", benchload.Dur(longest.Length), longest.Key,
+				longest.Start.Sub(r.start).Round(100*time.Millisecond), attribute(longest, r.faults, r.invalidations))
+			detail = fmt.Sprintf("longest gap of a hot key: %s (%s)", got, longest.Start.UTC().Format("15:04:05.000"))
+		}
+		check(longest.Length <= f.MaxGap, fmt.Sprintf("no hot key missing longer than %v", f.MaxGap), got, detail)
+	}
 	check(totalCounted <= limit, fmt.Sprintf("no phantom misses (counted <= %.2f × gaps + %.0f)", f.PhantomRatio, f.PhantomSlack),
 		fmt.Sprintf("%.0f counted, %d gaps (blinks included), limit %.1f", totalCounted, totalObserved, limit), phDetail)
 	check(len(r.orphanLocks) == 0, "orphaned locks after everything stopped", fmt.Sprintf("%d", len(r.orphanLocks)),
@@ -528,3 +537,4 @@ func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
 	}
 	return out
 }
+
