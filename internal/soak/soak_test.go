@@ -436,6 +436,28 @@ func TestUnlogged(t *testing.T) {
 	}
 }
 
+// TestUnseen: the log lines that no gap of their key can own, within the judged window, are the phantom check's
+// candidates.
+func TestUnseen(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	gaps := []gap{{Key: "track:1", Start: at(20), Length: time.Second}}
+	logs := []expiryLog{
+		{key: "track:1", at: at(20.5)}, // its gap's
+		{key: "track:1", at: at(18.5)}, // more than 1 s before the gap: nobody's
+		{key: "track:2", at: at(20.5)}, // no gap of its key
+		{key: "track:3", at: at(5)},    // before the window
+		{key: "track:3", at: at(95)},   // after it
+	}
+	var got []string
+	for _, l := range unseen(logs, gaps, at(10), at(90), 5*time.Minute) {
+		got = append(got, fmt.Sprintf("%s@%.1f", l.key, l.at.Sub(t0).Seconds()))
+	}
+	if want := []string{"track:1@18.5", "track:2@20.5"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("unseen: got %v, want %v", got, want)
+	}
+}
+
 func TestReadExpiryLogs(t *testing.T) {
 	dir := t.TempDir()
 	log := `time=2026-12-01T15:25:53.727Z level=INFO msg="refreshed" keyspace=track

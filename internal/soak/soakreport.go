@@ -337,6 +337,15 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 		}
 		check(longest.Length <= f.MaxGap, fmt.Sprintf("no hot key missing longer than %v", f.MaxGap), got, detail)
 	}
+	if totalCounted > limit {
+		// Name the counts: each "hot key missed" line of the judged window that matches no judged gap of its key,
+		// with what the observer did record for that key around it.
+		fmt.Fprintf(w, "logged as missed, matching no judged gap of the key (phantom candidates):\n")
+		for _, u := range unseen(r.logs, judged, r.warmEnd, r.end, 5*time.Minute) {
+			fmt.Fprintf(w, "  %-18s logged at %7v (%s); observer: %s\n", u.key, u.at.Sub(r.start).Round(100*time.Millisecond),
+				u.at.UTC().Format("15:04:05.000"), describeNear(u, inWindow, r))
+		}
+	}
 	check(totalCounted <= limit, fmt.Sprintf("no phantom misses (counted <= %.2f × gaps + %.0f)", f.PhantomRatio, f.PhantomSlack),
 		fmt.Sprintf("%.0f counted, %d gaps (blinks included), limit %.1f", totalCounted, totalObserved, limit), phDetail)
 	check(len(r.orphanLocks) == 0, "orphaned locks after everything stopped", fmt.Sprintf("%d", len(r.orphanLocks)),
@@ -538,3 +547,42 @@ func unlogged(gaps []gap, logs []expiryLog, recheck time.Duration) []gap {
 	return out
 }
 
+// unseen returns the log lines dated within [from, to] that no gap of gaps can own: none of their key's gaps has
+// a window (unlogged's: from 1 s before its start until recheck after its end) that holds the line.
+func unseen(logs []expiryLog, gaps []gap, from, to time.Time, recheck time.Duration) []expiryLog {
+	var out []expiryLog
+	for _, l := range logs {
+		if l.at.Before(from) || l.at.After(to) {
+			continue
+		}
+		if !slices.ContainsFunc(gaps, func(g gap) bool {
+			return g.Key == l.key && !l.at.Before(g.Start.Add(-time.Second)) && !l.at.After(g.Start.Add(g.Length+recheck))
+		}) {
+			out = append(out, l)
+		}
+	}
+	slices.SortFunc(out, func(a, b expiryLog) int { return a.at.Compare(b.at) })
+	return out
+}
+
+// describeNear says what the observer recorded of l's key within 10 s of l: each gap with its kind, or none.
+func describeNear(l expiryLog, gaps []gap, r *soakResult) string {
+	var parts []string
+	for _, g := range gaps {
+		if g.Key != l.key || g.Start.Sub(l.at).Abs() > 10*time.Second {
+			continue
+		}
+		kind := attribute(g, r.faults, r.invalidations)
+		switch {
+		case g.ColdStart:
+			kind = "cold start"
+		case g.Blink:
+			kind += ", blink"
+		}
+		parts = append(parts, fmt.Sprintf("gap %s from %v (%s)", benchload.Dur(g.Length), g.Start.Sub(r.start).Round(10*time.Millisecond), kind))
+	}
+	if len(parts) == 0 {
+		return "no gap of this key within 10 s"
+	}
+	return strings.Join(parts, "; ")
+}
