@@ -414,6 +414,7 @@ type soakResult struct {
 	base, final    map[string]float64 // Σ SLO counters at the end of the warm-up and at the end
 	gaps           []gap
 	droppedGaps    int
+	watched        map[string][]span // per key, when the observer polled it (gapTracker.watched)
 	polls, blind   int64
 	blindTime      time.Duration
 	unread         []span // the observer's spans without a reading, longer than maxUnread
@@ -640,6 +641,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	obsStop()
 	res.gaps = <-gapsCh
 	res.droppedGaps = obs.track.dropped
+	res.watched = obs.track.watched
 	res.polls, res.blind, res.maxHot = obs.polls.Load(), obs.blind.Load(), int(maxHot.Load())
 	res.blindTime = time.Duration(obs.blindTime.Load())
 	res.unread = obs.unread

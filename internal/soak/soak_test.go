@@ -477,6 +477,51 @@ time=2026-12-01T15:25:55.000Z level=WARN msg="hot key missed: expired before its
 	if len(got) != 2 || got[0].key != "track:1573" || got[1].key != "album:7" || got[1].at.Sub(got[0].at) != 273*time.Millisecond {
 		t.Errorf("got %+v", got)
 	}
+	// The known expiry dates the miss; a line without one (year 1) is dated by its own time.
+	if len(got) == 2 && (got[0].missedAt() != got[0].at.Add(-47*time.Millisecond) || got[1].missedAt() != got[1].at) {
+		t.Errorf("missedAt: got %v and %v, want the expiry 47ms before the first line, and the second line's time",
+			got[0].missedAt(), got[1].missedAt())
+	}
+}
+
+// TestGapTrackerWatched: the tracker records when each key was in the hot union (and polled), so that a miss a
+// daemon counted on a key outside it is known to be one the observer could not see.
+func TestGapTrackerWatched(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	g := newGapTracker(5*time.Millisecond, 100)
+	hot := map[string]string{"a": "track"}
+	g.observe(at(0), hot, map[string]time.Duration{"a": time.Second})
+	g.observe(at(50), map[string]string{}, nil)
+	g.observe(at(1000), hot, map[string]time.Duration{"a": time.Second})
+	g.finish(at(2000))
+	for _, tt := range []struct {
+		ms   int
+		want bool
+	}{{0, true}, {50, true}, {51, false}, {999, false}, {1000, true}, {5000, true}} {
+		if got := watchedAt(g.watched, "a", at(tt.ms)); got != tt.want {
+			t.Errorf("watched at %d ms: got %v, want %v", tt.ms, got, tt.want)
+		}
+	}
+	if watchedAt(g.watched, "b", at(0)) {
+		t.Errorf("a key never hot: watched")
+	}
+}
+
+// phantoms adds five counted misses at 50 s, on keys the observer polled throughout when polled is set, else
+// on keys it never polled; track:1 (the clean result's gap) is polled throughout.
+func phantoms(r *soakResult, at func(float64) time.Time, polled bool) {
+	r.watched = map[string][]span{"track:1": {{from: at(0)}}}
+	for i := 10; i < 15; i++ {
+		k := fmt.Sprintf("track:%d", i)
+		r.logs = append(r.logs, expiryLog{key: k, at: at(50.1), expiry: at(50)})
+		if polled {
+			r.watched[k] = []span{{from: at(40), to: at(60)}}
+		} else {
+			r.watched[k] = []span{{from: at(50.5), to: at(60)}} // it entered the union after its miss
+		}
+	}
+	r.final["track"] += 5
 }
 
 // TestReportChecksCanFail builds soak results by hand: a clean one passes every check, and each defect fails its
@@ -540,6 +585,10 @@ func TestReportChecksCanFail(t *testing.T) {
 			r.unread = []span{{at(69.95), at(90)}}
 		}, "observer blind for 20.05s from 1m10s"},
 		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
+		// Misses counted on keys the observer was not polling when they happened (they turned hot and expired
+		// within the hot union's lag) cannot be judged either way; on polled keys they are phantoms.
+		{"counts on keys not polled then", func(r *soakResult) { phantoms(r, at, false) }, ""},
+		{"counts on polled keys with no gap", func(r *soakResult) { phantoms(r, at, true) }, "no phantom misses"},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
 		{"killed replica's lock past the lease", func(r *soakResult) {
 			r.killed = []killedLocks{{at: at(50), replica: "r2", held: 2, longest: 10 * time.Second, bound: 500 * time.Millisecond,
