@@ -910,3 +910,45 @@ func TestGapTrackerOwnership(t *testing.T) {
 		t.Errorf("attribute of an unowned gap = %q, want %q", a, attributionUnowned)
 	}
 }
+
+// TestUnionOwnershipOfADownReplica: the hot set a killed (or paused) replica answered last keeps naming its keys,
+// but its ownership lapses when the others take its keys over (takeoverBound after the kill); a gap that starts
+// later is judged by the live replicas' sets. Before, a key only the victim held hot read as owned for as long as
+// its stale set stayed in the union (2 s), and its gap about 2 s after the kill, after the heir (which did not hold
+// it hot) had taken over, failed the per-key check of a kill -9 soak as "not logged" (seed 5008: track:504).
+func TestUnionOwnershipOfADownReplica(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	track, _ := lockstep.NewKeys("track:${id}", "", "", "")
+	keys := map[string]*lockstep.Keys{"track": track}
+	hot := map[string]map[string]map[string]time.Time{
+		"r1": {"track": {"1": at(-20000), "2": at(-20000)}}, // the victim: owns both
+		"r2": {"track": {"2": time.Time{}}},                 // the heir holds only track:2 hot, and does not own it yet
+	}
+	lastAt := map[string]time.Time{"r1": at(0), "r2": at(0)}
+	takeover := takeoverBound(500 * time.Millisecond)
+	owned := func(u *hotUnion, key string, when time.Time) bool {
+		return slices.ContainsFunc(u.owned[key], func(o ownedSpan) bool { return o.covers(when) })
+	}
+	for _, tt := range []struct {
+		name string
+		down map[string]time.Time
+		ms   int
+		want bool
+	}{
+		{"live replica", nil, 5000, true},
+		{"killed, before the takeover", map[string]time.Time{"r1": at(300)}, 300 + 1250, true},
+		{"killed, after the takeover", map[string]time.Time{"r1": at(300)}, 300 + 1251, false},
+		{"killed before its last answer: a new incarnation's set", map[string]time.Time{"r1": at(-10)}, 5000, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			u := unionOf(hot, lastAt, tt.down, keys, takeover)
+			if got := owned(u, "track:1", at(tt.ms)); got != tt.want {
+				t.Errorf("track:1 owned at %d ms: got %v, want %v", tt.ms, got, tt.want)
+			}
+			if u.keys["track:1"] != "track" || u.keys["track:2"] != "track" {
+				t.Errorf("hot keys %v: the down replica's keys are still watched", u.keys)
+			}
+		})
+	}
+}
