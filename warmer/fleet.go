@@ -488,6 +488,13 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	}
 }
 
+// takeoverWindow bounds how long before this replica takes a late member's keys over that member beat last: it is
+// late once its heartbeat is lateBeats intervals old, which this replica sees at its next heartbeat, at most one
+// interval later.
+func (f *fleet) takeoverWindow() time.Duration {
+	return time.Duration((lateBeats + 1) * float64(f.cfg.HeartbeatInterval))
+}
+
 // joinWait bounds how long a starting replica waits for its keyspaces' first polls before it joins its fleet (a
 // keyspace whose source check or access-set reads fail would otherwise keep it out for good).
 const joinWait = 10 * time.Second
@@ -604,6 +611,7 @@ func (k *keyspace) setView(v *fleetView, lapsedAt time.Time) {
 func (k *loopState) applyView(v *fleetView, lapsedAt time.Time) {
 	lapsed := !lapsedAt.IsZero()
 	k.view = v
+	now := k.w.now()
 	for _, h := range k.hotSet {
 		own := v.owns(h.id)
 		expiredOwned := lapsed && !h.expiry.IsZero() && h.expiry.Add(expiryTolerance).Before(lapsedAt)
@@ -621,6 +629,9 @@ func (k *loopState) applyView(v *fleetView, lapsedAt time.Time) {
 			// count the other owner's refreshes as rebuilds after an expiry).
 			h.needPTTL, h.handover = true, true
 			h.expiry, h.counted = time.Time{}, false
+			if h.idx < 0 {
+				h.takenOverAt = now
+			}
 			k.adopt = append(k.adopt, h)
 		case own && lapsed && h.inflight && !h.persistent:
 			// A batch that was in flight through the stall (its PTTL re-check or publish still to come) must not
@@ -665,14 +676,24 @@ func (k *loopState) owned() int {
 // noteHandover checks the first PTTL reading of a key adopted from another replica: missing means its
 // previous owner (dead, or late) let it expire, which is counted as an SLO miss (this replica never knew the key's
 // expiry, so noteGone alone would not count it). A key hot for less than one TTL is not counted: its
-// previous owner may not have written it yet. Otherwise this is conservative: a key that an app deleted, or that
-// the origin lacks, at that moment is counted too.
+// previous owner may not have written it yet. Nor is a key that Redis announced gone (goneHeard) before the
+// previous owner's last heartbeat, which came at most takeoverWindow before this replica took the key over: the
+// owner was alive then and neither rebuilt nor counted it, so the key was not in its hot set (each replica ranks
+// its own, and at the top_n edge they differ) and was no hot key of its owner when it went missing. A kill -9 soak
+// counted 8 such keys at one takeover, gone for 1.5 to 10.9 s, and failed its phantom check. Otherwise this is
+// conservative: a key that an app deleted, or that the origin lacks, at that moment (or one whose going was not
+// announced: notifications off) is counted too.
 func (k *loopState) noteHandover(h *hotState, pttl time.Duration, now time.Time) {
 	if !h.handover {
 		return
 	}
 	h.handover = false
+	goneHeard, takenOverAt := h.goneHeard, h.takenOverAt
+	h.goneHeard, h.takenOverAt = time.Time{}, time.Time{} // this reading judges the takeover: what is heard from now on is the owner's
 	if pttl != pttlGone || h.missing || h.counted || now.Sub(h.hotSince) < k.cfg.TTL {
+		return
+	}
+	if !goneHeard.IsZero() && !takenOverAt.IsZero() && goneHeard.Before(takenOverAt.Add(-k.w.fleet.takeoverWindow())) {
 		return
 	}
 	if at := k.w.lastFlush.Load(); at != 0 && now.Sub(time.Unix(0, at)) < 2*k.w.fleet.cfg.HeartbeatTTL {

@@ -423,7 +423,17 @@ func (k *keyspace) onEvent(event, key string) bool {
 // are counted; the others coalesce: see heardEvents).
 func (k *loopState) event(event, id string, n int) {
 	h := k.hotSet[id]
-	if h == nil || h.persistent || !k.owns(id) {
+	if h == nil || h.persistent {
+		return
+	}
+	if !k.owns(id) {
+		// Its owner judges it. Only when it went is kept, for a takeover of the key (noteHandover).
+		switch event {
+		case "expired", "evicted", "del":
+			h.goneHeard = k.w.now()
+		case "set":
+			h.goneHeard = time.Time{}
+		}
 		return
 	}
 	if h.inflight {

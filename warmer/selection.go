@@ -330,6 +330,10 @@ type hotState struct {
 	lockGoneAt, lockGoneExpiry, lockGoneLearned time.Time
 	handover                                    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
 	hotSince                                    time.Time // when the id became hot
+	// takenOverAt is when this replica last gained the key from another (applyView), and goneHeard when Redis last
+	// announced it expired, evicted or deleted while another replica owned it (zero once a write of it is heard):
+	// a key taken over gone since before its previous owner's last heartbeat was no miss of its (noteHandover).
+	takenOverAt, goneHeard time.Time
 	// flushedSince is, while a flush's re-read of the key is pending (rereadAll), the moment since which Redis is
 	// known emptied (the flush canary's last write); zero otherwise.
 	flushedSince time.Time

@@ -32,6 +32,7 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&o.MinGap, "min-gap", o.MinGap, "observer gaps at least this long must be counted by the SLO counter")
 	fs.IntVar(&o.MaxUncounted, "max-uncounted", o.MaxUncounted, "check: uncounted gaps allowed")
 	fs.IntVar(&o.MaxUnlogged, "max-unlogged", o.MaxUnlogged, "check: gaps no daemon logged for their key allowed")
+	fs.DurationVar(&o.MaxGap, "max-gap", o.MaxGap, "check: the longest a hot key may be missing (0: not checked)")
 	fs.Float64Var(&o.PhantomRatio, "phantom-ratio", o.PhantomRatio, "check: the counters' sum may exceed the observer's gaps by this factor ...")
 	fs.Float64Var(&o.PhantomSlack, "phantom-slack", o.PhantomSlack, "... plus this many (keys that turn hot and expire within the observer's 1 s hot-set refresh)")
 	fs.DurationVar(&o.Settle, "settle", o.Settle, "wait after the last row update before comparing cached values with PostgreSQL")

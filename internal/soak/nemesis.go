@@ -292,6 +292,7 @@ func (s *soak) killDaemon(ctx context.Context, d *daemon, down time.Duration) (s
 		return "", fmt.Errorf("daemon %s is not running", d.id)
 	}
 	s.recordPeak(d.id, inc, pid) // /proc/PID is gone once it has been reaped
+	s.markDown(d.id)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return "", err
 	}
@@ -359,6 +360,7 @@ func (s *soak) readKilledLocks(ctx context.Context, replica string) killedLocks 
 }
 
 func (s *soak) pauseDaemon(ctx context.Context, d *daemon, length time.Duration) (string, error) {
+	s.markDown(d.id)
 	if err := d.signal(syscall.SIGSTOP); err != nil {
 		return "", err
 	}
@@ -488,4 +490,15 @@ func (s *soak) invalidateInFlight(ctx context.Context, window time.Duration) (st
 		sleep(ctx, 5*time.Millisecond)
 	}
 	return fmt.Sprintf("%d invalidations (track %s)", len(done), strings.Join(done, ",")), len(done), nil
+}
+
+// markDown records that the nemesis is about to kill or pause the replica: from then on its last hot set's
+// ownership lapses with the takeover (readHot), until it answers again.
+func (s *soak) markDown(replica string) {
+	s.bookMu.Lock()
+	defer s.bookMu.Unlock()
+	if s.downAt == nil {
+		s.downAt = map[string]time.Time{}
+	}
+	s.downAt[replica] = time.Now()
 }

@@ -170,10 +170,15 @@ type gapTracker struct {
 	keys    map[string]*keyState
 	gaps    []gap
 	dropped int
+	// watched holds, per key, the spans in which the key was in the hot union and so polled (to zero: still
+	// is): outside them the tracker could not have seen a gap of the key. The union lags the replicas' hot sets
+	// by up to a second or two (its refresh, their answers), so a key that turns hot and expires within that lag
+	// is counted by its owner and never watched.
+	watched map[string][]span
 }
 
 func newGapTracker(tolerance time.Duration, maxGaps int) *gapTracker {
-	return &gapTracker{tolerance: tolerance, maxGaps: maxGaps, keys: map[string]*keyState{}}
+	return &gapTracker{tolerance: tolerance, maxGaps: maxGaps, keys: map[string]*keyState{}, watched: map[string][]span{}}
 }
 
 // observe records one poll taken at at: hot maps each hot key to its keyspace, pttl holds the PTTL readings
@@ -186,6 +191,9 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 				g.close(st, at)
 			}
 			delete(g.keys, k) // not hot any more: its next absence is not a miss
+			if w := g.watched[k]; len(w) > 0 && w[len(w)-1].to.IsZero() {
+				w[len(w)-1].to = at
+			}
 		}
 	}
 	absent := 0
@@ -198,6 +206,7 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 		if st == nil {
 			st = &keyState{ks: ks}
 			g.keys[k] = st
+			g.watched[k] = append(g.watched[k], span{from: at})
 		}
 		wasPresent := !st.lastPoll.IsZero() && st.gap == nil // the reading at lastPoll found it present
 		if p == -2 {
@@ -301,6 +310,16 @@ func (g *gapTracker) add(x gap) {
 		return
 	}
 	g.gaps = append(g.gaps, x)
+}
+
+// watchedAt reports whether key was in the hot union, and polled, at t (spans still open run on).
+func watchedAt(watched map[string][]span, key string, t time.Time) bool {
+	for _, w := range watched[key] {
+		if !t.Before(w.from) && (w.to.IsZero() || !t.After(w.to)) {
+			return true
+		}
+	}
+	return false
 }
 
 // finish closes the gaps still open at at, marked Open, and returns every gap.

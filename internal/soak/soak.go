@@ -24,6 +24,7 @@ import (
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
 	"github.com/keepwarm/keepwarm/sources/postgres"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // Options configures Run. DefaultOptions gives the defaults named below; keepwarm-bench soak's flags carry the
@@ -50,7 +51,12 @@ type Options struct {
 	MaxUncounted int           // uncounted gaps allowed; default 0
 	// MaxUnlogged is how many gaps >= MinGap may go unlogged for their key by every daemon; default 0. make test
 	// sets it above 0 while the per-key holes listed in docs/benchmarks.md §10 are open.
-	MaxUnlogged  int
+	MaxUnlogged int
+	// MaxGap is the longest a hot key may be missing: the check fails when a gap the SLO judges (cold starts,
+	// invalidations and keys not hot for their owner left out; blinks included, their lengths are upper bounds)
+	// lasts longer. 0, the default, does not check: faults such as redis-restart and pg-outage miss keys for
+	// seconds by design.
+	MaxGap       time.Duration
 	PhantomRatio float64       // the counters' sum may exceed the observer's gaps by this factor ...; default 1.05
 	PhantomSlack float64       // ... plus this many (keys that turn hot and expire within the 1 s hot-set refresh); default 3
 	Settle       time.Duration // wait after the last row update before comparing cached values with PostgreSQL; default 5 s
@@ -164,7 +170,8 @@ type soak struct {
 	counters      map[incarnation]counterSet
 	peaks         map[incarnation]int64
 	invalidations []invalidation
-	killed        []killedLocks // read right after each daemon-kill9
+	killed        []killedLocks        // read right after each daemon-kill9
+	downAt        map[string]time.Time // replica → when the nemesis last killed or paused it (readHot)
 }
 
 // incarnation is one process of a replica: its counters start from 0 again after a restart.
@@ -177,7 +184,27 @@ type incarnation struct {
 type hotUnion struct {
 	keys  map[string]string          // cache key → keyspace
 	ids   map[string]map[string]bool // keyspace → id → true
-	owned map[string]time.Time       // cache keys in the hot set of a replica that owns them (the SLO's hot keys) → since when (the earliest such replica's hot_since)
+	owned map[string][]ownedSpan     // cache keys in the hot set of a replica that owns them (the SLO's hot keys) → when, one span per such replica
+}
+
+// ownedSpan is when one replica held a key hot and owned, as its last /debug/hotkeys said: from since (its
+// hot_since) until until (zero: for as long as it lives; see takeoverBound).
+type ownedSpan struct{ since, until time.Time }
+
+// covers reports whether the span holds the moment at.
+func (o ownedSpan) covers(at time.Time) bool {
+	return !o.since.After(at) && (o.until.IsZero() || !at.After(o.until))
+}
+
+// takeoverBound is how long after a replica's last heartbeat the others own its keys at the latest: it is late
+// after 1.5 heartbeat intervals, and each other replica notices at its next heartbeat, one interval later
+// (docs/operations.md, "Replicas share the work"). A replica killed or paused at t has beaten for the last time
+// at or before t, so from t + takeoverBound on it owns nothing, whatever its last /debug/hotkeys said.
+func takeoverBound(heartbeat time.Duration) time.Duration {
+	if heartbeat <= 0 {
+		heartbeat = warmer.DefaultHeartbeatInterval
+	}
+	return heartbeat * 5 / 2
 }
 
 type invalidation struct {
@@ -409,6 +436,7 @@ type soakResult struct {
 	base, final    map[string]float64 // Σ SLO counters at the end of the warm-up and at the end
 	gaps           []gap
 	droppedGaps    int
+	watched        map[string][]span // per key, when the observer polled it (gapTracker.watched)
 	polls, blind   int64
 	blindTime      time.Duration
 	unread         []span // the observer's spans without a reading, longer than maxUnread
@@ -502,8 +530,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 		if h == nil {
 			return false
 		}
-		since, ok := h.owned[key]
-		return ok && !since.After(at)
+		return slices.ContainsFunc(h.owned[key], func(o ownedSpan) bool { return o.covers(at) })
 	}
 	var maxHot atomic.Int64
 	obs.onPoll = func(_ time.Time, _, hot int) {
@@ -635,6 +662,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	obsStop()
 	res.gaps = <-gapsCh
 	res.droppedGaps = obs.track.dropped
+	res.watched = obs.track.watched
 	res.polls, res.blind, res.maxHot = obs.polls.Load(), obs.blind.Load(), int(maxHot.Load())
 	res.blindTime = time.Duration(obs.blindTime.Load())
 	res.unread = obs.unread
@@ -727,11 +755,27 @@ func (s *soak) readHot() {
 		}
 		s.bookMu.Unlock()
 	}
-	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}, owned: map[string]time.Time{}}
 	s.bookMu.Lock()
-	for _, h := range s.lastHot {
+	u := unionOf(s.lastHot, s.lastHotAt, s.downAt, s.keys, takeoverBound(s.cfg.Fleet.HeartbeatInterval))
+	s.bookMu.Unlock()
+	s.hot.Store(u)
+}
+
+// unionOf builds the hot union from each replica's last hot set (replica → keyspace → id → owned since, zero when
+// not owned), the time of each one's last answer, and when the nemesis last killed or paused each (down).
+func unionOf(lastHot map[string]map[string]map[string]time.Time, lastHotAt, down map[string]time.Time,
+	keyspaces map[string]*lockstep.Keys, takeover time.Duration) *hotUnion {
+	u := &hotUnion{keys: map[string]string{}, ids: map[string]map[string]bool{}, owned: map[string][]ownedSpan{}}
+	for rid, h := range lastHot {
+		// A replica killed or paused since its last answer owns its keys only until the others take them over:
+		// its set still names the keys it held, but a gap that starts later is its heir's to judge (and the
+		// heir's hot set, not the dead replica's, says whether the key is a hot key of its owner).
+		var until time.Time
+		if d, ok := down[rid]; ok && !lastHotAt[rid].After(d) {
+			until = d.Add(takeover)
+		}
 		for ks, ids := range h {
-			keys := s.keys[ks]
+			keys := keyspaces[ks]
 			if keys == nil {
 				continue
 			}
@@ -745,14 +789,13 @@ func (s *soak) readHot() {
 				}
 				u.ids[ks][id] = true
 				u.keys[k.Cache] = ks
-				if cur, ok := u.owned[k.Cache]; !since.IsZero() && (!ok || since.Before(cur)) {
-					u.owned[k.Cache] = since
+				if !since.IsZero() {
+					u.owned[k.Cache] = append(u.owned[k.Cache], ownedSpan{since: since, until: until})
 				}
 			}
 		}
 	}
-	s.bookMu.Unlock()
-	s.hot.Store(u)
+	return u
 }
 
 func (s *soak) hotIDs(ks string) map[string]bool {

@@ -436,6 +436,28 @@ func TestUnlogged(t *testing.T) {
 	}
 }
 
+// TestUnseen: the log lines that no gap of their key can own, within the judged window, are the phantom check's
+// candidates.
+func TestUnseen(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	gaps := []gap{{Key: "track:1", Start: at(20), Length: time.Second}}
+	logs := []expiryLog{
+		{key: "track:1", at: at(20.5)}, // its gap's
+		{key: "track:1", at: at(18.5)}, // more than 1 s before the gap: nobody's
+		{key: "track:2", at: at(20.5)}, // no gap of its key
+		{key: "track:3", at: at(5)},    // before the window
+		{key: "track:3", at: at(95)},   // after it
+	}
+	var got []string
+	for _, l := range unseen(logs, gaps, at(10), at(90), 5*time.Minute) {
+		got = append(got, fmt.Sprintf("%s@%.1f", l.key, l.at.Sub(t0).Seconds()))
+	}
+	if want := []string{"track:1@18.5", "track:2@20.5"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("unseen: got %v, want %v", got, want)
+	}
+}
+
 func TestReadExpiryLogs(t *testing.T) {
 	dir := t.TempDir()
 	log := `time=2026-12-01T15:25:53.727Z level=INFO msg="refreshed" keyspace=track
@@ -455,6 +477,51 @@ time=2026-12-01T15:25:55.000Z level=WARN msg="hot key missed: expired before its
 	if len(got) != 2 || got[0].key != "track:1573" || got[1].key != "album:7" || got[1].at.Sub(got[0].at) != 273*time.Millisecond {
 		t.Errorf("got %+v", got)
 	}
+	// The known expiry dates the miss; a line without one (year 1) is dated by its own time.
+	if len(got) == 2 && (got[0].missedAt() != got[0].at.Add(-47*time.Millisecond) || got[1].missedAt() != got[1].at) {
+		t.Errorf("missedAt: got %v and %v, want the expiry 47ms before the first line, and the second line's time",
+			got[0].missedAt(), got[1].missedAt())
+	}
+}
+
+// TestGapTrackerWatched: the tracker records when each key was in the hot union (and polled), so that a miss a
+// daemon counted on a key outside it is known to be one the observer could not see.
+func TestGapTrackerWatched(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	g := newGapTracker(5*time.Millisecond, 100)
+	hot := map[string]string{"a": "track"}
+	g.observe(at(0), hot, map[string]time.Duration{"a": time.Second})
+	g.observe(at(50), map[string]string{}, nil)
+	g.observe(at(1000), hot, map[string]time.Duration{"a": time.Second})
+	g.finish(at(2000))
+	for _, tt := range []struct {
+		ms   int
+		want bool
+	}{{0, true}, {50, true}, {51, false}, {999, false}, {1000, true}, {5000, true}} {
+		if got := watchedAt(g.watched, "a", at(tt.ms)); got != tt.want {
+			t.Errorf("watched at %d ms: got %v, want %v", tt.ms, got, tt.want)
+		}
+	}
+	if watchedAt(g.watched, "b", at(0)) {
+		t.Errorf("a key never hot: watched")
+	}
+}
+
+// phantoms adds five counted misses at 50 s, on keys the observer polled throughout when polled is set, else
+// on keys it never polled; track:1 (the clean result's gap) is polled throughout.
+func phantoms(r *soakResult, at func(float64) time.Time, polled bool) {
+	r.watched = map[string][]span{"track:1": {{from: at(0)}}}
+	for i := 10; i < 15; i++ {
+		k := fmt.Sprintf("track:%d", i)
+		r.logs = append(r.logs, expiryLog{key: k, at: at(50.1), expiry: at(50)})
+		if polled {
+			r.watched[k] = []span{{from: at(40), to: at(60)}}
+		} else {
+			r.watched[k] = []span{{from: at(50.5), to: at(60)}} // it entered the union after its miss
+		}
+	}
+	r.final["track"] += 5
 }
 
 // TestReportChecksCanFail builds soak results by hand: a clean one passes every check, and each defect fails its
@@ -518,6 +585,10 @@ func TestReportChecksCanFail(t *testing.T) {
 			r.unread = []span{{at(69.95), at(90)}}
 		}, "observer blind for 20.05s from 1m10s"},
 		{"phantom counts", func(r *soakResult) { r.final["track"] = 10 }, "no phantom misses"},
+		// Misses counted on keys the observer was not polling when they happened (they turned hot and expired
+		// within the hot union's lag) cannot be judged either way; on polled keys they are phantoms.
+		{"counts on keys not polled then", func(r *soakResult) { phantoms(r, at, false) }, ""},
+		{"counts on polled keys with no gap", func(r *soakResult) { phantoms(r, at, true) }, "no phantom misses"},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
 		{"killed replica's lock past the lease", func(r *soakResult) {
 			r.killed = []killedLocks{{at: at(50), replica: "r2", held: 2, longest: 10 * time.Second, bound: 500 * time.Millisecond,
@@ -551,6 +622,53 @@ func TestReportChecksCanFail(t *testing.T) {
 		err := r.report(io.Discard, f)
 		if err == nil || !strings.Contains(err.Error(), "not logged <= 1") {
 			t.Errorf("two gaps not logged, --max-unlogged 1: %v, want the per-key check to fail", err)
+		}
+	})
+	// MaxGap: the longest gap of a hot key, judged only when set; cold starts and gaps outside the SLO are left
+	// out, and a gap before the warm-up's end is not judged.
+	t.Run("max gap", func(t *testing.T) {
+		f := f
+		f.MaxGap = time.Second
+		for _, tt := range []struct {
+			name  string
+			spoil func(r *soakResult)
+			want  string
+		}{
+			{"gap over the bound", func(*soakResult) {}, "no hot key missing longer than 1s: longest gap of a hot key: 2.00s on track:1 at 40s after flushdb"},
+			{"gap within the bound", func(r *soakResult) { r.gaps[0].Length = 900 * time.Millisecond }, ""},
+			{"long cold start and unowned gap", func(r *soakResult) {
+				r.gaps[0].Length = 900 * time.Millisecond
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:3", Start: at(50), Length: 5 * time.Second, ColdStart: true},
+					gap{Keyspace: "track", Key: "track:4", Start: at(60), Length: 5 * time.Second, Unowned: true})
+			}, ""},
+			{"long gap in the warm-up", func(r *soakResult) {
+				r.gaps[0].Length = 900 * time.Millisecond
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:5", Start: at(10), Length: 5 * time.Second})
+			}, ""},
+			{"long gap among short ones", func(r *soakResult) {
+				r.gaps[0].Length = 900 * time.Millisecond
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: "track:6", Start: at(70), Length: 1200 * time.Millisecond})
+				r.logs = append(r.logs, expiryLog{key: "track:6", at: at(70.5)})
+				r.final["track"] = 2
+			}, "longest gap of a hot key: 1.20s on track:6 at 1m10s after flushdb"},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				r := clean()
+				tt.spoil(r)
+				var out strings.Builder
+				err := r.report(&out, f)
+				switch {
+				case tt.want == "" && err != nil:
+					t.Errorf("got %v, want every check to pass\n%s", err, out.String())
+				case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+					t.Errorf("got %v, want an error containing %q\n%s", err, tt.want, out.String())
+				}
+			})
+		}
+		// Not set, it is not judged.
+		if err := clean().report(io.Discard, Options{Interval: f.Interval, MinGap: f.MinGap, PhantomRatio: f.PhantomRatio,
+			PhantomSlack: f.PhantomSlack, Settle: f.Settle, Duration: f.Duration, FreshMaxP99: f.FreshMaxP99}); err != nil {
+			t.Errorf("MaxGap 0: %v, want every check to pass", err)
 		}
 	})
 	for _, tt := range tests {
@@ -790,5 +908,47 @@ func TestGapTrackerOwnership(t *testing.T) {
 	}
 	if a := attribute(gap{Key: "track:2", Unowned: true}, nil, nil); a != attributionUnowned {
 		t.Errorf("attribute of an unowned gap = %q, want %q", a, attributionUnowned)
+	}
+}
+
+// TestUnionOwnershipOfADownReplica: the hot set a killed (or paused) replica answered last keeps naming its keys,
+// but its ownership lapses when the others take its keys over (takeoverBound after the kill); a gap that starts
+// later is judged by the live replicas' sets. Before, a key only the victim held hot read as owned for as long as
+// its stale set stayed in the union (2 s), and its gap about 2 s after the kill, after the heir (which did not hold
+// it hot) had taken over, failed the per-key check of a kill -9 soak as "not logged" (seed 5008: track:504).
+func TestUnionOwnershipOfADownReplica(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	track, _ := lockstep.NewKeys("track:${id}", "", "", "")
+	keys := map[string]*lockstep.Keys{"track": track}
+	hot := map[string]map[string]map[string]time.Time{
+		"r1": {"track": {"1": at(-20000), "2": at(-20000)}}, // the victim: owns both
+		"r2": {"track": {"2": time.Time{}}},                 // the heir holds only track:2 hot, and does not own it yet
+	}
+	lastAt := map[string]time.Time{"r1": at(0), "r2": at(0)}
+	takeover := takeoverBound(500 * time.Millisecond)
+	owned := func(u *hotUnion, key string, when time.Time) bool {
+		return slices.ContainsFunc(u.owned[key], func(o ownedSpan) bool { return o.covers(when) })
+	}
+	for _, tt := range []struct {
+		name string
+		down map[string]time.Time
+		ms   int
+		want bool
+	}{
+		{"live replica", nil, 5000, true},
+		{"killed, before the takeover", map[string]time.Time{"r1": at(300)}, 300 + 1250, true},
+		{"killed, after the takeover", map[string]time.Time{"r1": at(300)}, 300 + 1251, false},
+		{"killed before its last answer: a new incarnation's set", map[string]time.Time{"r1": at(-10)}, 5000, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			u := unionOf(hot, lastAt, tt.down, keys, takeover)
+			if got := owned(u, "track:1", at(tt.ms)); got != tt.want {
+				t.Errorf("track:1 owned at %d ms: got %v, want %v", tt.ms, got, tt.want)
+			}
+			if u.keys["track:1"] != "track" || u.keys["track:2"] != "track" {
+				t.Errorf("hot keys %v: the down replica's keys are still watched", u.keys)
+			}
+		})
 	}
 }
