@@ -44,6 +44,10 @@ type fleetScaleConfig struct {
 	jsonPath   string
 	cpuProfile string
 	access     bool
+	// prefix starts every key of the run ("fs" by the flag's default); with flush false the cluster is not flushed
+	// and the run deletes its own keys instead (the smoke test shares the cluster with other tests).
+	prefix string
+	flush  bool
 }
 
 func runFleetScale(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -60,6 +64,8 @@ func runFleetScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.BoolVar(&c.notify, "notifications", true, "keyspace notifications on, as config.toml ships (sets notify-keyspace-events Exeg$ on every master and restores it after)")
 	fs.StringVar(&c.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.BoolVar(&c.access, "access-set", false, "select the hot keys from the access sorted set (top_n = --hot, the ids ZADDed with falling scores) instead of pinning them: each replica then reads the top of the set every poll, as in production")
+	fs.StringVar(&c.prefix, "prefix", "fs", "prefix of every key of the run")
+	fs.BoolVar(&c.flush, "flush", true, "FLUSHALL every master before each fleet size (false: delete only the keys that contain --prefix, so pick one no other key contains; Redis's expired_keys then counts other clients' keys too)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this address (e.g. 127.0.0.1:6061) while running")
 	if err := parse(fs, args); err != nil {
@@ -82,8 +88,8 @@ func runFleetScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return usageError{errors.New("--cluster: no address")}
 	case c.hot < 1:
 		return usageError{fmt.Errorf("--hot: %d is not a positive count", c.hot)}
-	case c.ttl < time.Second:
-		return usageError{fmt.Errorf("--ttl: %v is below 1s", c.ttl)}
+	case c.ttl < 2*time.Second:
+		return usageError{fmt.Errorf("--ttl: %v is below 2s (a refresh's 1 s statement timeout must fit in half the TTL)", c.ttl)}
 	}
 	if *pprofAddr != "" {
 		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }() // net/http/pprof's handlers
@@ -299,12 +305,12 @@ func labelOf(m *dto.Metric, name string) string {
 }
 
 func (c fleetScaleConfig) keyspace(src warmer.Source, ids []string) warmer.KeyspaceConfig {
-	keys, err := lockstep.NewKeys("fs:{${id}}", "", "", "")
+	keys, err := lockstep.NewKeys(c.prefix+":{${id}}", "", "", "")
 	if err != nil {
 		panic(err) // a constant template: programmer error
 	}
-	ks := warmer.KeyspaceConfig{Name: "fleetscale", Keys: keys, Src: src, TTL: c.ttl, Jitter: lockstep.DefaultJitter,
-		BatchSize: c.batch}
+	ks := warmer.KeyspaceConfig{Name: "fleetscale", AccessKey: c.prefix + ":access", Keys: keys, Src: src, TTL: c.ttl, Jitter: lockstep.DefaultJitter,
+		BatchSize: c.batch, StatementTimeout: time.Second} // the Source answers from memory: 1 s bounds it with room
 	if c.access {
 		ks.TopN, ks.DecayHalfLife = len(ids), time.Hour
 	} else {
@@ -320,7 +326,7 @@ func startScaleReplica(ctx context.Context, c fleetScaleConfig, id string, src w
 	var err error
 	r.w, err = warmer.New(r.rdb, warmer.Config{Logger: slog.New(slog.DiscardHandler), Notifications: c.notify, Registerer: r.reg,
 		Keyspaces: []warmer.KeyspaceConfig{c.keyspace(src, ids)},
-		Fleet:     warmer.FleetConfig{Key: fmt.Sprintf("keepwarm:fleet:fleetscale:%d", os.Getpid()), ReplicaID: id}})
+		Fleet:     warmer.FleetConfig{Key: fmt.Sprintf("keepwarm:fleet:%s:%d", c.prefix, os.Getpid()), ReplicaID: id}})
 	if err != nil {
 		r.rdb.Close()
 		return nil, err
@@ -377,15 +383,16 @@ func settled(reps []*scaleReplica, want, hot int) bool {
 }
 
 func fleetScaleOne(ctx context.Context, c fleetScaleConfig, admin *redis.ClusterClient, n int, stderr io.Writer) (*fleetScaleRun, error) {
-	if err := admin.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.FlushAll(ctx).Err() }); err != nil {
+	if err := clearRun(ctx, c, admin); err != nil {
 		return nil, err
 	}
+	defer func() { _ = clearRun(context.WithoutCancel(ctx), c, admin) }()
 	ids := make([]string, c.hot)
 	for i := range ids {
 		ids[i] = strconv.Itoa(i)
 	}
 	if c.access {
-		access := lockstep.AccessKey("fleetscale")
+		access := c.prefix + ":access"
 		for start := 0; start < len(ids); start += 10000 {
 			zs := make([]redis.Z, 0, 10000)
 			for i := start; i < min(start+10000, len(ids)); i++ {
@@ -533,6 +540,23 @@ func fleetScaleOne(ctx context.Context, c fleetScaleConfig, admin *redis.Cluster
 	run.Leave.Expected = 1 / float64(n+1)
 	fmt.Fprintf(stderr, "fleet-scale: leave: %d keys moved (%.3f), settled in %.1fs\n", run.Leave.Moved, run.Leave.Fraction, run.Leave.Seconds)
 	return run, nil
+}
+
+// clearRun empties the cluster (flush) or deletes the run's own keys (prefix:*), on every master.
+func clearRun(ctx context.Context, c fleetScaleConfig, admin *redis.ClusterClient) error {
+	return admin.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		if c.flush {
+			return m.FlushAll(ctx).Err()
+		}
+		// The values, their locks, the access set, the fleet key and its miss claims all contain the prefix.
+		it := m.Scan(ctx, 0, "*"+c.prefix+"*", 1000).Iterator()
+		for it.Next(ctx) {
+			if err := m.Del(ctx, it.Val()).Err(); err != nil {
+				return err
+			}
+		}
+		return it.Err()
+	})
 }
 
 // awaitRebalance waits until every replica in reps sees want members and the owned counts sum to hot, then
