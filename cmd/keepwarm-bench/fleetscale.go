@@ -441,66 +441,33 @@ func fleetScaleOne(ctx context.Context, c fleetScaleConfig, admin *redis.Cluster
 	}
 
 	// The steady window.
-	ok0 := make([]int64, n)
-	var trips0, cmds0, hot0, ch0 int64
-	for i, r := range reps {
-		ok0[i] = r.ok()
-		cmds, trips, _ := r.hook.snapshot()
-		cmds0 += cmds
-		trips0 += trips
-		hot0 += int64(gauge(r.reg, "keepwarm_warmer_hot_expired_total", ""))
-		ch0 += int64(gauge(r.reg, "keepwarm_warmer_fleet_ownership_changes_total", ""))
-	}
-	st0, err := mastersInfo(ctx, admin, "stats", "expired_keys")
+	s0, err := sampleFleet(ctx, reps, admin)
 	if err != nil {
 		return nil, err
 	}
-	cpuR0, err := mastersInfo(ctx, admin, "cpu", "used_cpu_user", "used_cpu_sys")
-	if err != nil {
-		return nil, err
-	}
-	cs0, err := mastersInfo(ctx, admin, "commandstats")
-	if err != nil {
-		return nil, err
-	}
-	cpu0, t0 := cpuTime(), time.Now()
 	if !sleepCtx(ctx, c.window) {
 		return nil, ctx.Err()
 	}
-	cpu, win := cpuTime()-cpu0, time.Since(t0)
-	var trips1, cmds1, hot1, ch1 int64
-	for i, r := range reps {
-		d := r.ok() - ok0[i]
+	s1, err := sampleFleet(ctx, reps, admin)
+	if err != nil {
+		return nil, err
+	}
+	win := s1.at.Sub(s0.at)
+	for i := range reps {
+		d := s1.ok[i] - s0.ok[i]
 		run.Refreshes += d
 		run.PerReplicaPerSec = append(run.PerReplicaPerSec, float64(d)/win.Seconds())
-		cmds, trips, _ := r.hook.snapshot()
-		cmds1 += cmds
-		trips1 += trips
-		hot1 += int64(gauge(r.reg, "keepwarm_warmer_hot_expired_total", ""))
-		ch1 += int64(gauge(r.reg, "keepwarm_warmer_fleet_ownership_changes_total", ""))
-	}
-	st1, err := mastersInfo(ctx, admin, "stats", "expired_keys")
-	if err != nil {
-		return nil, err
-	}
-	cpuR1, err := mastersInfo(ctx, admin, "cpu", "used_cpu_user", "used_cpu_sys")
-	if err != nil {
-		return nil, err
-	}
-	cs1, err := mastersInfo(ctx, admin, "commandstats")
-	if err != nil {
-		return nil, err
 	}
 	k := float64(max(run.Refreshes, 1))
 	run.Window = win.Seconds()
-	run.CPUPer1000 = 1000 * cpu.Seconds() / k
-	run.RedisCPUPer1000 = 1000 * (cpuR1["used_cpu_user"] + cpuR1["used_cpu_sys"] - cpuR0["used_cpu_user"] - cpuR0["used_cpu_sys"]) / k
-	run.CommandsPerRefr = float64(cmds1-cmds0) / k
-	run.RoundTripsPerRefr = float64(trips1-trips0) / k
-	run.ServerCallsPerRef = (cs1["calls"] - cs0["calls"]) / k
-	run.ExpiredKeys = int64(st1["expired_keys"] - st0["expired_keys"])
-	run.HotExpired = hot1 - hot0
-	run.OwnerChanges = ch1 - ch0
+	run.CPUPer1000 = 1000 * (s1.cpu - s0.cpu).Seconds() / k
+	run.RedisCPUPer1000 = 1000 * (s1.redisCPU - s0.redisCPU) / k
+	run.CommandsPerRefr = float64(s1.cmds-s0.cmds) / k
+	run.RoundTripsPerRefr = float64(s1.trips-s0.trips) / k
+	run.ServerCallsPerRef = (s1.calls - s0.calls) / k
+	run.ExpiredKeys = int64(s1.expired - s0.expired)
+	run.HotExpired = s1.hot - s0.hot
+	run.OwnerChanges = s1.changes - s0.changes
 	h1, rss1 := memNow()
 	run.HeapPerHotKey = float64(h1-h0) / float64(n) / float64(c.hot)
 	run.RSSPerHotKey = float64(rss1-rss0) / float64(n) / float64(c.hot)
@@ -514,7 +481,7 @@ func fleetScaleOne(ctx context.Context, c fleetScaleConfig, admin *redis.Cluster
 	// A replica joins, then leaves cleanly.
 	before := owners(reps, c.hot)
 	e0, _ := mastersInfo(ctx, admin, "stats", "expired_keys")
-	t0 = time.Now()
+	t0 := time.Now()
 	joiner, err := startScaleReplica(ctx, c, fmt.Sprintf("r%d", n), src, ids)
 	if err != nil {
 		return nil, err
@@ -540,6 +507,40 @@ func fleetScaleOne(ctx context.Context, c fleetScaleConfig, admin *redis.Cluster
 	run.Leave.Expected = 1 / float64(n+1)
 	fmt.Fprintf(stderr, "fleet-scale: leave: %d keys moved (%.3f), settled in %.1fs\n", run.Leave.Moved, run.Leave.Fraction, run.Leave.Seconds)
 	return run, nil
+}
+
+// fleetSample is what the steady window's figures are differences of: each replica's ok refreshes, the
+// replicas' commands, round trips, SLO counts and ownership changes summed, the masters' expired keys, CPU
+// seconds and command calls summed, and this process's CPU time.
+type fleetSample struct {
+	at                        time.Time
+	ok                        []int64
+	cmds, trips, hot, changes int64
+	expired, redisCPU, calls  float64
+	cpu                       time.Duration
+}
+
+func sampleFleet(ctx context.Context, reps []*scaleReplica, admin *redis.ClusterClient) (fleetSample, error) {
+	s := fleetSample{at: time.Now(), cpu: cpuTime()}
+	for _, r := range reps {
+		s.ok = append(s.ok, r.ok())
+		cmds, trips, _ := r.hook.snapshot()
+		s.cmds += cmds
+		s.trips += trips
+		s.hot += int64(gauge(r.reg, "keepwarm_warmer_hot_expired_total", ""))
+		s.changes += int64(gauge(r.reg, "keepwarm_warmer_fleet_ownership_changes_total", ""))
+	}
+	st, err := mastersInfo(ctx, admin, "stats", "expired_keys")
+	if err != nil {
+		return s, err
+	}
+	cpu, err := mastersInfo(ctx, admin, "cpu", "used_cpu_user", "used_cpu_sys")
+	if err != nil {
+		return s, err
+	}
+	cs, err := mastersInfo(ctx, admin, "commandstats")
+	s.expired, s.redisCPU, s.calls = st["expired_keys"], cpu["used_cpu_user"]+cpu["used_cpu_sys"], cs["calls"]
+	return s, err
 }
 
 // clearRun empties the cluster (flush) or deletes the run's own keys (prefix:*), on every master.

@@ -525,6 +525,21 @@ func phantoms(r *soakResult, at func(float64) time.Time, polled bool) {
 }
 
 // TestReportChecksCanFail builds soak results by hand: a clean one passes every check, and each defect fails its
+// checkSpoiled runs the report of a spoiled result against o: want "" means every check passes, else the
+// error must contain want. It returns the report's text.
+func checkSpoiled(t *testing.T, r *soakResult, o Options, want string) string {
+	t.Helper()
+	var out strings.Builder
+	err := r.report(&out, o)
+	switch {
+	case want == "" && err != nil:
+		t.Errorf("got %v, want every check to pass\n%s", err, out.String())
+	case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+		t.Errorf("got %v, want an error containing %q\n%s", err, want, out.String())
+	}
+	return out.String()
+}
+
 // own check, naming the key or the fault, so that no check passes whatever happens.
 func TestReportChecksCanFail(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -655,14 +670,7 @@ func TestReportChecksCanFail(t *testing.T) {
 			t.Run(tt.name, func(t *testing.T) {
 				r := clean()
 				tt.spoil(r)
-				var out strings.Builder
-				err := r.report(&out, f)
-				switch {
-				case tt.want == "" && err != nil:
-					t.Errorf("got %v, want every check to pass\n%s", err, out.String())
-				case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-					t.Errorf("got %v, want an error containing %q\n%s", err, tt.want, out.String())
-				}
+				checkSpoiled(t, r, f, tt.want)
 			})
 		}
 		// Not set, it is not judged.
@@ -675,15 +683,7 @@ func TestReportChecksCanFail(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := clean()
 			tt.spoil(r)
-			var out strings.Builder
-			err := r.report(&out, f)
-			switch {
-			case tt.want == "" && err != nil:
-				t.Errorf("got %v, want every check to pass\n%s", err, out.String())
-			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-				t.Errorf("got %v, want an error containing %q\n%s", err, tt.want, out.String())
-			}
-			if !strings.Contains(out.String(), "seed 7") {
+			if out := checkSpoiled(t, r, f, tt.want); !strings.Contains(out, "seed 7") {
 				t.Errorf("the report does not print the seed")
 			}
 		})
