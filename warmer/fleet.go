@@ -664,13 +664,25 @@ func (k *loopState) owned() int {
 	if k.view == nil || len(k.view.owners) <= 1 {
 		return len(k.hotSet)
 	}
+	if m := k.ownedMemo; m.view == k.view {
+		return m.n
+	}
 	n := 0
 	for id := range k.hotSet {
 		if k.view.owns(id) {
 			n++
 		}
 	}
+	k.ownedMemo = ownedMemo{view: k.view, n: n}
 	return n
+}
+
+// ownedMemo is owned's last count and the view it was taken under; setHot clears it when the hot set changes,
+// and a new view (applyView) makes it stale. Counting re-hashes every hot key, and the gauges ask on every poll:
+// 15% of a replica's CPU at 1,000,000 hot keys (docs/benchmarks.md §14).
+type ownedMemo struct {
+	view *fleetView
+	n    int
 }
 
 // noteHandover checks the first PTTL reading of a key adopted from another replica: missing means its

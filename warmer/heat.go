@@ -50,6 +50,22 @@ func (k *loopState) poll(ctx context.Context) {
 	}
 
 	k.logInvalid()
+	// A pinned-only keyspace (top_n 0) has the pinned ids as its hot set, whatever the signals say: rebuilding and
+	// comparing that set on every poll cost each replica about 1 s of CPU per poll at 1,000,000 pinned ids
+	// (docs/benchmarks.md §14). It is recomputed only when the pins change.
+	pinnedOnly := cfg.TopN == 0
+	if pinnedOnly && k.pinnedHotValid && k.pinnedHotGen == k.tr.pinnedGen && !k.origin.ongoing() {
+		for id, f := range lfu {
+			k.tr.observeLFU(id, f, unix)
+		}
+		k.tr.trim()
+		k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
+		if err == nil {
+			k.polledOnce.Do(func() { close(k.polled) })
+		}
+		k.decay(ctx, cfg)
+		return
+	}
 	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
 	for _, z := range zs {
 		if id, ok := z.Member.(string); ok {
@@ -69,6 +85,7 @@ func (k *loopState) poll(ctx context.Context) {
 	// dropped out at the top_n cut-off now would expire into the outage. Pins still apply (update).
 	if !k.origin.ongoing() {
 		k.setHot(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore, unix))
+		k.pinnedHotValid, k.pinnedHotGen = pinnedOnly, k.tr.pinnedGen
 	}
 	k.tr.trim()
 	k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
@@ -215,6 +232,7 @@ func (k *loopState) setHot(hot map[string]bool) {
 	}
 	if changed || k.hot.Load() == nil {
 		k.publishHot()
+		k.ownedMemo = ownedMemo{}
 	}
 	k.gauges()
 }

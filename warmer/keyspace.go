@@ -95,7 +95,12 @@ type loopState struct {
 	// flight (while the origin fails, at most one is started).
 	failSafeBusy bool
 	dueGaugeAt   time.Time // when dispatch last counted the due keys for their gauge
-	probes       int
+	ownedMemo    ownedMemo // owned's last count
+	// pinnedHotValid is set when the hot set was last computed for a pinned-only keyspace, at the tracker's
+	// pinnedGen then (poll skips recomputing it until the pins change).
+	pinnedHotValid bool
+	pinnedHotGen   uint64
+	probes         int
 
 	// Reconciliation (reconcile.go).
 	cq              checkQueue // hot keys by the time of their next PTTL check

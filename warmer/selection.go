@@ -374,6 +374,9 @@ type tracker struct {
 	// (the top of the access set, or the full sync's whole tracked window): with the sketch, an id read below the
 	// top can still rank among the best, so each is a candidate once after its read.
 	risen []string
+	// pinnedGen is bumped by every setPinned: a pinned-only keyspace's hot set is the pinned set, recomputed only
+	// when this changes (poll).
+	pinnedGen uint64
 }
 
 // newTracker returns a tracker of at most maxTracked ids whose scores fade with halfLife (decay_half_life), and
@@ -430,6 +433,7 @@ func (t *tracker) setPinned(ids []string, now int64) (unpinned []string) {
 		}
 	}
 	t.pinned = next
+	t.pinnedGen++
 	return unpinned
 }
 
