@@ -54,19 +54,8 @@ func (k *loopState) poll(ctx context.Context) {
 	// comparing that set on every poll cost each replica about 1 s of CPU per poll at 1,000,000 pinned ids
 	// (docs/benchmarks.md §14). It is recomputed only when the pins change.
 	pinnedOnly := cfg.TopN == 0
-	if pinnedOnly && k.pinnedHotValid && k.pinnedHotGen == k.tr.pinnedGen && !k.origin.ongoing() {
-		for id, f := range lfu {
-			k.tr.observeLFU(id, f, unix)
-		}
-		k.tr.trim()
-		k.w.m.tracked.WithLabelValues(cfg.Name).Set(float64(len(k.tr.entries)))
-		if err == nil {
-			k.polledOnce.Do(func() { close(k.polled) })
-		}
-		k.decay(ctx, cfg)
-		return
-	}
-	cands := make([]string, 0, len(zs)+len(k.hotSet)+len(lfu))
+	keep := pinnedOnly && k.pinnedHotValid && k.pinnedHotGen == k.tr.pinnedGen
+	cands := make([]string, 0, len(zs)+len(lfu))
 	for _, z := range zs {
 		if id, ok := z.Member.(string); ok {
 			k.tr.observe(id, z.Score, unix)
@@ -77,13 +66,13 @@ func (k *loopState) poll(ctx context.Context) {
 		k.tr.observeLFU(id, f, unix)
 		cands = append(cands, id)
 	}
-	for id := range k.hotSet {
-		cands = append(cands, id)
-	}
 	k.tr.halfLife = cfg.DecayHalfLife
 	// The hot set is frozen while the origin fails: the fail-safe keeps every hot value alive, and a key that
 	// dropped out at the top_n cut-off now would expire into the outage. Pins still apply (update).
-	if !k.origin.ongoing() {
+	if !k.origin.ongoing() && !keep {
+		for id := range k.hotSet {
+			cands = append(cands, id)
+		}
 		k.setHot(k.tr.selectHot(cands, cfg.TopN, cfg.MinScore, unix))
 		k.pinnedHotValid, k.pinnedHotGen = pinnedOnly, k.tr.pinnedGen
 	}
