@@ -54,7 +54,7 @@ func runFleetScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 	var c fleetScaleConfig
 	fs := flag.NewFlagSet("fleet-scale", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addrs := fs.String("cluster", envOr("KEEPWARM_REDIS_CLUSTER_ADDRS", "127.0.0.1:27001,127.0.0.1:27002,127.0.0.1:27003"), "seed addresses of the Redis Cluster (`scripts/services up cluster`); every key on it is deleted")
+	addrs := fs.String("cluster", envOr("KEEPWARM_REDIS_CLUSTER_ADDRS", "127.0.0.1:27001,127.0.0.1:27002,127.0.0.1:27003"), "seed addresses of the Redis Cluster (scripts/services up cluster starts one); with --flush, every key on it is deleted")
 	fs.IntVar(&c.hot, "hot", 1_000_000, "hot keys (pinned ids 0..hot-1)")
 	fs.DurationVar(&c.ttl, "ttl", 60*time.Second, "the keys' TTL (jitter 0.1 and refresh-ahead 20% of it, the shipped defaults)")
 	replicas := fs.String("replicas", "3,5", "fleet sizes to measure, one after the other")
