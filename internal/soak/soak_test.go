@@ -416,6 +416,10 @@ func TestUnlogged(t *testing.T) {
 		// Two gaps, one line after the second has ended: the first is unlogged.
 		{Key: "track:6", Start: at(80), Length: time.Second},
 		{Key: "track:6", Start: at(82), Length: time.Second},
+		// A short gap (or a blink) that no daemon logged, then a gap logged while it lasted: the line is the
+		// second's own, not the first's (it lies in the first's window, which reaches the second's end).
+		{Key: "track:7", Start: at(100), Length: 50 * time.Millisecond},
+		{Key: "track:7", Start: at(200), Length: 400 * time.Millisecond},
 	}
 	logs := []expiryLog{
 		{key: "track:1", at: at(10.05)},
@@ -425,12 +429,13 @@ func TestUnlogged(t *testing.T) {
 		{key: "track:5", at: at(73.1)},
 		{key: "track:5", at: at(73.6)},
 		{key: "track:6", at: at(83.5)},
+		{key: "track:7", at: at(200.3)},
 	}
 	var got []string
 	for _, g := range unlogged(gaps, logs, 5*time.Minute) {
 		got = append(got, fmt.Sprintf("%s@%.0f", g.Key, g.Start.Sub(t0).Seconds()))
 	}
-	want := []string{"track:3@30", "track:4@40", "track:1@60", "track:6@80"}
+	want := []string{"track:3@30", "track:4@40", "track:1@60", "track:6@80", "track:7@100"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("unlogged: got %v, want %v", got, want)
 	}
