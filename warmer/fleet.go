@@ -488,12 +488,21 @@ func (f *fleet) heartbeatOnce(ctx context.Context) {
 	}
 }
 
-// takeoverWindow bounds how long before this replica takes a late member's keys over that member beat last: it is
-// late once its heartbeat is lateBeats intervals old, which this replica sees at its next heartbeat, at most one
-// interval later.
-func (f *fleet) takeoverWindow() time.Duration {
-	return time.Duration((lateBeats + 1) * float64(f.cfg.HeartbeatInterval))
+// TakeoverBound is how long after a member's last heartbeat the others have taken its keys over at the latest,
+// for a fleet whose heartbeat_interval is interval (0: DefaultHeartbeatInterval): the member is late once its
+// heartbeat is 1.5 intervals old, which each other replica sees at its next heartbeat, at most one interval
+// later; 2.5 intervals in all (docs/operations.md, "Replicas share the work"). The soak uses it to end a killed
+// replica's ownership.
+func TakeoverBound(interval time.Duration) time.Duration {
+	if interval <= 0 {
+		interval = DefaultHeartbeatInterval
+	}
+	return time.Duration((lateBeats + 1) * float64(interval))
 }
+
+// takeoverWindow is TakeoverBound for this fleet: how long before this replica takes a late member's keys over
+// that member beat last.
+func (f *fleet) takeoverWindow() time.Duration { return TakeoverBound(f.cfg.HeartbeatInterval) }
 
 // joinWait bounds how long a starting replica waits for its keyspaces' first polls before it joins its fleet (a
 // keyspace whose source check or access-set reads fail would otherwise keep it out for good).

@@ -188,23 +188,12 @@ type hotUnion struct {
 }
 
 // ownedSpan is when one replica held a key hot and owned, as its last /debug/hotkeys said: from since (its
-// hot_since) until until (zero: for as long as it lives; see takeoverBound).
+// hot_since) until until (zero: for as long as it lives; see warmer.TakeoverBound).
 type ownedSpan struct{ since, until time.Time }
 
 // covers reports whether the span holds the moment at.
 func (o ownedSpan) covers(at time.Time) bool {
 	return !o.since.After(at) && (o.until.IsZero() || !at.After(o.until))
-}
-
-// takeoverBound is how long after a replica's last heartbeat the others own its keys at the latest: it is late
-// after 1.5 heartbeat intervals, and each other replica notices at its next heartbeat, one interval later
-// (docs/operations.md, "Replicas share the work"). A replica killed or paused at t has beaten for the last time
-// at or before t, so from t + takeoverBound on it owns nothing, whatever its last /debug/hotkeys said.
-func takeoverBound(heartbeat time.Duration) time.Duration {
-	if heartbeat <= 0 {
-		heartbeat = warmer.DefaultHeartbeatInterval
-	}
-	return heartbeat * 5 / 2
 }
 
 type invalidation struct {
@@ -756,7 +745,7 @@ func (s *soak) readHot() {
 		s.bookMu.Unlock()
 	}
 	s.bookMu.Lock()
-	u := unionOf(s.lastHot, s.lastHotAt, s.downAt, s.keys, takeoverBound(s.cfg.Fleet.HeartbeatInterval))
+	u := unionOf(s.lastHot, s.lastHotAt, s.downAt, s.keys, warmer.TakeoverBound(s.cfg.Fleet.HeartbeatInterval))
 	s.bookMu.Unlock()
 	s.hot.Store(u)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/keepwarm/keepwarm/internal/benchload"
 	"github.com/keepwarm/keepwarm/internal/redisserver"
 	"github.com/keepwarm/keepwarm/lockstep"
+	"github.com/keepwarm/keepwarm/warmer"
 )
 
 // absent is a PTTL reading of a missing key, as go-redis reports it.
@@ -917,7 +918,7 @@ func TestGapTrackerOwnership(t *testing.T) {
 }
 
 // TestUnionOwnershipOfADownReplica: the hot set a killed (or paused) replica answered last keeps naming its keys,
-// but its ownership lapses when the others take its keys over (takeoverBound after the kill); a gap that starts
+// but its ownership lapses when the others take its keys over (warmer.TakeoverBound after the kill); a gap that starts
 // later is judged by the live replicas' sets. Before, a key only the victim held hot read as owned for as long as
 // its stale set stayed in the union (2 s), and its gap about 2 s after the kill, after the heir (which did not hold
 // it hot) had taken over, failed the per-key check of a kill -9 soak as "not logged" (seed 5008: track:504).
@@ -931,7 +932,7 @@ func TestUnionOwnershipOfADownReplica(t *testing.T) {
 		"r2": {"track": {"2": time.Time{}}},                 // the heir holds only track:2 hot, and does not own it yet
 	}
 	lastAt := map[string]time.Time{"r1": at(0), "r2": at(0)}
-	takeover := takeoverBound(500 * time.Millisecond)
+	takeover := warmer.TakeoverBound(500 * time.Millisecond)
 	owned := func(u *hotUnion, key string, when time.Time) bool {
 		return slices.ContainsFunc(u.owned[key], func(o ownedSpan) bool { return o.covers(when) })
 	}
