@@ -171,6 +171,15 @@ func (k *loopState) readPTTLs(ctx context.Context, hs []*hotState, what string) 
 	return true
 }
 
+// setPersistent records whether h has no TTL (an app's key keepwarm never overwrites), and updates the gauges when
+// that changes: a pinned-only keyspace's polls leave them alone (poll), so nothing else would.
+func (k *loopState) setPersistent(h *hotState, p bool) {
+	if h.persistent != p {
+		h.persistent = p
+		k.gauges()
+	}
+}
+
 // applyPTTL folds a PTTL reading taken at now into h's state and schedule. Every reading is judged against
 // the expiry the daemon knew: a key found gone is a miss unless it was invalidated or its expiry was never known
 // (noteGone); a value found present after that expiry had passed was rebuilt by someone else after it
@@ -181,11 +190,10 @@ func (k *loopState) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 		if !h.persistent {
 			k.log.Warn("hot key has no TTL; keepwarm will not overwrite it", "id", h.id)
 		}
-		h.persistent = true
+		k.setPersistent(h, true)
 		k.q.remove(h)
-		k.gauges()
 	case pttl < 0: // gone
-		h.persistent = false
+		k.setPersistent(h, false)
 		k.noteGone(h, now)
 		h.expiry = time.Time{}
 		if h.idx < 0 || h.due.After(now.Add(time.Second)) {
@@ -194,7 +202,7 @@ func (k *loopState) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 			k.schedule(h)
 		}
 	default:
-		h.persistent = false
+		k.setPersistent(h, false)
 		exp := now.Add(pttl)
 		if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance || h.idx < 0 {
 			// New information (a newly hot key, or one an app rewrote): a new value, so a new expiry to count.

@@ -509,7 +509,9 @@ func TestPersistentKeyNeverOverwritten(t *testing.T) {
 	f := newFixture(t, 3)
 	ctx := context.Background()
 	f.rdb.Set(ctx, f.key("1"), "persistent", 0)
-	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{f.config("1", "2")}})
+	cfg := f.config("1", "2")
+	cfg.TopN = 0 // pinned-only: the polls leave the hot set and its gauges alone
+	_, reg, _ := start(t, f.rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg}})
 	testenv.Eventually(t, 3*time.Second, "persistent key reported", func() bool {
 		return counter(t, reg, "keepwarm_warmer_keys_persistent", nil) == 1
 	})
@@ -526,6 +528,12 @@ func TestPersistentKeyNeverOverwritten(t *testing.T) {
 	if ttl, _ := f.rdb.PTTL(ctx, f.key("1")).Result(); ttl != -1 {
 		t.Errorf("persistent key got a TTL: %v", ttl)
 	}
+	// An app gives the key a TTL again: it is no longer persistent, and the gauge says so (a pinned-only
+	// keyspace's poll does not recompute the gauges, so the reading that learns the TTL must).
+	f.rdb.Expire(ctx, f.key("1"), time.Minute)
+	testenv.Eventually(t, 10*time.Second, "the gauge back at 0 once the key has a TTL", func() bool {
+		return counter(t, reg, "keepwarm_warmer_keys_persistent", nil) == 0
+	})
 }
 
 func TestMissingPolicies(t *testing.T) {
