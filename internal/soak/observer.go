@@ -138,6 +138,9 @@ type gap struct {
 	// that left its owner's hot set, expired, and came back). Not a hot key by the SLO's definition
 	// (docs/operations.md, "The SLO, precisely").
 	Unowned bool
+	// Owner is the replica whose /debug/hotkeys vouched that it held the key hot and owned it (empty when
+	// Unowned): the daemon whose log should name the gap.
+	Owner string
 	// Vanished marks a key found gone before the expiry its last PTTL predicted: deleted (an invalidation), flushed
 	// or evicted, not expired.
 	Vanished bool
@@ -154,7 +157,8 @@ type keyState struct {
 	prevPresent bool
 	seen        bool // read present since it entered the hot set
 	gap         *gap // the open gap, if absent
-	owned       bool // with gap: some poll during it found the key owned (gapTracker.owned)
+	owned       bool   // with gap: some poll during it found the key owned (gapTracker.owned)
+	owner       string // with owned: the replica that did
 }
 
 // gapTracker turns the observer's polls into gaps. It has no clock and no Redis, so that tests can drive it.
@@ -163,10 +167,10 @@ type gapTracker struct {
 	// blink: the PTTL reading's own error (the round trip) is absorbed by it.
 	tolerance time.Duration
 	maxGaps   int // the soak's memory bound: gaps beyond it are counted in dropped only
-	// owned reports whether a cache key is, at this moment, in the hot set of a replica that owns it and has
-	// been since at or before at (the gap's start); nil: every hot key is. A gap during which it never is, is
+	// owned names the replica in whose hot set a cache key is, at this moment, owned, and has been since at
+	// or before at (the gap's start); "" when none; nil: every hot key is owned. A gap during which none is, is
 	// marked Unowned.
-	owned   func(key string, at time.Time) bool
+	owned   func(key string, at time.Time) string
 	keys    map[string]*keyState
 	gaps    []gap
 	dropped int
@@ -219,10 +223,10 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 				}
 				vanished := st.seen && !st.expiry.IsZero() && !st.expiry.Before(at)
 				st.gap = &gap{Keyspace: ks, Key: k, Start: start, ColdStart: !st.seen, Vanished: vanished}
-				st.owned = false
+				st.owned, st.owner = false, ""
 			}
-			if !st.owned && g.isOwned(k, st.gap.Start) {
-				st.owned = true
+			if !st.owned {
+				st.owner, st.owned = g.ownerAt(k, st.gap.Start)
 			}
 			st.expiry = time.Time{}
 		} else {
@@ -234,8 +238,9 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 					next = at.Add(p)
 				}
 				if next.IsZero() || next.After(st.expiry) {
+					owner, owned := g.ownerAt(k, st.expiry)
 					g.add(gap{Keyspace: ks, Key: k, Start: st.expiry, Length: at.Sub(st.expiry), Blink: true,
-						Unowned: !g.isOwned(k, st.expiry)})
+						Unowned: !owned, Owner: owner})
 				}
 			}
 			st.seen = true
@@ -273,14 +278,15 @@ func (g *gapTracker) emptied(at, done time.Time) {
 				continue
 			}
 			if !st.lastPoll.Before(done) {
-				g.add(gap{Keyspace: st.ks, Key: k, Start: at, Length: st.lastPoll.Sub(at), Unowned: !g.isOwned(k, at)})
+				owner, owned := g.ownerAt(k, at)
+				g.add(gap{Keyspace: st.ks, Key: k, Start: at, Length: st.lastPoll.Sub(at), Unowned: !owned, Owner: owner})
 				continue
 			}
 		default:
 			continue
 		}
 		st.gap = &gap{Keyspace: st.ks, Key: k, Start: at}
-		st.owned = g.isOwned(k, at)
+		st.owner, st.owned = g.ownerAt(k, at)
 		st.expiry = time.Time{}
 	}
 }
@@ -292,14 +298,18 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// isOwned applies owned, if set.
-func (g *gapTracker) isOwned(key string, at time.Time) bool {
-	return g.owned == nil || g.owned(key, at)
+// ownerAt applies owned, if set: the replica vouching for key at at, and whether there is one.
+func (g *gapTracker) ownerAt(key string, at time.Time) (string, bool) {
+	if g.owned == nil {
+		return "", true
+	}
+	o := g.owned(key, at)
+	return o, o != ""
 }
 
 func (g *gapTracker) close(st *keyState, at time.Time) {
 	st.gap.Length = at.Sub(st.gap.Start)
-	st.gap.Unowned = !st.owned
+	st.gap.Unowned, st.gap.Owner = !st.owned, st.owner
 	g.add(*st.gap)
 	st.gap = nil
 }

@@ -189,7 +189,10 @@ type hotUnion struct {
 
 // ownedSpan is when one replica held a key hot and owned, as its last /debug/hotkeys said: from since (its
 // hot_since) until until (zero: for as long as it lives; see warmer.TakeoverBound).
-type ownedSpan struct{ since, until time.Time }
+type ownedSpan struct {
+	replica      string
+	since, until time.Time
+}
 
 // covers reports whether the span holds the moment at.
 func (o ownedSpan) covers(at time.Time) bool {
@@ -514,12 +517,15 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 			}
 			return nil
 		}}
-	obs.track.owned = func(key string, at time.Time) bool {
+	obs.track.owned = func(key string, at time.Time) string {
 		h := s.hot.Load()
 		if h == nil {
-			return false
+			return ""
 		}
-		return slices.ContainsFunc(h.owned[key], func(o ownedSpan) bool { return o.covers(at) })
+		if i := slices.IndexFunc(h.owned[key], func(o ownedSpan) bool { return o.covers(at) }); i >= 0 {
+			return h.owned[key][i].replica
+		}
+		return ""
 	}
 	var maxHot atomic.Int64
 	obs.onPoll = func(_ time.Time, _, hot int) {
@@ -779,7 +785,7 @@ func unionOf(lastHot map[string]map[string]map[string]time.Time, lastHotAt, down
 				u.ids[ks][id] = true
 				u.keys[k.Cache] = ks
 				if !since.IsZero() {
-					u.owned[k.Cache] = append(u.owned[k.Cache], ownedSpan{since: since, until: until})
+					u.owned[k.Cache] = append(u.owned[k.Cache], ownedSpan{replica: rid, since: since, until: until})
 				}
 			}
 		}

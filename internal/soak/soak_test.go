@@ -897,7 +897,12 @@ func TestGapTrackerOwnership(t *testing.T) {
 	g := newGapTracker(5*time.Millisecond, 100)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	owned := map[string]time.Time{"track:1": at(-5000)} // owned since
-	g.owned = func(k string, when time.Time) bool { s, ok := owned[k]; return ok && !s.After(when) }
+	g.owned = func(k string, when time.Time) string {
+		if s, ok := owned[k]; ok && !s.After(when) {
+			return "r1"
+		}
+		return ""
+	}
 	hot := map[string]string{"track:1": "track", "track:2": "track", "track:3": "track"}
 	g.observe(at(0), hot, map[string]time.Duration{"track:1": time.Second, "track:2": time.Second, "track:3": time.Second})
 	g.observe(at(1100), hot, map[string]time.Duration{"track:1": -2, "track:2": -2, "track:3": -2})
@@ -905,12 +910,15 @@ func TestGapTrackerOwnership(t *testing.T) {
 	owned["track:3"] = at(1120) // back in its owner's hot set after it expired (at 1000)
 	g.observe(at(1150), hot, map[string]time.Duration{"track:1": -2, "track:2": -2, "track:3": -2})
 	g.observe(at(1200), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second, "track:3": 10 * time.Second})
-	got := map[string]bool{}
+	got, owners := map[string]bool{}, map[string]string{}
 	for _, x := range g.finish(at(1300)) {
-		got[x.Key] = x.Unowned
+		got[x.Key], owners[x.Key] = x.Unowned, x.Owner
 	}
 	if want := map[string]bool{"track:1": false, "track:2": true, "track:3": true}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Unowned by key: got %v, want %v", got, want)
+	}
+	if want := map[string]string{"track:1": "r1", "track:2": "", "track:3": ""}; !reflect.DeepEqual(owners, want) {
+		t.Errorf("Owner by key: got %v, want %v (the replica that vouched for the key)", owners, want)
 	}
 	if a := attribute(gap{Key: "track:2", Unowned: true}, nil, nil); a != attributionUnowned {
 		t.Errorf("attribute of an unowned gap = %q, want %q", a, attributionUnowned)
