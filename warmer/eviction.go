@@ -2,6 +2,7 @@ package warmer
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,11 +79,42 @@ func (k *loopState) checkAccessSet(ctx context.Context, cfg KeyspaceConfig, memb
 		"on the scores keepwarm remembers until apps record reads again", "access_key", cfg.AccessKey)
 }
 
+// restoreLost writes back the access scores that fell further than decay explains in this poll (tracker.observe,
+// lostScore): the access set lost them (a flush, a restart without persistence, an eviction, a failover to a
+// replica behind). ZADD GT raises a score to the remembered one and never lowers it, so the reads apps recorded
+// since the loss are kept when they are more, and every replica, remembering about the same, can write at once.
+// The replicas then read one access set again, and so agree on the hot set. Errors are logged (the remembered
+// scores still rank the ids on this replica, and the next loss it reads is written back again).
+func (k *loopState) restoreLost(ctx context.Context, cfg KeyspaceConfig) {
+	zs := k.tr.takeLost()
+	if len(zs) == 0 {
+		return
+	}
+	for start := 0; start < len(zs); start += syncPage {
+		page := zs[start:min(start+syncPage, len(zs))]
+		if err := k.w.rdb.ZAddGT(ctx, cfg.AccessKey, page...).Err(); err != nil {
+			k.redisError(ctx, "restore access scores", err)
+			return
+		}
+	}
+	k.w.m.ev.restored.WithLabelValues(k.name).Add(float64(len(zs)))
+	// Apps read the lost ids again one by one, and each poll writes back those read since the last: one loss
+	// takes a few polls. Logged once a minute at most; the counter has every one.
+	level, now := slog.LevelDebug, k.w.now()
+	if now.Sub(k.restoreLogged) >= time.Minute {
+		level, k.restoreLogged = slog.LevelWarn, now
+	}
+	k.log.Log(ctx, level, "access scores fell further than decay explains (the access set was emptied, evicted or "+
+		"failed over): wrote back the scores keepwarm remembers, so that the hot set does not churn",
+		"access_key", cfg.AccessKey, "ids", len(zs))
+}
+
 // evictionMetrics are the metrics of keepwarm's signals vanishing under memory pressure.
 type evictionMetrics struct {
 	evicted    *prometheus.CounterVec // keyspace: hot values Redis announced as evicted
 	bulk       *prometheus.CounterVec // keyspace: episodes of hot values vanishing in bulk
 	accessLost *prometheus.CounterVec // keyspace: the access set found gone
+	restored   *prometheus.CounterVec // keyspace: access scores written back after a loss (restoreLost)
 }
 
 func newEvictionMetrics() evictionMetrics {
@@ -99,9 +131,13 @@ func newEvictionMetrics() evictionMetrics {
 			Name: "keepwarm_warmer_access_set_lost_total",
 			Help: "Times the access sorted set was found gone after it had members (evicted or deleted).",
 		}, []string{"keyspace"}),
+		restored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keepwarm_warmer_access_scores_restored_total",
+			Help: "Access scores that fell further than decay explains (the access set emptied, evicted or failed over), written back with the score keepwarm remembered (ZADD GT).",
+		}, []string{"keyspace"}),
 	}
 }
 
 func (m evictionMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.evicted, m.bulk, m.accessLost}
+	return []prometheus.Collector{m.evicted, m.bulk, m.accessLost, m.restored}
 }

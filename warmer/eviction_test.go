@@ -2,7 +2,9 @@ package warmer_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,4 +96,86 @@ func memoryUsed(t *testing.T, rdb *redis.Client) int64 {
 	}
 	t.Fatal("no used_memory in INFO memory")
 	return 0
+}
+
+// TestLostAccessScoresWrittenBack: after the access set is lost (here deleted; a Redis restart or a flush does
+// the same) apps record reads from 0 again, and a second's reads rank ids at random. The daemon reads each score
+// that fell further than decay explains as a loss: the hot set stays what it was, and the remembered scores are
+// written back to the access set (ZADD GT), counted and logged, so that every replica reads them again.
+func TestLostAccessScoresWrittenBack(t *testing.T) {
+	t.Parallel()
+	admin, rdb, cfg, _ := reconcileSetup(t, 0, time.Minute)
+	cfg.TopN, cfg.MinScore, cfg.PollInterval = 5, 0, 100*time.Millisecond
+	cfg.AccessKey = lockstep.AccessKey("rc")
+	ctx := context.Background()
+	for i := 1; i <= 10; i++ {
+		score := 20.0 // cold
+		if i <= 5 {
+			score = 100 // hot
+		}
+		// Two readings that rise, so that each id is admitted (the doorkeeper wants reads in two polls).
+		admin.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: score / 2, Member: strconv.Itoa(i)})
+	}
+	logs := &testenv.LogBuffer{}
+	w, reg, _ := start(t, rdb, warmer.Config{Keyspaces: []warmer.KeyspaceConfig{cfg},
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	hot := func() string {
+		var ids []string
+		for _, st := range w.Status(100) {
+			for _, k := range st.Keys {
+				ids = append(ids, k.ID)
+			}
+		}
+		slices.Sort(ids)
+		return strings.Join(ids, ",")
+	}
+	p0 := w.Progress()
+	testenv.Eventually(t, 10*time.Second, "a poll after the first", func() bool {
+		return w.Progress().After(p0.Add(2 * cfg.PollInterval))
+	})
+	for i := 1; i <= 10; i++ {
+		admin.ZIncrBy(ctx, cfg.AccessKey, 1, strconv.Itoa(i))
+	}
+	want := "1,2,3,4,5"
+	testenv.EventuallyDiag(t, 10*time.Second, "the five hottest hot", func() (bool, string) { h := hot(); return h == want, h })
+	// The loss, and a second of reads after it: the cold ids read more than the hot ones.
+	before := map[int]float64{}
+	for i := 1; i <= 10; i++ {
+		before[i] = admin.ZScore(ctx, cfg.AccessKey, strconv.Itoa(i)).Val()
+	}
+	admin.Del(ctx, cfg.AccessKey)
+	for i := 1; i <= 10; i++ {
+		n := 1.0
+		if i > 5 {
+			n = 3
+		}
+		admin.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: n, Member: strconv.Itoa(i)})
+	}
+	restored := func() float64 { return counter(t, reg, "keepwarm_warmer_access_scores_restored_total", nil) }
+	testenv.EventuallyDiag(t, 5*time.Second, "the ten fallen scores written back", func() (bool, string) {
+		return restored() == 10, fmt.Sprint(restored())
+	})
+	for i := 1; i <= 10; i++ {
+		// What the daemon remembered: within one of the access set's decay steps (0.93 at the default
+		// 10-minute half-life) of what the set held just before the loss, either way (a step may have run after
+		// the daemon's last reading, or between the loss and the write-back).
+		s := admin.ZScore(ctx, cfg.AccessKey, strconv.Itoa(i)).Val()
+		if s < before[i]*0.92 || s > before[i]/0.92 {
+			t.Errorf("id %d's access score after the write-back = %.2f, want the %.2f it had before the loss (decayed a little)", i, s, before[i])
+		}
+	}
+	if n := logs.Count("access scores fell further than decay explains"); n != 1 {
+		t.Errorf("%d log lines of the write-back, want 1", n)
+	}
+	// Five more polls: the hot set is what it was, and nothing more is written back.
+	p1 := w.Progress()
+	testenv.Eventually(t, 10*time.Second, "five more poll intervals", func() bool {
+		return w.Progress().After(p1.Add(5 * cfg.PollInterval))
+	})
+	if h := hot(); h != want {
+		t.Errorf("hot set after the loss = %s, want %s", h, want)
+	}
+	if n := restored(); n != 10 {
+		t.Errorf("%v scores written back, want 10 (once each)", n)
+	}
 }

@@ -39,7 +39,8 @@ func (k *loopState) poll(ctx context.Context) {
 	k.maybeCheckLFU(ctx, cfg, now)
 	lfu := k.scanLFU(ctx, cfg)
 	unix := now.Unix()
-	k.tr.age(unix) // before this poll's reads go in
+	k.tr.halfLife = cfg.DecayHalfLife // before the reads go in: observe judges a fall by it
+	k.tr.age(unix)                    // before this poll's reads go in
 	syncDue := now.Sub(k.lastSync) >= FullSyncEvery
 	if syncDue && err == nil && window > 0 && int64(cfg.MaxTracked) > window {
 		k.fullSync(ctx, cfg, lfu, unix)
@@ -66,7 +67,7 @@ func (k *loopState) poll(ctx context.Context) {
 		k.tr.observeLFU(id, f, unix)
 		cands = append(cands, id)
 	}
-	k.tr.halfLife = cfg.DecayHalfLife
+	k.restoreLost(ctx, cfg)
 	// The hot set is frozen while the origin fails: the fail-safe keeps every hot value alive, and a key that
 	// dropped out at the top_n cut-off now would expire into the outage. Pins still apply (update).
 	if !k.origin.ongoing() && !keep {
@@ -196,6 +197,7 @@ func (k *loopState) setHot(hot map[string]bool) {
 				now.After(h.expiry.Add(expiryTolerance)) && k.owns(id) {
 				k.left = append(k.left, h)
 			}
+			k.log.Debug("key left the hot set", "id", id, "owned", k.owns(id), "expiry", h.expiry, "inflight", h.inflight)
 			k.q.remove(h)
 			k.cq.remove(h)
 			h.e.hot = nil

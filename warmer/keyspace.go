@@ -96,6 +96,8 @@ type loopState struct {
 	failSafeBusy bool
 	dueGaugeAt   time.Time // when dispatch last counted the due keys for their gauge
 	ownedMemo    ownedMemo // owned's last count
+	// restoreLogged is when restoreLost last logged at Warn.
+	restoreLogged time.Time
 	// pinnedHotValid is set when the hot set was last computed for a pinned-only keyspace, at the tracker's
 	// pinnedGen then (poll skips recomputing it until the pins change).
 	pinnedHotValid bool

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // How the hot set is chosen: scan resistance, and refreshes that pay off.
@@ -79,6 +81,19 @@ func (e *entry) noteRead(n int) {
 // had stayed; and every rise is counted in the sketch, rounded, at least 1.
 func (t *tracker) observe(id string, score float64, now int64) *entry {
 	e, remembered := t.lookup(id)
+	if t.lostScore(e, score, now) {
+		// The access set lost this id's reads (emptied by a flush or a restart, evicted, failed over to a replica
+		// that had not caught up): it is no evidence that the id cooled. The remembered score, decayed to now,
+		// stands, and is written back to the access set (poll), so that every replica reads it again. Without
+		// this, the ids apps read first after a Redis restart (the hottest) came back with scores of 1–3 and left
+		// the hot set, while ids not read yet kept theirs: a 5-minute soak of Redis restarts saw hot keys go
+		// unrefreshed for up to 4.9 s, missing and counted by no replica.
+		e.score *= math.Exp2(-float64(now-e.seen) / t.halfLife.Seconds())
+		e.seen = now
+		e.flags |= flagAccess
+		t.lost = append(t.lost, id)
+		return e
+	}
 	if score > e.score {
 		rise := score - e.score
 		e.noteRead(min(max(int(rise), 1), admitReads))
@@ -93,6 +108,35 @@ func (t *tracker) observe(id string, score float64, now int64) *entry {
 	e.score = score
 	e.seen = now
 	return e
+}
+
+// lostScore reports whether score, read for e at unix second now, fell further than decay explains: below half of
+// e's score decayed over the time since it was read plus one decay interval of the access set (decay runs in
+// steps of decayEvery). Only a score of at least lostScoreMin is judged: a loss that small does not move an id.
+func (t *tracker) lostScore(e *entry, score float64, now int64) bool {
+	if t.halfLife <= 0 || e.score < lostScoreMin || e.seen == 0 || now < e.seen {
+		return false
+	}
+	elapsed := float64(now-e.seen) + decayEvery(t.halfLife).Seconds()
+	return score < e.score*math.Exp2(-elapsed/t.halfLife.Seconds())/2
+}
+
+// lostScoreMin is the least remembered score lostScore judges: below it, reads lost are too few to matter.
+const lostScoreMin = 4
+
+// takeLost returns the ids whose scores observe kept against a loss since the last call, with those scores.
+func (t *tracker) takeLost() []redis.Z {
+	if len(t.lost) == 0 {
+		return nil
+	}
+	zs := make([]redis.Z, 0, len(t.lost))
+	for _, id := range t.lost {
+		if e := t.entries[id]; e != nil {
+			zs = append(zs, redis.Z{Member: id, Score: e.score})
+		}
+	}
+	t.lost = nil
+	return zs
 }
 
 // lookup returns id's entry, creating it, with the reads the frequency sketch remembers, when there is none;
@@ -323,6 +367,9 @@ type hotState struct {
 	shortNotice bool   // the expiry was learnt less than one lead before it (a breakdown of misses, not an exemption)
 	invalidated bool   // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
 	pendingGone string // a gone event (expired, evicted, del, or a flush) that arrived while a refresh was in flight
+	// flushCounted: a flush emptied Redis while this key's refresh was in flight, and its loss was counted at once
+	// (rereadOwned); the re-read after the refresh settles judges the same gap, so it counts nothing.
+	flushCounted bool
 	// lockGoneAt is when a refresh last found its lock gone and took it for an invalidation (settleOne), and
 	// lockGoneExpiry and lockGoneLearned the expiry and learnedAt of the value known then: a flush noticed later
 	// whose emptying began before lockGoneAt took that lock, not an app, and counts that value's loss
@@ -374,6 +421,9 @@ type tracker struct {
 	// (the top of the access set, or the full sync's whole tracked window): with the sketch, an id read below the
 	// top can still rank among the best, so each is a candidate once after its read.
 	risen []string
+	// lost are the ids whose access score fell further than decay explains since the last takeLost (observe): a
+	// lost access set, whose scores poll writes back.
+	lost []string
 	// pinnedGen is bumped by every setPinned: a pinned-only keyspace's hot set is the pinned set, recomputed only
 	// when this changes (poll).
 	pinnedGen uint64
