@@ -185,6 +185,14 @@ func (k *loopState) setPersistent(h *hotState, p bool) {
 // (noteGone); a value found present after that expiry had passed was rebuilt by someone else after it
 // expired, which is a miss even though the key is there now (judgeReading).
 func (k *loopState) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
+	if h.flushCounted {
+		// The re-read after a flush that was counted at once (rereadOwned): gone, it is that gap; present, its
+		// value is a new one, whose own loss would count.
+		h.flushCounted = false
+		if pttl >= 0 {
+			defer func() { h.counted = false }()
+		}
+	}
 	switch {
 	case pttl == pttlPersistent:
 		if !h.persistent {

@@ -94,6 +94,9 @@ func (k *loopState) settleAll(p *pipeline, items []*item, runErr error, now time
 		if h := k.hotOf(it.hot); h != nil && h.pendingGone != "" {
 			// A gone event arrived while the refresh was in flight: read the key again and judge it then.
 			h.needPTTL, h.goneEvent, h.pendingGone = true, h.pendingGone, ""
+			if h.flushCounted {
+				h.counted = true // the flush's gap is counted; a value the batch wrote before it is that gap too
+			}
 			k.adopt = append(k.adopt, h)
 		}
 	}
