@@ -246,8 +246,9 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs; blinks left out); longest:\n", f.MinGap)
 	for _, g := range notLogged[:min(10, len(notLogged))] {
 		// The clock time too, to find the key's story in the daemons' logs.
-		fmt.Fprintf(w, "  %-18s %8s at %7v (%s)  after %s, owner %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond),
-			g.Start.UTC().Format("15:04:05.000"), attribute(g, r.faults, r.invalidations), g.Owner)
+		fmt.Fprintf(w, "  %-18s %8s at %7v (%s)  after %s, owner %s; %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond),
+			g.Start.UTC().Format("15:04:05.000"), attribute(g, r.faults, r.invalidations), g.Owner,
+			describeNear(expiryLog{key: g.Key, at: g.Start}, judged, r)+"; "+linesNear(g, r.logs, r.start))
 	}
 	if len(blinksNotLogged) > 0 {
 		fmt.Fprintf(w, "and %d blinks >= %v not logged, not judged (their lengths are upper bounds: a key refreshed in the last moment blinks too)\n", len(blinksNotLogged), f.MinGap)
@@ -618,6 +619,21 @@ func unseen(logs []expiryLog, gaps []gap, from, to time.Time, recheck time.Durat
 }
 
 // describeNear says what the observer recorded of l's key within 10 s of l: each gap with its kind, or none.
+// linesNear names the times of the key's "hot key missed" lines within 10 s of g's start: what the per-key
+// matching had to choose from.
+func linesNear(g gap, logs []expiryLog, start time.Time) string {
+	var ts []string
+	for _, l := range logs {
+		if l.key == g.Key && l.at.Sub(g.Start).Abs() <= 10*time.Second {
+			ts = append(ts, l.at.Sub(start).Round(10*time.Millisecond).String())
+		}
+	}
+	if len(ts) == 0 {
+		return "no line of this key within 10 s"
+	}
+	return "lines at " + strings.Join(ts, ", ")
+}
+
 func describeNear(l expiryLog, gaps []gap, r *soakResult) string {
 	var parts []string
 	for _, g := range gaps {
