@@ -201,6 +201,7 @@ func (k *loopState) setHot(hot map[string]bool) {
 				k.left = append(k.left, h)
 			}
 			k.log.Debug("key left the hot set", "id", id, "owned", k.owns(id), "expiry", h.expiry, "inflight", h.inflight)
+			k.noteLeft(h, now)
 			k.q.remove(h)
 			k.cq.remove(h)
 			h.e.hot = nil

@@ -74,6 +74,18 @@ func TestKeyLeavingTheHotSetAfterItsExpiryIsJudged(t *testing.T) {
 			if n := k.hotExpired.Load(); n != tt.want {
 				t.Errorf("counted %d misses, want %d", n, tt.want)
 			}
+			// The status names the key as left, with when it became hot and when it left.
+			var left []LeftKey
+			k.mail.Send(func(s *loopState) { left = s.snapshot(clock.Now()).Left })
+			if len(left) != 1 || left[0].ID != "1" || !left[0].Owned || !left[0].LeftAt.Equal(clock.Now()) ||
+				!left[0].HotSince.Equal(clock.Now().Add(-tt.advance)) {
+				t.Errorf("status's left keys = %+v, want id 1, owned, hot since %v, left at %v", left, clock.Now().Add(-tt.advance), clock.Now())
+			}
+			clock.Advance(LeftKeep + time.Second)
+			k.mail.Send(func(s *loopState) { left = s.snapshot(clock.Now()).Left })
+			if len(left) != 0 {
+				t.Errorf("status's left keys %v after LeftKeep, want none", left)
+			}
 		})
 	}
 }

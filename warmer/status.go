@@ -84,6 +84,38 @@ type KeyspaceStatus struct {
 	// statusWait (a Redis call hanging, say): then it is the last state the loop published, and says how old.
 	AsOf time.Time   `json:"as_of"`
 	Keys []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
+	// Left are the keys that left the hot set within the last LeftKeep (at most leftMax, the latest), oldest
+	// first: when each stopped being hot, which the hot set alone cannot say to an observer that reads it once
+	// a second (the soak's miss observer judges a gap a hot key's by them).
+	Left []LeftKey `json:"left,omitempty"`
+}
+
+// LeftKey is a key that left the hot set: its id, when it became hot and when it left (this replica's clock),
+// and whether this replica owned it then.
+type LeftKey struct {
+	ID       string    `json:"id"`
+	HotSince time.Time `json:"hot_since"`
+	LeftAt   time.Time `json:"left_at"`
+	Owned    bool      `json:"owned"`
+}
+
+// LeftKeep is how long a key that left the hot set stays in KeyspaceStatus.Left; leftMax bounds their number.
+const (
+	LeftKeep = 30 * time.Second
+	leftMax  = 4096
+)
+
+// noteLeft records that h left the hot set at now (KeyspaceStatus.Left), dropping entries past LeftKeep or
+// leftMax.
+func (k *loopState) noteLeft(h *hotState, now time.Time) {
+	drop := 0
+	for drop < len(k.leftLog) && (len(k.leftLog)-drop >= leftMax || now.Sub(k.leftLog[drop].LeftAt) > LeftKeep) {
+		drop++
+	}
+	if drop > 0 {
+		k.leftLog = append(k.leftLog[:0], k.leftLog[drop:]...)
+	}
+	k.leftLog = append(k.leftLog, LeftKey{ID: h.id, HotSince: h.hotSince, LeftAt: now, Owned: k.owns(h.id)})
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
@@ -155,6 +187,11 @@ func (k *loopState) snapshot(now time.Time) *KeyspaceStatus {
 		keys = append(keys, ks)
 	}
 	st.Keys = keys
+	for _, l := range k.leftLog {
+		if now.Sub(l.LeftAt) <= LeftKeep {
+			st.Left = append(st.Left, l)
+		}
+	}
 	return &st
 }
 
