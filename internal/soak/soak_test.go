@@ -956,6 +956,44 @@ func TestGapTrackerOwnership(t *testing.T) {
 	}
 }
 
+// TestOwnershipJudgedByLaterAnswers: at the end of the run a gap is a hot key's only if an answer asked for at
+// or after its start (or a left key's report) shows the key hot and owned then. A key that left its owner's hot
+// set 100 ms before a FLUSHDB was still in the union the observer used during the run (seed 6005: album:91).
+func TestOwnershipJudgedByLaterAnswers(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	h := ownHistory{}
+	// r1 lists track:1 hot since 0 in its answers at 1 and 2, and reports that it left at 2.4.
+	h.extend("track:1", ownedSpan{replica: "r1", since: at(0), seen: at(1)})
+	h.extend("track:1", ownedSpan{replica: "r1", since: at(0), seen: at(2)})
+	h.extend("track:1", ownedSpan{replica: "r1", since: at(0), seen: at(2.4)})
+	// track:2: listed at 1, gone from the answer at 2, no report of when it left (an old daemon).
+	h.extend("track:2", ownedSpan{replica: "r2", since: at(0), seen: at(1)})
+	// track:3: its owner was killed at 1.5; its heirs take over by 1.5 + the takeover bound.
+	h.extend("track:3", ownedSpan{replica: "r3", since: at(0), seen: at(1), until: at(4)})
+	gaps := []gap{
+		{Key: "track:1", Start: at(2.3)},  // hot then
+		{Key: "track:1", Start: at(2.5)},  // left 100 ms before
+		{Key: "track:2", Start: at(1.5)},  // may have left between the answers: not judged
+		{Key: "track:3", Start: at(3.5)},  // within the takeover bound of the dead owner
+		{Key: "track:3", Start: at(4.5)},  // after it
+		{Key: "track:1", Start: at(-0.5)}, // before it became hot
+	}
+	judgeOwnership(gaps, h)
+	var got []string
+	for _, g := range gaps {
+		got = append(got, g.Owner)
+	}
+	if want := []string{"r1", "", "", "r3", "", ""}; !reflect.DeepEqual(got, want) {
+		t.Errorf("owners = %q, want %q", got, want)
+	}
+	for _, g := range gaps {
+		if g.Unowned != (g.Owner == "") {
+			t.Errorf("gap of %s at %v: Unowned %v with owner %q", g.Key, g.Start.Sub(t0), g.Unowned, g.Owner)
+		}
+	}
+}
+
 // TestUnionOwnershipOfADownReplica: the hot set a killed (or paused) replica answered last keeps naming its keys,
 // but its ownership lapses when the others take its keys over (warmer.TakeoverBound after the kill); a gap that starts
 // later is judged by the live replicas' sets. Before, a key only the victim held hot read as owned for as long as
