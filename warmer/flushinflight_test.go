@@ -1,0 +1,104 @@
+package warmer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/keepwarm/keepwarm/internal/testenv"
+	"github.com/keepwarm/keepwarm/lockstep"
+)
+
+// A key whose refresh is in flight when the flush canary finds Redis emptied is counted at once, like a key at
+// rest, and the re-read after its refresh settles judges the same gap: it counts nothing more, whatever the batch
+// did. Before, the count waited for that re-read, and a publish re-sent after a Redis restart (its first reply lost
+// with the connection: the TTL it replaced unknown) made the re-read find the daemon's own new value: the gap was
+// counted by nobody (seed 6002, track:2074). Driven by hand on a keyspace that was never started, with a fake
+// clock and a real Redis.
+func TestFlushWhileInFlightCountedOnce(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Prefix(t, rdb)
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		result string
+		// prevUnknown: a re-sent publish wrote the value; prevGone: the publish found the value gone.
+		prevUnknown, prevGone bool
+		present               bool // the key at the re-read: the batch's value (written after the flush), or gone
+	}{
+		{"re-sent publish after the flush", ResultOK, true, false, true},
+		{"publish found the value gone", ResultOK, false, true, true},
+		{"publish before the flush, its value flushed", ResultOK, false, false, false},
+		{"lock gone with the flush", ResultLockGone, false, false, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			keys, err := lockstep.NewKeys(prefix+"f"+string(rune('a'+i))+":${id}", "", "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			clock := clockwork.NewFakeClockAt(time.Now())
+			cfg := KeyspaceConfig{Name: "k", Keys: keys, Src: nopSource{}, TTL: 10 * time.Second, RefreshAhead: 2 * time.Second,
+				StatementTimeout: time.Second, PoolWaitTimeout: 500 * time.Millisecond, LockTTL: 5 * time.Second}
+			w, err := New(rdb, Config{Keyspaces: []KeyspaceConfig{cfg}, Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := w.keyspace("k") // never started: messages run at once in this goroutine (mailbox inactive)
+			ks, _ := keys.For("1")
+			if err := rdb.Set(ctx, ks.Cache, "v", 10*time.Second).Err(); err != nil {
+				t.Fatal(err)
+			}
+			var b batchKey
+			k.mail.Send(func(s *loopState) {
+				s.setHot(map[string]bool{"1": true})
+				s.learnExpiries(ctx) // the expiry is known
+				h := s.hotSet["1"]
+				h.inflight = true // its refresh is sent
+				b = batchKey{id: h.id, serial: h.serial}
+			})
+			clock.Advance(9 * time.Second)
+			emptied := clock.Now()
+			rdb.Del(ctx, ks.Cache) // the flush
+			clock.Advance(100 * time.Millisecond)
+			k.mail.Send(func(s *loopState) { s.rereadOwned("flush", emptied, clock.Now()) })
+			if n := k.hotExpired.Load(); n != 1 {
+				t.Fatalf("counted %d when the canary noticed, want 1", n)
+			}
+			// The batch settles.
+			if tt.present {
+				rdb.Set(ctx, ks.Cache, "new", 10*time.Second)
+			}
+			clock.Advance(100 * time.Millisecond)
+			it := &item{id: "1", ks: ks, hot: b, result: tt.result, ttl: 10 * time.Second, prevUnknown: tt.prevUnknown,
+				prevTTL: 3 * time.Second}
+			if tt.prevGone {
+				it.prevTTL = lockstep.PrevGone
+			}
+			p := &pipeline{cfg: cfg, start: clock.Now()}
+			k.mail.Send(func(s *loopState) {
+				s.settleAll(p, []*item{it}, nil, clock.Now())
+				s.learnExpiries(ctx) // the re-read the flush asked for
+			})
+			if n := k.hotExpired.Load(); n != 1 {
+				t.Errorf("counted %d after the batch settled and the key was re-read, want 1 (one flush, one gap)", n)
+			}
+			// The value the re-read found is armed again: its own expiry, unrefreshed, is a second miss.
+			if tt.present {
+				rdb.Del(ctx, ks.Cache)
+				clock.Advance(11 * time.Second)
+				k.mail.Send(func(s *loopState) {
+					s.hotSet["1"].needPTTL = true
+					s.adopt = append(s.adopt, s.hotSet["1"])
+					s.learnExpiries(ctx)
+				})
+				if n := k.hotExpired.Load(); n != 2 {
+					t.Errorf("counted %d after the new value expired unrefreshed, want 2", n)
+				}
+			}
+		})
+	}
+}
