@@ -23,26 +23,7 @@ func TestChangePublishJudgesTheValueItReplaced(t *testing.T) {
 	prefix := testenv.Prefix(t, rdb)
 	ctx := context.Background()
 	newKeyspace := func(t *testing.T, name string) (*keyspace, *clockwork.FakeClock, lockstep.KeySet) {
-		keys, err := lockstep.NewKeys(prefix+name+":${id}", "", "", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		clock := clockwork.NewFakeClockAt(time.Now())
-		cfg := KeyspaceConfig{Name: "k", Keys: keys, Src: nopSource{}, TTL: 10 * time.Second, RefreshAhead: 2 * time.Second,
-			StatementTimeout: time.Second, PoolWaitTimeout: 500 * time.Millisecond, LockTTL: 5 * time.Second}
-		w, err := New(rdb, Config{Keyspaces: []KeyspaceConfig{cfg}, Clock: clock})
-		if err != nil {
-			t.Fatal(err)
-		}
-		k := w.keyspace("k") // never started: messages run at once in this goroutine (mailbox inactive)
-		ks, _ := keys.For("1")
-		if err := rdb.Set(ctx, ks.Cache, "v", 10*time.Second).Err(); err != nil {
-			t.Fatal(err)
-		}
-		k.mail.Send(func(s *loopState) {
-			s.setHot(map[string]bool{"1": true})
-			s.learnExpiries(ctx) // the first reading: the expiry is known, nothing judged
-		})
+		k, clock, _, ks := handKeyspace(t, rdb, prefix, name)
 		return k, clock, ks
 	}
 	// publish is a change's publish of id 1 at the clock's now that replaced a value with prev left.

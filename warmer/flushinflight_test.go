@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jonboulle/clockwork"
-
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
 )
@@ -36,26 +34,9 @@ func TestFlushWhileInFlightCountedOnce(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			keys, err := lockstep.NewKeys(prefix+"f"+string(rune('a'+i))+":${id}", "", "", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			clock := clockwork.NewFakeClockAt(time.Now())
-			cfg := KeyspaceConfig{Name: "k", Keys: keys, Src: nopSource{}, TTL: 10 * time.Second, RefreshAhead: 2 * time.Second,
-				StatementTimeout: time.Second, PoolWaitTimeout: 500 * time.Millisecond, LockTTL: 5 * time.Second}
-			w, err := New(rdb, Config{Keyspaces: []KeyspaceConfig{cfg}, Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			k := w.keyspace("k") // never started: messages run at once in this goroutine (mailbox inactive)
-			ks, _ := keys.For("1")
-			if err := rdb.Set(ctx, ks.Cache, "v", 10*time.Second).Err(); err != nil {
-				t.Fatal(err)
-			}
+			k, clock, cfg, ks := handKeyspace(t, rdb, prefix, "f"+string(rune('a'+i)))
 			var b batchKey
 			k.mail.Send(func(s *loopState) {
-				s.setHot(map[string]bool{"1": true})
-				s.learnExpiries(ctx) // the expiry is known
 				h := s.hotSet["1"]
 				h.inflight = true // its refresh is sent
 				b = batchKey{id: h.id, serial: h.serial}

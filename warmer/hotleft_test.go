@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/keepwarm/keepwarm/internal/testenv"
 	"github.com/keepwarm/keepwarm/lockstep"
@@ -41,26 +42,7 @@ func TestKeyLeavingTheHotSetAfterItsExpiryIsJudged(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			keys, err := lockstep.NewKeys(prefix+"k"+string(rune('a'+i))+":${id}", "", "", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			clock := clockwork.NewFakeClockAt(time.Now())
-			cfg := KeyspaceConfig{Name: "k", Keys: keys, Src: nopSource{}, TTL: 10 * time.Second, RefreshAhead: 2 * time.Second,
-				StatementTimeout: time.Second, PoolWaitTimeout: 500 * time.Millisecond, LockTTL: 5 * time.Second}
-			w, err := New(rdb, Config{Keyspaces: []KeyspaceConfig{cfg}, Clock: clock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			k := w.keyspace("k") // never started: messages run at once in this goroutine (mailbox inactive)
-			ks, _ := keys.For("1")
-			if err := rdb.Set(ctx, ks.Cache, "v", 10*time.Second).Err(); err != nil {
-				t.Fatal(err)
-			}
-			k.mail.Send(func(s *loopState) {
-				s.setHot(map[string]bool{"1": true})
-				s.learnExpiries(ctx) // the first reading: the expiry is known, nothing judged
-			})
+			k, clock, _, ks := handKeyspace(t, rdb, prefix, "k"+string(rune('a'+i)))
 			if n := k.hotExpired.Load(); n != 0 {
 				t.Fatalf("counted %d at the first reading", n)
 			}
@@ -88,4 +70,33 @@ func TestKeyLeavingTheHotSetAfterItsExpiryIsJudged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// handKeyspace returns keyspace "k" of a warmer that is never started (its messages run at once, in the caller's
+// goroutine), on a fake clock and a real Redis, with keys under prefix+name, a TTL of 10 s and refresh-ahead of
+// 2 s; id 1's value is written with a TTL of 10 s, made hot, and its expiry read: known, nothing judged.
+func handKeyspace(t *testing.T, rdb *redis.Client, prefix, name string) (*keyspace, *clockwork.FakeClock, KeyspaceConfig, lockstep.KeySet) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := lockstep.NewKeys(prefix+name+":${id}", "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := clockwork.NewFakeClockAt(time.Now())
+	cfg := KeyspaceConfig{Name: "k", Keys: keys, Src: nopSource{}, TTL: 10 * time.Second, RefreshAhead: 2 * time.Second,
+		StatementTimeout: time.Second, PoolWaitTimeout: 500 * time.Millisecond, LockTTL: 5 * time.Second}
+	w, err := New(rdb, Config{Keyspaces: []KeyspaceConfig{cfg}, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := w.keyspace("k")
+	ks, _ := keys.For("1")
+	if err := rdb.Set(ctx, ks.Cache, "v", 10*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	k.mail.Send(func(s *loopState) {
+		s.setHot(map[string]bool{"1": true})
+		s.learnExpiries(ctx)
+	})
+	return k, clock, cfg, ks
 }
