@@ -208,6 +208,7 @@ func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time
 		k.judge(h, p.start)
 		h.handover = false
 		h.lastRefresh = p.start
+		h.refreshFoundValue = !it.prevUnknown && it.prevTTL > 0
 		h.lastErr = ""
 		h.errors = 0
 		h.counted = false

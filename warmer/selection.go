@@ -361,12 +361,15 @@ type hotState struct {
 	lastRebuild time.Duration // duration of the last successful rebuild (origin query)
 	rebuildP95  time.Duration // decayed-maximum estimate of the rebuild p95
 	lastRefresh time.Time
-	lastErr     string
-	errors      int    // consecutive failed refreshes, for back-off
-	counted     bool   // this expiry was already counted as an SLO miss (re-armed by each new value learnt)
-	shortNotice bool   // the expiry was learnt less than one lead before it (a breakdown of misses, not an exemption)
-	invalidated bool   // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
-	pendingGone string // a gone event (expired, evicted, del, or a flush) that arrived while a refresh was in flight
+	// refreshFoundValue: the last refresh's publish replaced a value that was there (its TTL known and > 0), so
+	// the key was present just before it (readPTTLs, after a flush).
+	refreshFoundValue bool
+	lastErr           string
+	errors            int    // consecutive failed refreshes, for back-off
+	counted           bool   // this expiry was already counted as an SLO miss (re-armed by each new value learnt)
+	shortNotice       bool   // the expiry was learnt less than one lead before it (a breakdown of misses, not an exemption)
+	invalidated       bool   // the current absence is an invalidation (a del event, or lock_gone): not an SLO miss
+	pendingGone       string // a gone event (expired, evicted, del, or a flush) that arrived while a refresh was in flight
 	// flushCounted: a flush emptied Redis while this key's refresh was in flight, and its loss was counted at once
 	// (rereadOwned); the re-read after the refresh settles judges the same gap, so it counts nothing.
 	flushCounted bool
