@@ -35,12 +35,7 @@ func TestFlushWhileInFlightCountedOnce(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			k, clock, cfg, ks := handKeyspace(t, rdb, prefix, "f"+string(rune('a'+i)))
-			var b batchKey
-			k.mail.Send(func(s *loopState) {
-				h := s.hotSet["1"]
-				h.inflight = true // its refresh is sent
-				b = batchKey{id: h.id, serial: h.serial}
-			})
+			b := inFlight(k) // its refresh is sent
 			clock.Advance(9 * time.Second)
 			emptied := clock.Now()
 			rdb.Del(ctx, ks.Cache) // the flush
@@ -105,12 +100,7 @@ func TestLockLostKeyIsJudged(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			k, clock, cfg, ks := handKeyspace(t, rdb, prefix, "l"+string(rune('a'+i)))
-			var b batchKey
-			k.mail.Send(func(s *loopState) {
-				h := s.hotSet["1"]
-				h.inflight = true
-				b = batchKey{id: h.id, serial: h.serial}
-			})
+			b := inFlight(k) // its refresh is sent
 			clock.Advance(tt.advance)
 			if tt.gone {
 				rdb.Del(ctx, ks.Cache) // expired, by Redis's clock, while it was paused
@@ -150,12 +140,7 @@ func TestFlushAfterARefreshTheCanaryDidNotSee(t *testing.T) {
 			clock.Advance(8500 * time.Millisecond) // due
 			emptied := clock.Now()                 // the canary's last look at a full Redis
 			clock.Advance(50 * time.Millisecond)
-			var b batchKey
-			k.mail.Send(func(s *loopState) {
-				h := s.hotSet["1"]
-				h.inflight = true
-				b = batchKey{id: h.id, serial: h.serial}
-			})
+			b := inFlight(k) // its refresh is sent
 			rdb.Set(ctx, ks.Cache, "ours", 10*time.Second)
 			it := &item{id: "1", ks: ks, hot: b, result: ResultOK, ttl: 10 * time.Second, prevTTL: tt.prevTTL}
 			k.mail.Send(func(s *loopState) {
@@ -175,4 +160,15 @@ func TestFlushAfterARefreshTheCanaryDidNotSee(t *testing.T) {
 			}
 		})
 	}
+}
+
+// inFlight marks hot id 1 of a hand-driven keyspace (handKeyspace) in flight, as a dispatched batch does, and
+// returns the batch's key for it.
+func inFlight(k *keyspace) (b batchKey) {
+	k.mail.Send(func(s *loopState) {
+		h := s.hotSet["1"]
+		h.inflight = true
+		b = batchKey{id: h.id, serial: h.serial}
+	})
+	return b
 }
