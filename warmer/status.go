@@ -84,7 +84,7 @@ type KeyspaceStatus struct {
 	// statusWait (a Redis call hanging, say): then it is the last state the loop published, and says how old.
 	AsOf time.Time   `json:"as_of"`
 	Keys []KeyStatus `json:"keys"` // nearest expiry first, at most the limit asked for
-	// Left are the keys that left the hot set within the last LeftKeep (at most leftMax, the latest), oldest
+	// Left are the keys that left the hot set within the last LeftKeep (at most the latest leftMax), oldest
 	// first: when each stopped being hot, which the hot set alone cannot say to an observer that reads it once
 	// a second (the soak's miss observer judges a gap a hot key's by them).
 	Left []LeftKey `json:"left,omitempty"`
@@ -105,15 +105,12 @@ const (
 	leftMax  = 4096
 )
 
-// noteLeft records that h left the hot set at now (KeyspaceStatus.Left), dropping entries past LeftKeep or
-// leftMax.
+// noteLeft records that h left the hot set at now (KeyspaceStatus.Left). At leftMax entries the older half goes
+// at once, so that a poll in which 100,000 keys leave (top_n lowered by a reload) costs O(1) a key; entries older
+// than LeftKeep stay until then, and snapshot leaves them out.
 func (k *loopState) noteLeft(h *hotState, now time.Time) {
-	drop := 0
-	for drop < len(k.leftLog) && (len(k.leftLog)-drop >= leftMax || now.Sub(k.leftLog[drop].LeftAt) > LeftKeep) {
-		drop++
-	}
-	if drop > 0 {
-		k.leftLog = append(k.leftLog[:0], k.leftLog[drop:]...)
+	if len(k.leftLog) >= leftMax {
+		k.leftLog = append(k.leftLog[:0], k.leftLog[len(k.leftLog)/2:]...)
 	}
 	k.leftLog = append(k.leftLog, LeftKey{ID: h.id, HotSince: h.hotSince, LeftAt: now, Owned: k.owns(h.id)})
 }
