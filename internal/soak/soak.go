@@ -193,9 +193,20 @@ type hotUnion struct {
 type ownedSpan struct {
 	replica      string
 	since, until time.Time
+	// hotSince, when set, is the daemon's hot_since of a span that vouches only from since, later: the replica
+	// answering again after a pause (ownHistory.extend).
+	hotSince time.Time
 	// seen is when the latest /debug/hotkeys of the replica that listed the key hot and owned, with this since,
 	// was asked for (ownership history only: ownHistory).
 	seen time.Time
+}
+
+// spell is the daemon's hot_since of the span's hot spell.
+func (o ownedSpan) spell() time.Time {
+	if !o.hotSince.IsZero() {
+		return o.hotSince
+	}
+	return o.since
 }
 
 // vouches reports whether the span, in the ownership history, shows the key hot and owned at at: hot since at
@@ -218,12 +229,26 @@ type leftSpan struct {
 
 // extend folds one span of key in: a span of the same replica and hot spell (since) extends the one recorded.
 // The spans come from the union of the replicas' hot sets (seen: when the answer was asked for) and from the keys
-// each reports as left (seen: when it left, by its clock, which is this machine's).
+// each reports as left (seen: when it left, by its clock, which is this machine's). A replica that was paused and
+// answers again with the same hot spell vouches anew from that answer only: its heirs owned the key meanwhile
+// (until), and its spell's since would otherwise cover the pause.
 func (h ownHistory) extend(key string, sp ownedSpan) {
 	old := h[key]
-	i := slices.IndexFunc(old, func(o ownedSpan) bool { return o.replica == sp.replica && o.since.Equal(sp.since) })
-	if i < 0 {
+	i := -1
+	for j := len(old) - 1; j >= 0; j-- { // the latest of the spell's spans
+		if old[j].replica == sp.replica && old[j].spell().Equal(sp.since) {
+			i = j
+			break
+		}
+	}
+	switch {
+	case i < 0:
 		h[key] = append(old, sp)
+		return
+	case !old[i].until.IsZero() && sp.until.IsZero() && sp.seen.After(old[i].until):
+		back := sp
+		back.hotSince, back.since = sp.since, sp.seen
+		h[key] = append(old, back)
 		return
 	}
 	if sp.seen.After(old[i].seen) {

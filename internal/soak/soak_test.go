@@ -969,14 +969,18 @@ func TestOwnershipJudgedByLaterAnswers(t *testing.T) {
 	h.extend("track:1", ownedSpan{replica: "r1", since: at(0), seen: at(2.4)})
 	// track:2: listed at 1, gone from the answer at 2, no report of when it left (an old daemon).
 	h.extend("track:2", ownedSpan{replica: "r2", since: at(0), seen: at(1)})
-	// track:3: its owner was killed at 1.5; its heirs take over by 1.5 + the takeover bound.
+	// track:3: its owner was paused at 1.5 (its heirs take over by 1.5 + the takeover bound, 4), and answers
+	// again at 10 with the same hot spell.
 	h.extend("track:3", ownedSpan{replica: "r3", since: at(0), seen: at(1), until: at(4)})
+	h.extend("track:3", ownedSpan{replica: "r3", since: at(0), seen: at(10)})
+	h.extend("track:3", ownedSpan{replica: "r3", since: at(0), seen: at(11)})
 	gaps := []gap{
 		{Key: "track:1", Start: at(2.3)},  // hot then
 		{Key: "track:1", Start: at(2.5)},  // left 100 ms before
 		{Key: "track:2", Start: at(1.5)},  // may have left between the answers: not judged
 		{Key: "track:3", Start: at(3.5)},  // within the takeover bound of the dead owner
-		{Key: "track:3", Start: at(4.5)},  // after it
+		{Key: "track:3", Start: at(4.5)},  // after it, during the pause: the heirs' (none listed it)
+		{Key: "track:3", Start: at(10.5)}, // back
 		{Key: "track:1", Start: at(-0.5)}, // before it became hot
 	}
 	judgeOwnership(gaps, h)
@@ -984,7 +988,7 @@ func TestOwnershipJudgedByLaterAnswers(t *testing.T) {
 	for _, g := range gaps {
 		got = append(got, g.Owner)
 	}
-	if want := []string{"r1", "", "", "r3", "", ""}; !reflect.DeepEqual(got, want) {
+	if want := []string{"r1", "", "", "r3", "", "r3", ""}; !reflect.DeepEqual(got, want) {
 		t.Errorf("owners = %q, want %q", got, want)
 	}
 	for _, g := range gaps {
