@@ -51,9 +51,7 @@ func TestEvictionsReported(t *testing.T) {
 // metric and a log line; a set that is merely cold is not.
 func TestAccessSetLost(t *testing.T) {
 	t.Parallel()
-	admin, rdb, cfg, _ := reconcileSetup(t, 0, time.Minute)
-	cfg.TopN, cfg.MinScore, cfg.PollInterval = 5, 0, 100*time.Millisecond
-	cfg.AccessKey = lockstep.AccessKey("rc")
+	admin, rdb, cfg := accessSetSetup(t)
 	ctx := context.Background()
 	for i := 1; i <= 5; i++ {
 		admin.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: 10, Member: strconv.Itoa(i)})
@@ -104,9 +102,7 @@ func memoryUsed(t *testing.T, rdb *redis.Client) int64 {
 // written back to the access set (ZADD GT), counted and logged, so that every replica reads them again.
 func TestLostAccessScoresWrittenBack(t *testing.T) {
 	t.Parallel()
-	admin, rdb, cfg, _ := reconcileSetup(t, 0, time.Minute)
-	cfg.TopN, cfg.MinScore, cfg.PollInterval = 5, 0, 100*time.Millisecond
-	cfg.AccessKey = lockstep.AccessKey("rc")
+	admin, rdb, cfg := accessSetSetup(t)
 	ctx := context.Background()
 	for i := 1; i <= 10; i++ {
 		score := 20.0 // cold
@@ -178,4 +174,14 @@ func TestLostAccessScoresWrittenBack(t *testing.T) {
 	if n := restored(); n != 10 {
 		t.Errorf("%v scores written back, want 10 (once each)", n)
 	}
+}
+
+// accessSetSetup is reconcileSetup for the access-set tests: top_n 5, min_score 0, a poll every 100 ms, and the
+// access set of keyspace "rc".
+func accessSetSetup(t *testing.T) (admin, rdb *redis.Client, cfg warmer.KeyspaceConfig) {
+	t.Helper()
+	admin, rdb, cfg, _ = reconcileSetup(t, 0, time.Minute)
+	cfg.TopN, cfg.MinScore, cfg.PollInterval = 5, 0, 100*time.Millisecond
+	cfg.AccessKey = lockstep.AccessKey("rc")
+	return admin, rdb, cfg
 }

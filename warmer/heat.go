@@ -196,12 +196,13 @@ func (k *loopState) setHot(hot map[string]bool) {
 			// In flight too: the batch's result is dropped once the key has left (settleOne), so it is judged
 			// here. A refresh sent before a Redis pause and answered after it, for a key that left at the first
 			// poll after the pause, was counted by nobody (seed 6003: track:2011, 7.67 s).
+			owned := k.owns(id)
 			if !h.persistent && !h.counted && !h.missing && !h.invalidated && !h.expiry.IsZero() &&
-				now.After(h.expiry.Add(expiryTolerance)) && k.owns(id) {
+				now.After(h.expiry.Add(expiryTolerance)) && owned {
 				k.left = append(k.left, h)
 			}
-			k.log.Debug("key left the hot set", "id", id, "owned", k.owns(id), "expiry", h.expiry, "inflight", h.inflight)
-			k.noteLeft(h, now)
+			k.log.Debug("key left the hot set", "id", id, "owned", owned, "expiry", h.expiry, "inflight", h.inflight)
+			k.noteLeft(h, now, owned)
 			k.q.remove(h)
 			k.cq.remove(h)
 			h.e.hot = nil

@@ -114,7 +114,9 @@ func (t *tracker) observe(id string, score float64, now int64) *entry {
 // e's score decayed over the time since it was read plus one decay interval of the access set (decay runs in
 // steps of decayEvery). Only a score of at least lostScoreMin is judged: a loss that small does not move an id.
 func (t *tracker) lostScore(e *entry, score float64, now int64) bool {
-	if t.halfLife <= 0 || e.score < lostScoreMin || e.seen == 0 || now < e.seen {
+	// Decay only lowers the bound below e.score/2: a score at or above that (a rise, the usual reading) is no loss,
+	// without the exponential that every observed id of every poll would otherwise cost.
+	if score >= e.score/2 || t.halfLife <= 0 || e.score < lostScoreMin || e.seen == 0 || now < e.seen {
 		return false
 	}
 	elapsed := float64(now-e.seen) + decayEvery(t.halfLife).Seconds()

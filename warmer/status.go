@@ -105,14 +105,14 @@ const (
 	leftMax  = 4096
 )
 
-// noteLeft records that h left the hot set at now (KeyspaceStatus.Left). At leftMax entries the older half goes
+// noteLeft records that h, owned or not, left the hot set at now (KeyspaceStatus.Left). At leftMax entries the older half goes
 // at once, so that a poll in which 100,000 keys leave (top_n lowered by a reload) costs O(1) a key; entries older
 // than LeftKeep stay until then, and snapshot leaves them out.
-func (k *loopState) noteLeft(h *hotState, now time.Time) {
+func (k *loopState) noteLeft(h *hotState, now time.Time, owned bool) {
 	if len(k.leftLog) >= leftMax {
 		k.leftLog = append(k.leftLog[:0], k.leftLog[len(k.leftLog)/2:]...)
 	}
-	k.leftLog = append(k.leftLog, LeftKey{ID: h.id, HotSince: h.hotSince, LeftAt: now, Owned: k.owns(h.id)})
+	k.leftLog = append(k.leftLog, LeftKey{ID: h.id, HotSince: h.hotSince, LeftAt: now, Owned: owned})
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
