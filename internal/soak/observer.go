@@ -133,10 +133,10 @@ type gap struct {
 	ColdStart bool
 	// Open marks a gap that was still open when the observer stopped.
 	Open bool
-	// Unowned marks a gap on a key that no replica listed, at any poll during the gap, as hot and owned since
-	// the gap's start or before: hot for a replica that does not refresh it, not for its owner (the replicas' hot
-	// sets differ at the top_n edge), or hot for its owner only since it was already missing (a key at the edge
-	// that left its owner's hot set, expired, and came back). Not a hot key by the SLO's definition
+	// Unowned marks a gap on a key that no replica had hot and owned at the gap's start, by the ownership history
+	// judged at the end of the run (judgeOwnership): hot for a replica that does not refresh it, not for its owner
+	// (the replicas' hot sets differ at the top_n edge), or hot for its owner only since it was already missing (a
+	// key at the edge that left its owner's hot set, expired, and came back). Not a hot key by the SLO's definition
 	// (docs/operations.md, "The SLO, precisely").
 	Unowned bool
 	// Owner is the replica whose /debug/hotkeys vouched that it held the key hot and owned it (empty when
@@ -161,9 +161,7 @@ type keyState struct {
 	// emptied (emptied) can come a few polls late, after a restart of Redis, and is judged by the reading
 	// before it.
 	recent []pttlReading
-	gap    *gap   // the open gap, if absent
-	owned  bool   // with gap: some poll during it found the key owned (gapTracker.owned)
-	owner  string // with owned: the replica that did
+	gap    *gap // the open gap, if absent
 }
 
 // pttlReading is one poll's finding for one key.
@@ -183,13 +181,9 @@ type gapTracker struct {
 	// blink: the PTTL reading's own error (the round trip) is absorbed by it.
 	tolerance time.Duration
 	maxGaps   int // the soak's memory bound: gaps beyond it are counted in dropped only
-	// owned names the replica in whose hot set a cache key is, at this moment, owned, and has been since at
-	// or before at (the gap's start); "" when none; nil: every hot key is owned. A gap during which none is, is
-	// marked Unowned.
-	owned   func(key string, at time.Time) string
-	keys    map[string]*keyState
-	gaps    []gap
-	dropped int
+	keys      map[string]*keyState
+	gaps      []gap
+	dropped   int
 	// watched holds, per key, the spans in which the key was in the hot union and so polled (to zero: still
 	// is): outside them the tracker could not have seen a gap of the key. The union lags the replicas' hot sets
 	// by up to a second or two (its refresh, their answers), so a key that turns hot and expires within that lag
@@ -239,10 +233,6 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 				}
 				vanished := st.seen && !st.expiry.IsZero() && !st.expiry.Before(at)
 				st.gap = &gap{Keyspace: ks, Key: k, Start: start, ColdStart: !st.seen, Vanished: vanished}
-				st.owned, st.owner = false, ""
-			}
-			if !st.owned {
-				st.owner, st.owned = g.ownerAt(k, st.gap.Start)
 			}
 			st.expiry = time.Time{}
 		} else {
@@ -254,9 +244,7 @@ func (g *gapTracker) observe(at time.Time, hot map[string]string, pttl map[strin
 					next = at.Add(p)
 				}
 				if next.IsZero() || next.After(st.expiry) {
-					owner, owned := g.ownerAt(k, st.expiry)
-					g.add(gap{Keyspace: ks, Key: k, Start: st.expiry, Length: at.Sub(st.expiry), Blink: true,
-						Unowned: !owned, Owner: owner})
+					g.add(gap{Keyspace: ks, Key: k, Start: st.expiry, Length: at.Sub(st.expiry), Blink: true})
 				}
 			}
 			st.seen = true
@@ -311,12 +299,10 @@ func (g *gapTracker) emptied(at, done time.Time) {
 			}
 		default:
 			if j := slices.IndexFunc(since, func(r pttlReading) bool { return !r.at.Before(done) }); j >= 0 {
-				owner, owned := g.ownerAt(k, at)
-				g.add(gap{Keyspace: st.ks, Key: k, Start: at, Length: since[j].at.Sub(at), Unowned: !owned, Owner: owner})
+				g.add(gap{Keyspace: st.ks, Key: k, Start: at, Length: since[j].at.Sub(at)})
 				continue
 			}
 			st.gap = &gap{Keyspace: st.ks, Key: k, Start: at}
-			st.owner, st.owned = g.ownerAt(k, at)
 			st.expiry = time.Time{}
 		}
 	}
@@ -329,18 +315,8 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// ownerAt applies owned, if set: the replica vouching for key at at, and whether there is one.
-func (g *gapTracker) ownerAt(key string, at time.Time) (string, bool) {
-	if g.owned == nil {
-		return "", true
-	}
-	o := g.owned(key, at)
-	return o, o != ""
-}
-
 func (g *gapTracker) close(st *keyState, at time.Time) {
 	st.gap.Length = at.Sub(st.gap.Start)
-	st.gap.Unowned, st.gap.Owner = !st.owned, st.owner
 	g.add(*st.gap)
 	st.gap = nil
 }

@@ -281,11 +281,6 @@ func judgeOwnership(gaps []gap, h ownHistory) {
 	}
 }
 
-// covers reports whether the span holds the moment at.
-func (o ownedSpan) covers(at time.Time) bool {
-	return !o.since.After(at) && (o.until.IsZero() || !at.After(o.until))
-}
-
 type invalidation struct {
 	key string
 	at  time.Time
@@ -604,16 +599,6 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 			}
 			return nil
 		}}
-	obs.track.owned = func(key string, at time.Time) string {
-		h := s.hot.Load()
-		if h == nil {
-			return ""
-		}
-		if i := slices.IndexFunc(h.owned[key], func(o ownedSpan) bool { return o.covers(at) }); i >= 0 {
-			return h.owned[key][i].replica
-		}
-		return ""
-	}
 	var maxHot atomic.Int64
 	obs.onPoll = func(_ time.Time, _, hot int) {
 		if int64(hot) > maxHot.Load() {

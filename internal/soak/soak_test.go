@@ -917,9 +917,9 @@ func TestGapTrackerEmptiedAfterTwoPolls(t *testing.T) {
 	}
 }
 
-// A gap on a key that no replica both lists as hot and owns (hot for a replica that does not refresh it) is not a
-// hot key's gap by the SLO's definition and is marked Unowned; a key owned at any poll during its gap is not, even
-// if its owner stopped listing it (a dead replica's keys, until an heir lists them). Owned counts only for an owner
+// A gap on a key that no replica had hot and owned at its start (hot for a replica that does not refresh it) is
+// not a hot key's gap by the SLO's definition and is marked Unowned once the run's ownership history judges the
+// tracker's gaps; a dead replica's keys stay its own until its heirs take over. Owned counts only for an owner
 // whose key has been hot since the gap's start or before: a key at the top_n edge that left its owner's hot set,
 // expired and came back was not a hot key of its owner when it went missing (the 3-minute daemon-sigstop soak
 // reported 6 such gaps as uncounted misses).
@@ -927,22 +927,21 @@ func TestGapTrackerOwnership(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	g := newGapTracker(5*time.Millisecond, 100)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	owned := map[string]time.Time{"track:1": at(-5000)} // owned since
-	g.owned = func(k string, when time.Time) string {
-		if s, ok := owned[k]; ok && !s.After(when) {
-			return "r1"
-		}
-		return ""
-	}
+	h := ownHistory{}
+	// track:1: r1's since -5000, in its answers at 0 and 1000; r1 died at 1100, its heirs own the key by 3600.
+	h.extend("track:1", ownedSpan{replica: "r1", since: at(-5000), seen: at(0)})
+	h.extend("track:1", ownedSpan{replica: "r1", since: at(-5000), seen: at(1000), until: at(3600)})
+	// track:3: back in its owner's hot set at 1120, after it expired (at 1000).
+	h.extend("track:3", ownedSpan{replica: "r1", since: at(1120), seen: at(1200)})
 	hot := map[string]string{"track:1": "track", "track:2": "track", "track:3": "track"}
 	g.observe(at(0), hot, map[string]time.Duration{"track:1": time.Second, "track:2": time.Second, "track:3": time.Second})
 	g.observe(at(1100), hot, map[string]time.Duration{"track:1": -2, "track:2": -2, "track:3": -2})
-	delete(owned, "track:1")    // its owner died: nobody lists it owned until an heir does
-	owned["track:3"] = at(1120) // back in its owner's hot set after it expired (at 1000)
 	g.observe(at(1150), hot, map[string]time.Duration{"track:1": -2, "track:2": -2, "track:3": -2})
 	g.observe(at(1200), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second, "track:3": 10 * time.Second})
+	gaps := g.finish(at(1300))
+	judgeOwnership(gaps, h)
 	got, owners := map[string]bool{}, map[string]string{}
-	for _, x := range g.finish(at(1300)) {
+	for _, x := range gaps {
 		got[x.Key], owners[x.Key] = x.Unowned, x.Owner
 	}
 	if want := map[string]bool{"track:1": false, "track:2": true, "track:3": true}; !reflect.DeepEqual(got, want) {
@@ -1014,8 +1013,12 @@ func TestUnionOwnershipOfADownReplica(t *testing.T) {
 	}
 	lastAt := map[string]time.Time{"r1": at(0), "r2": at(0)}
 	takeover := warmer.TakeoverBound(500 * time.Millisecond)
+	// A span of the union holds the moment when from its since until its until (zero: for as long as the replica
+	// lives); the ownership history adds when it was seen (ownedSpan.vouches).
 	owned := func(u *hotUnion, key string, when time.Time) bool {
-		return slices.ContainsFunc(u.owned[key], func(o ownedSpan) bool { return o.covers(when) })
+		return slices.ContainsFunc(u.owned[key], func(o ownedSpan) bool {
+			return !o.since.After(when) && (o.until.IsZero() || !when.After(o.until))
+		})
 	}
 	for _, tt := range []struct {
 		name string
