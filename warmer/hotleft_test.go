@@ -72,6 +72,26 @@ func TestKeyLeavingTheHotSetAfterItsExpiryIsJudged(t *testing.T) {
 	}
 }
 
+// The left-keys log stays within leftMax however many keys leave, dropping the oldest, and keeps the latest.
+func TestLeftKeysBounded(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	k, clock, _, _ := handKeyspace(t, rdb, testenv.Prefix(t, rdb), "left")
+	k.mail.Send(func(s *loopState) {
+		h := s.hotSet["1"]
+		for range 3*leftMax + 7 {
+			s.noteLeft(h, clock.Now(), true)
+			clock.Advance(time.Millisecond)
+		}
+		if n := len(s.leftLog); n > leftMax || n < leftMax/2 {
+			t.Errorf("%d keys in the left log, want between %d and %d", n, leftMax/2, leftMax)
+		}
+		if last := s.leftLog[len(s.leftLog)-1].LeftAt; !last.Equal(clock.Now().Add(-time.Millisecond)) {
+			t.Errorf("the latest entry left at %v, want %v", last, clock.Now().Add(-time.Millisecond))
+		}
+	})
+}
+
 // handKeyspace returns keyspace "k" of a warmer that is never started (its messages run at once, in the caller's
 // goroutine), on a fake clock and a real Redis, with keys under prefix+name, a TTL of 10 s and refresh-ahead of
 // 2 s; id 1's value is written with a TTL of 10 s, made hot, and its expiry read: known, nothing judged.
