@@ -623,6 +623,12 @@ func (k *loopState) applyView(v *fleetView, lapsedAt time.Time) {
 	now := k.w.now()
 	for _, h := range k.hotSet {
 		own := v.owns(h.id)
+		switch {
+		case !own:
+			h.ownedSince = time.Time{}
+		case h.ownedSince.IsZero() || lapsed:
+			h.ownedSince = now
+		}
 		expiredOwned := lapsed && !h.expiry.IsZero() && h.expiry.Add(expiryTolerance).Before(lapsedAt)
 		switch {
 		case !own && h.idx >= 0:

@@ -3,20 +3,7 @@ package warmer
 import (
 	"strconv"
 	"testing"
-
-	"github.com/cespare/xxhash/v2"
 )
-
-func viewOf(self string, owners ...string) *fleetView {
-	v := &fleetView{self: self, owners: owners, selfIdx: -1}
-	for i, o := range owners {
-		v.hashes = append(v.hashes, xxhash.Sum64String(o))
-		if o == self {
-			v.selfIdx = i
-		}
-	}
-	return v
-}
 
 // TestRendezvousBalancesAndMovesOnlyLostKeys checks the two properties the fleet relies on: every id has exactly
 // one owner among the replicas, the shares are even, and when a replica leaves only its own ids move.
@@ -27,7 +14,7 @@ func TestRendezvousBalancesAndMovesOnlyLostKeys(t *testing.T) {
 	owner := func(members []string, id string) string {
 		found := ""
 		for _, m := range members {
-			if viewOf(m, members...).owns(id) {
+			if testView(m, members...).owns(id) {
 				if found != "" {
 					t.Fatalf("id %s owned by %s and %s", id, found, m)
 				}

@@ -222,6 +222,9 @@ func (k *loopState) setHot(hot map[string]bool) {
 		}
 		k.hotSerial++
 		h := &hotState{id: id, serial: k.hotSerial, e: e, idx: -1, cidx: -1, needPTTL: true, hotSince: now}
+		if k.owns(id) {
+			h.ownedSince = now
+		}
 		e.hot = h
 		k.hotSet[id] = h
 		k.adopt = append(k.adopt, h)

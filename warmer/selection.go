@@ -382,6 +382,10 @@ type hotState struct {
 	lockGoneAt, lockGoneExpiry, lockGoneLearned time.Time
 	handover                                    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
 	hotSince                                    time.Time // when the id became hot
+	// ownedSince is when this replica last came to own the id while it was hot: when it turned hot already owned,
+	// when a new member list gave it to this replica, or when this replica's own lapsed heartbeat was renewed (the
+	// others owned it meanwhile). Zero while another replica owns it. KeyStatus.OwnedSince.
+	ownedSince time.Time
 	// takenOverAt is when this replica last gained the key from another (applyView), and goneHeard when Redis last
 	// announced it expired, evicted or deleted while another replica owned it (zero once a write of it is heard):
 	// a key taken over gone since before its previous owner's last heartbeat was no miss of its (noteHandover).

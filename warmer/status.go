@@ -30,8 +30,12 @@ type KeyStatus struct {
 	Owned bool `json:"owned"`
 	// HotSince is when the key last entered this replica's hot set (a key that leaves it and comes back starts
 	// again): a key that went missing before its owner's HotSince was not a hot key of its owner when it did.
-	HotSince  time.Time `json:"hot_since"`
-	LastError string    `json:"last_error,omitempty"`
+	HotSince time.Time `json:"hot_since"`
+	// OwnedSince is when this replica last came to own the key while it was hot (zero when Owned is false): at
+	// HotSince, or later when a fleet member left, or when this replica's heartbeat lapsed in a stall and was
+	// renewed (its heirs owned the key in between). A gap that began before it was not this replica's to prevent.
+	OwnedSince time.Time `json:"owned_since"`
+	LastError  string    `json:"last_error,omitempty"`
 }
 
 // MarshalJSON encodes s as its fields' JSON, except that an ID or Key that is not valid UTF-8 is written with
@@ -91,12 +95,13 @@ type KeyspaceStatus struct {
 }
 
 // LeftKey is a key that left the hot set: its id, when it became hot and when it left (this replica's clock),
-// and whether this replica owned it then.
+// whether this replica owned it then, and since when (KeyStatus.OwnedSince; zero when not owned).
 type LeftKey struct {
-	ID       string    `json:"id"`
-	HotSince time.Time `json:"hot_since"`
-	LeftAt   time.Time `json:"left_at"`
-	Owned    bool      `json:"owned"`
+	ID         string    `json:"id"`
+	HotSince   time.Time `json:"hot_since"`
+	LeftAt     time.Time `json:"left_at"`
+	Owned      bool      `json:"owned"`
+	OwnedSince time.Time `json:"owned_since"`
 }
 
 // LeftKeep is how long a key that left the hot set stays in KeyspaceStatus.Left; leftMax bounds their number.
@@ -112,7 +117,11 @@ func (k *loopState) noteLeft(h *hotState, now time.Time, owned bool) {
 	if len(k.leftLog) >= leftMax {
 		k.leftLog = append(k.leftLog[:0], k.leftLog[len(k.leftLog)/2:]...)
 	}
-	k.leftLog = append(k.leftLog, LeftKey{ID: h.id, HotSince: h.hotSince, LeftAt: now, Owned: owned})
+	l := LeftKey{ID: h.id, HotSince: h.hotSince, LeftAt: now, Owned: owned}
+	if owned {
+		l.OwnedSince = h.ownedSince
+	}
+	k.leftLog = append(k.leftLog, l)
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
@@ -172,6 +181,9 @@ func (k *loopState) snapshot(now time.Time) *KeyspaceStatus {
 			LastRefresh: h.lastRefresh, LastRebuild: h.lastRebuild, Refreshing: h.inflight, Persistent: h.persistent,
 			Missing: h.missing, Owned: k.owns(id), HotSince: h.hotSince,
 			LastError: h.lastErr}
+		if ks.Owned {
+			ks.OwnedSince = h.ownedSince
+		}
 		if !h.expiry.IsZero() {
 			ks.TTL = max(h.expiry.Sub(now), 0)
 		}

@@ -142,6 +142,9 @@ type gap struct {
 	// Owner is the replica whose /debug/hotkeys vouched that it held the key hot and owned it (empty when
 	// Unowned): the daemon whose log should name the gap.
 	Owner string
+	// Vouch is the owner's span that vouched, as the report prints it (offsets from the run's start): why the gap
+	// is judged the owner's.
+	Vouch ownedSpan
 	// Vanished marks a key found gone before the expiry its last PTTL predicted: deleted (an invalidation), flushed
 	// or evicted, not expired.
 	Vanished bool

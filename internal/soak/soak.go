@@ -189,27 +189,39 @@ type hotUnion struct {
 }
 
 // ownedSpan is when one replica held a key hot and owned, as its last /debug/hotkeys said: from since (its
-// hot_since) until until (zero: for as long as it lives; see warmer.TakeoverBound).
+// owned_since: when it last came to own the key while hot, not its hot_since, since a key hot on a replica that
+// gained it when a member died was not that replica's before) until until (zero: for as long as it lives; see
+// warmer.TakeoverBound). Its spell is the daemon's owned_since.
 type ownedSpan struct {
 	replica      string
 	since, until time.Time
-	// hotSince, when set, is the daemon's hot_since of a span that vouches only from since, later: the replica
-	// answering again after a pause (ownHistory.extend).
-	hotSince time.Time
+	// spellSince, when set, is the daemon's owned_since of a span that vouches only from since, later: the
+	// replica answering again after a pause (ownHistory.extend).
+	spellSince time.Time
 	// seen is when the latest /debug/hotkeys of the replica that listed the key hot and owned, with this since,
 	// was asked for (ownership history only: ownHistory).
 	seen time.Time
 }
 
-// spell is the daemon's hot_since of the span's hot spell.
+// describe says, with offsets from start, what vouches: the owned spell, the answer and the heirs' takeover.
+func (o ownedSpan) describe(start time.Time) string {
+	at := func(t time.Time) string { return t.Sub(start).Round(10 * time.Millisecond).String() }
+	s := fmt.Sprintf("hot and owned since %s, listed so at %s", at(o.since), at(o.seen))
+	if !o.until.IsZero() {
+		s += ", taken over by " + at(o.until)
+	}
+	return s
+}
+
+// spell is the daemon's owned_since of the span's owned spell.
 func (o ownedSpan) spell() time.Time {
-	if !o.hotSince.IsZero() {
-		return o.hotSince
+	if !o.spellSince.IsZero() {
+		return o.spellSince
 	}
 	return o.since
 }
 
-// vouches reports whether the span, in the ownership history, shows the key hot and owned at at: hot since at
+// vouches reports whether the span, in the ownership history, shows the key hot and owned at at: owned since at
 // or before it, and listed so by an answer asked for at or after it (or, for a replica killed or paused, until
 // its heirs took over). An answer before at says nothing of at: the key may have left the hot set in between,
 // and the union, refreshed about once a second, lags by that much.
@@ -221,16 +233,16 @@ func (o ownedSpan) vouches(at time.Time) bool {
 // judged by it at the end (judgeOwnership), when the answers that came after each gap's start are in.
 type ownHistory map[string][]ownedSpan
 
-// leftSpan is a hot spell of key that ended, as its replica's /debug/hotkeys reported it (warmer.LeftKey).
+// leftSpan is an owned spell of key that ended, as its replica's /debug/hotkeys reported it (warmer.LeftKey).
 type leftSpan struct {
 	key  string
 	span ownedSpan
 }
 
-// extend folds one span of key in: a span of the same replica and hot spell (since) extends the one recorded.
+// extend folds one span of key in: a span of the same replica and owned spell (since) extends the one recorded.
 // The spans come from the union of the replicas' hot sets (seen: when the answer was asked for) and from the keys
 // each reports as left (seen: when it left, by its clock, which is this machine's). A replica that was paused and
-// answers again with the same hot spell vouches anew from that answer only: its heirs owned the key meanwhile
+// answers again with the same owned spell vouches anew from that answer only: its heirs owned the key meanwhile
 // (until), and its spell's since would otherwise cover the pause.
 func (h ownHistory) extend(key string, sp ownedSpan) {
 	old := h[key]
@@ -247,7 +259,7 @@ func (h ownHistory) extend(key string, sp ownedSpan) {
 		return
 	case !old[i].until.IsZero() && sp.until.IsZero() && sp.seen.After(old[i].until):
 		back := sp
-		back.hotSince, back.since = sp.since, sp.seen
+		back.spellSince, back.since = sp.since, sp.seen
 		h[key] = append(old, back)
 		return
 	}
@@ -259,14 +271,14 @@ func (h ownHistory) extend(key string, sp ownedSpan) {
 	}
 }
 
-// owner names a replica that vouches for key at at ("" for none).
-func (h ownHistory) owner(key string, at time.Time) string {
+// owner is a span of the replica that vouches for key at at (ok false for none).
+func (h ownHistory) owner(key string, at time.Time) (sp ownedSpan, ok bool) {
 	for _, sp := range h[key] {
 		if sp.vouches(at) {
-			return sp.replica
+			return sp, true
 		}
 	}
-	return ""
+	return ownedSpan{}, false
 }
 
 // judgeOwnership re-judges each gap's owner by the whole history: a gap is a hot key's if, at its start, some
@@ -276,8 +288,8 @@ func (h ownHistory) owner(key string, at time.Time) string {
 // 6005: album:91, track:751).
 func judgeOwnership(gaps []gap, h ownHistory) {
 	for i := range gaps {
-		gaps[i].Owner = h.owner(gaps[i].Key, gaps[i].Start)
-		gaps[i].Unowned = gaps[i].Owner == ""
+		sp, ok := h.owner(gaps[i].Key, gaps[i].Start)
+		gaps[i].Owner, gaps[i].Vouch, gaps[i].Unowned = sp.replica, sp, !ok
 	}
 }
 
@@ -804,14 +816,14 @@ func (s *soak) readHot() {
 				for _, k := range ks.Keys {
 					m[k.ID] = time.Time{}
 					if k.Owned {
-						m[k.ID] = k.HotSince
+						m[k.ID] = k.OwnedSince
 					}
 				}
 				h[ks.Name] = m
 				for _, l := range ks.Left {
 					if keys := s.keys[ks.Name]; keys != nil && l.Owned {
 						if k, err := keys.For(l.ID); err == nil {
-							left = append(left, leftSpan{key: k.Cache, span: ownedSpan{replica: d.id, since: l.HotSince, seen: l.LeftAt}})
+							left = append(left, leftSpan{key: k.Cache, span: ownedSpan{replica: d.id, since: l.OwnedSince, seen: l.LeftAt}})
 						}
 					}
 				}

@@ -246,8 +246,8 @@ func (r *soakResult) report(w io.Writer, f Options) error {
 	fmt.Fprintf(w, "not logged: gaps >= %v that no daemon logged as \"hot key missed\" (per-gap attribution by key and time, from the daemons' logs; blinks left out); longest:\n", f.MinGap)
 	for _, g := range notLogged[:min(10, len(notLogged))] {
 		// The clock time too, to find the key's story in the daemons' logs.
-		fmt.Fprintf(w, "  %-18s %8s at %7v (%s)  after %s, owner %s; %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond),
-			g.Start.UTC().Format("15:04:05.000"), attribute(g, r.faults, r.invalidations), g.Owner,
+		fmt.Fprintf(w, "  %-18s %8s at %7v (%s)  after %s, owner %s (%s); %s\n", g.Key, benchload.Dur(g.Length), g.Start.Sub(r.start).Round(100*time.Millisecond),
+			g.Start.UTC().Format("15:04:05.000"), attribute(g, r.faults, r.invalidations), g.Owner, g.Vouch.describe(r.start),
 			describeNear(expiryLog{key: g.Key, at: g.Start}, judged, r)+"; "+linesNear(g, r.logs, r.start))
 	}
 	if len(blinksNotLogged) > 0 {
