@@ -18,7 +18,10 @@ import (
 // ExtendValueMany as fast as they can, over and over, for the whole max_stale. Read from outside after every
 // round, to the millisecond: stale_since_ms is each value's original expiry (its PEXPIRETIME before the first
 // extension), the cache key never expires later than stale_since_ms + max_stale, the meta hash expires at the
-// same instant as the cache key, and in the end every value expires exactly at the bound. extend_value.lua v2
+// same instant as the cache key, and every value is seen, by a read before the bound, to expire exactly at it (the
+// last extension clips to the bound; it does not stop short). A read at or after the bound judges nothing: on a
+// loaded machine the rounds can run past it, and the values are then gone as they should be (CI once read -2 for
+// every key in a final read that came after the bound). extend_value.lua v2
 // read PTTL, then TIME, then set a relative PEXPIRE on each key in turn, so a millisecond that passed between
 // those commands (a pause of the server, at worst) moved the start of staleness and the expiry past the bound.
 func TestExtendValueBoundExact(t *testing.T) {
@@ -29,9 +32,9 @@ func TestExtendValueBoundExact(t *testing.T) {
 	keys := mustKeys(t, testenv.Prefix(t, obs), false)
 	const (
 		n        = 100
-		life     = 300 * time.Millisecond
-		want     = 400 * time.Millisecond
-		maxStale = time.Second
+		life     = 500 * time.Millisecond
+		want     = time.Second // a round in the last want before the bound clips to it
+		maxStale = 3 * time.Second
 	)
 	kss := make([]lockstep.KeySet, n)
 	locks := make([]string, n)
@@ -55,10 +58,19 @@ func TestExtendValueBoundExact(t *testing.T) {
 		}
 		bound[i] = e + maxStale.Milliseconds()
 	}
-	// Stop while the values are still alive, after the last want before the bound has begun.
-	stop := time.Now().Add(life + maxStale - 150*time.Millisecond)
+	// Stop once every value was seen at its bound, or at the bound: later reads find the values gone.
+	stop := time.Now().Add(life + maxStale)
+	atBound := make([]bool, n) // seen expiring exactly at stale_since_ms + max_stale by a read before it
+	seenAll := func() bool {
+		for _, b := range atBound {
+			if !b {
+				return false
+			}
+		}
+		return true
+	}
 	var rounds, extended, limited int
-	for round := 0; time.Now().Before(stop); round++ {
+	for round := 0; time.Now().Before(stop) && !seenAll(); round++ {
 		rdb := procs[round%2]
 		token := lockstep.NewToken()
 		held, err := lockstep.AcquireMany(ctx, rdb, locks, token, time.Minute)
@@ -111,13 +123,14 @@ func TestExtendValueBoundExact(t *testing.T) {
 					kss[i].Cache, cacheAt[i], cacheAt[i]-bound[i], bound[i])
 			case metaAt[i] != cacheAt[i]:
 				t.Fatalf("round %d: %s PEXPIRETIME = %d, want the cache key's %d", round, kss[i].Meta, metaAt[i], cacheAt[i])
+			case cacheAt[i] == bound[i]:
+				atBound[i] = true
 			}
 		}
 	}
-	final := expireTimes(t, obs, kss, func(ks lockstep.KeySet) string { return ks.Cache })
 	for i := range kss {
-		if final[i] != bound[i] {
-			t.Errorf("%s: final PEXPIRETIME = %d, want exactly stale_since_ms + max_stale = %d", kss[i].Cache, final[i], bound[i])
+		if !atBound[i] {
+			t.Errorf("%s: never seen expiring exactly at stale_since_ms + max_stale = %d before it", kss[i].Cache, bound[i])
 		}
 	}
 	t.Logf("%d rounds over %d values: %d extensions, %d at the stale limit", rounds, n, extended, limited)
