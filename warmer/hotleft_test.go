@@ -130,16 +130,7 @@ func TestOwnedSinceFollowsTheMemberList(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.Redis(t)
 	k, clock, _, _ := handKeyspace(t, rdb, testenv.Prefix(t, rdb), "owned")
-	other := ""
-	for _, o := range []string{"b", "c", "d", "e", "f", "g", "h"} {
-		if !testView("a", "a", o).owns("1") {
-			other = o
-			break
-		}
-	}
-	if other == "" {
-		t.Fatal("no second member found that owns id 1")
-	}
+	other := otherOwner(t, "a", "1")
 	status := func() KeyStatus {
 		t.Helper()
 		var st *KeyspaceStatus
@@ -181,5 +172,78 @@ func TestOwnedSinceFollowsTheMemberList(t *testing.T) {
 	})
 	if len(left) != 1 || !left[0].Owned || !left[0].OwnedSince.Equal(renewed) || !left[0].HotSince.Equal(hotSince) {
 		t.Errorf("left keys = %+v, want id 1 owned since %v, hot since %v", left, renewed, hotSince)
+	}
+}
+
+// otherOwner returns a member that owns id in a fleet of self and it.
+func otherOwner(t *testing.T, self, id string) string {
+	t.Helper()
+	for _, o := range []string{"b", "c", "d", "e", "f", "g", "h"} {
+		if !testView(self, self, o).owns(id) {
+			return o
+		}
+	}
+	t.Fatalf("no second member found that owns id %s", id)
+	return ""
+}
+
+// A key that leaves the hot set after Redis was emptied and before the flush canary notices it is counted when
+// the canary does: it was hot and owned when its value was flushed, before the expiry the daemon knew, so its
+// leaving (judged by that expiry, still ahead) did not count it, and the re-read of the hot set no longer holds
+// it. After a Redis restart the first access-set poll ranks ids on a second of reads; a key at the top_n edge
+// that left then was missed by nobody (soak seed 7002: track:694, 1.05 s). A key that left before the emptying,
+// or owned by another replica, is not counted; one flush counts it once. Driven by hand with fake time.
+func TestKeyLeavingAfterAFlushIsCounted(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Prefix(t, rdb)
+	ctx := context.Background()
+	tests := []struct {
+		name       string
+		leaveFirst bool // the key leaves before Redis is emptied
+		notOwned   bool // another replica owns the key
+		want       int64
+	}{
+		{"left after the emptying", false, false, 1},
+		{"left before the emptying", true, false, 0},
+		{"left owned by another replica", false, true, 0},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, clock, _, ks := handKeyspace(t, rdb, prefix, "f"+string(rune('a'+i)))
+			if tt.notOwned {
+				k.mail.Send(func(s *loopState) { s.applyView(testView("a", "a", otherOwner(t, "a", "1")), time.Time{}) })
+			}
+			leave := func() {
+				k.mail.Send(func(s *loopState) { s.setHot(map[string]bool{}) })
+			}
+			clock.Advance(time.Second)
+			if tt.leaveFirst {
+				leave()
+				clock.Advance(100 * time.Millisecond)
+			}
+			emptied := clock.Now() // the canary's last look at a full Redis
+			clock.Advance(100 * time.Millisecond)
+			if err := rdb.Del(ctx, ks.Cache).Err(); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(100 * time.Millisecond)
+			if !tt.leaveFirst {
+				leave()
+			}
+			if n := k.hotExpired.Load(); n != 0 {
+				t.Fatalf("counted %d when the key left, 8 s before its known expiry", n)
+			}
+			clock.Advance(500 * time.Millisecond)
+			for range 2 { // the canary noticed the flush; a second notice of the same one counts nothing more
+				k.mail.Send(func(s *loopState) {
+					s.rereadOwned("flush", emptied, clock.Now())
+					s.learnExpiries(ctx)
+				})
+			}
+			if n := k.hotExpired.Load(); n != tt.want {
+				t.Errorf("counted %d misses, want %d", n, tt.want)
+			}
+		})
 	}
 }

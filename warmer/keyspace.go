@@ -96,7 +96,7 @@ type loopState struct {
 	failSafeBusy bool
 	dueGaugeAt   time.Time // when dispatch last counted the due keys for their gauge
 	ownedMemo    ownedMemo // owned's last count
-	leftLog      []LeftKey // keys that left the hot set lately (noteLeft), for Status
+	leftLog      []leftEntry // keys that left the hot set lately (noteLeft), for Status and a flush's judgement
 	// restoreLogged is when restoreLost last logged at Warn.
 	restoreLogged time.Time
 	// pinnedHotValid is set when the hot set was last computed for a pinned-only keyspace, at the tracker's

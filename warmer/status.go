@@ -104,6 +104,13 @@ type LeftKey struct {
 	OwnedSince time.Time `json:"owned_since"`
 }
 
+// leftEntry is one key of the left-keys log: what Status reports, and the state the key had when it left, which a
+// flush noticed later judges (rereadOwned).
+type leftEntry struct {
+	LeftKey
+	h *hotState
+}
+
 // LeftKeep is how long a key that left the hot set stays in KeyspaceStatus.Left; leftMax bounds their number.
 const (
 	LeftKeep = 30 * time.Second
@@ -121,7 +128,7 @@ func (k *loopState) noteLeft(h *hotState, now time.Time, owned bool) {
 	if owned {
 		l.OwnedSince = h.ownedSince
 	}
-	k.leftLog = append(k.leftLog, l)
+	k.leftLog = append(k.leftLog, leftEntry{LeftKey: l, h: h})
 }
 
 // Status returns every keyspace's state, keyspaces by name, each with up to limit hot keys (nearest expiry
@@ -198,7 +205,7 @@ func (k *loopState) snapshot(now time.Time) *KeyspaceStatus {
 	st.Keys = keys
 	for _, l := range k.leftLog {
 		if now.Sub(l.LeftAt) <= LeftKeep {
-			st.Left = append(st.Left, l)
+			st.Left = append(st.Left, l.LeftKey)
 		}
 	}
 	return &st
