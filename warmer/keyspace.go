@@ -94,8 +94,8 @@ type loopState struct {
 	// failSafeBusy: a fail-safe-only batch is in flight (at most one; see dispatch); probes: refresh batches in
 	// flight (while the origin fails, at most one is started).
 	failSafeBusy bool
-	dueGaugeAt   time.Time // when dispatch last counted the due keys for their gauge
-	ownedMemo    ownedMemo // owned's last count
+	dueGaugeAt   time.Time   // when dispatch last counted the due keys for their gauge
+	ownedMemo    ownedMemo   // owned's last count
 	leftLog      []leftEntry // keys that left the hot set lately (noteLeft), for Status and a flush's judgement
 	// restoreLogged is when restoreLost last logged at Warn.
 	restoreLogged time.Time
