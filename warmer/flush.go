@@ -299,7 +299,9 @@ func (k *loopState) rereadOwned(why string, emptied, now time.Time) {
 // counted them. After a Redis restart the first access-set poll ranks ids on the scores of a second of reads, and
 // a key at the top_n edge that left then was missed by nobody (seed 7002: track:694, 1.05 s). A key back in the hot
 // set is the re-read's to judge; one that left owned by another replica, or whose value was learnt after
-// emptied (perhaps a rebuild after the flush), is not judged.
+// emptied (perhaps a rebuild after the flush), is not judged. emptied is the canary's last look at a full Redis,
+// up to FlushCheckInterval before the flush itself: a key that left in between was not hot when its value went,
+// and is counted all the same. The counter errs high there rather than low (docs/operations.md, "The SLO").
 func (k *loopState) judgeLeftSinceEmptied(emptied, now time.Time) {
 	if emptied.IsZero() {
 		return
