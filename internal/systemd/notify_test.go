@@ -138,20 +138,17 @@ func TestWatchdogPingsOnlyWhileTheSchedulerProgresses(t *testing.T) {
 	start := time.Now()
 	go func() { errc <- systemd.Watchdog(ctx, progress, nil) }()
 
-	// While progressing: a ping on every tick. Wait for four, then check their pace: never faster than half a
-	// period apart (a tick every period), and on average no slower than two periods.
+	// While progressing: a ping on every tick. Wait for six, then check their pace on average: between half a
+	// period and two periods apart. The times are when the test read each ping, so one pair can arrive closer on a
+	// loaded machine (70 ms apart once beside stress-ng) though sent a period apart; a ping on every progress
+	// call instead of every tick would be far faster on average.
 	var pings []message
-	testenv.EventuallyDiag(t, 5*time.Second, "four pings while progressing", func() (bool, string) {
+	testenv.EventuallyDiag(t, 5*time.Second, "six pings while progressing", func() (bool, string) {
 		pings = f.since(start, "WATCHDOG=1")
-		return len(pings) >= 4, fmt.Sprintf("%d pings", len(pings))
+		return len(pings) >= 6, fmt.Sprintf("%d pings", len(pings))
 	})
-	for i := 1; i < len(pings); i++ {
-		if gap := pings[i].At.Sub(pings[i-1].At); gap < period/2 {
-			t.Errorf("pings %d and %d %v apart with WatchdogSec=400ms, want about %v", i, i+1, gap, period)
-		}
-	}
-	if avg := pings[len(pings)-1].At.Sub(pings[0].At) / time.Duration(len(pings)-1); avg > 2*period {
-		t.Errorf("pings %v apart on average with WatchdogSec=400ms, want about %v", avg, period)
+	if avg := pings[len(pings)-1].At.Sub(pings[0].At) / time.Duration(len(pings)-1); avg < period/2 || avg > 2*period {
+		t.Errorf("%d pings %v apart on average with WatchdogSec=400ms, want about %v", len(pings), avg, period)
 	}
 
 	// The scheduler wedges: the ticks within a period of the freeze may still ping; none after that.
