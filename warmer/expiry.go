@@ -216,9 +216,6 @@ func (k *loopState) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 		k.q.remove(h)
 	case pttl < 0: // gone
 		k.setPersistent(h, false)
-		if h.expiry.IsZero() && !h.counted {
-			h.goneUnknownAt = now // no expiry known: a cold start, unless Redis announces an expiry now (event)
-		}
 		k.noteGone(h, now)
 		h.expiry = time.Time{}
 		if h.idx < 0 || h.due.After(now.Add(time.Second)) {
@@ -228,7 +225,6 @@ func (k *loopState) applyPTTL(h *hotState, pttl time.Duration, now time.Time) {
 		}
 	default:
 		k.setPersistent(h, false)
-		h.goneUnknownAt = time.Time{}
 		exp := now.Add(pttl)
 		if h.expiry.IsZero() || absDur(exp.Sub(h.expiry)) > expiryTolerance || h.idx < 0 {
 			// New information (a newly hot key, or one an app rewrote): a new value, so a new expiry to count.

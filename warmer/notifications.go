@@ -436,21 +436,6 @@ func (k *loopState) event(event, id string, n int) {
 		}
 		return
 	}
-	if (event == "expired" || event == "evicted") && !h.goneUnknownAt.IsZero() && h.expiry.IsZero() &&
-		!h.counted && !h.missing && !h.invalidated {
-		// A reading found the key gone with no expiry known (newly hot or newly owned), and Redis now announces
-		// that it expired or was evicted: it existed after it turned hot, and its owner could not read its TTL
-		// in time. A reading's PTTL on a key past its TTL expires it lazily, so this event mostly follows the
-		// reading that found it gone, and the rebuild (the daemon's own cold write, or an app's) has often
-		// come before any reading after the event; judged here, not by a reading. A kill -9 test beside
-		// stress-ng saw album:60 turn hot on its owner 230 ms before it expired, missing 479 ms, counted by
-		// nobody. An old value whose TTL ran out before the key turned hot, expired lazily by that reading,
-		// counts too: the counter errs high there (Redis's active expiry removes most such keys within 100 ms).
-		now := k.w.now()
-		h.expiry, h.learnedAt = now, now
-		k.countMiss(h, now, "expired before its owner could read its TTL")
-		h.expiry, h.goneUnknownAt = time.Time{}, time.Time{}
-	}
 	if h.inflight {
 		// The refresh in flight settles the key, but not an event that came during it: a del there is an
 		// invalidation whose value the refresh's publish may have preceded, an expired one an expiry to judge.

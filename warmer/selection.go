@@ -382,10 +382,6 @@ type hotState struct {
 	lockGoneAt, lockGoneExpiry, lockGoneLearned time.Time
 	handover                                    bool      // adopted from another fleet replica; its first PTTL reading may be an SLO miss
 	hotSince                                    time.Time // when the id became hot
-	// goneUnknownAt is when a reading last found the key gone with no expiry known (zero once a value is read):
-	// an expired or evicted event that follows is that reading's doing, or the active expiry's, and says the key
-	// existed until then (event).
-	goneUnknownAt time.Time
 	// ownedSince is when this replica last came to own the id while it was hot: when it turned hot already owned,
 	// when a new member list gave it to this replica, or when this replica's own lapsed heartbeat was renewed (the
 	// others owned it meanwhile). Zero while another replica owns it. KeyStatus.OwnedSince.
