@@ -130,6 +130,8 @@ type gap struct {
 	Blink bool
 	// ColdStart marks a key that was absent when it entered the hot set and has not been seen present since: not
 	// an expiry of a value the daemon kept, but a hot key it had not written yet.
+	// Also, at the end of the run (judgeOwnership), a gap that began within firstReadGrace of its key turning hot
+	// on its owner: the owner had not read its TTL yet.
 	ColdStart bool
 	// Open marks a gap that was still open when the observer stopped.
 	Open bool

@@ -939,7 +939,7 @@ func TestGapTrackerOwnership(t *testing.T) {
 	g.observe(at(1150), hot, map[string]time.Duration{"track:1": -2, "track:2": -2, "track:3": -2})
 	g.observe(at(1200), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second, "track:3": 10 * time.Second})
 	gaps := g.finish(at(1300))
-	judgeOwnership(gaps, h)
+	judgeOwnership(gaps, h, nil)
 	got, owners := map[string]bool{}, map[string]string{}
 	for _, x := range gaps {
 		got[x.Key], owners[x.Key] = x.Unowned, x.Owner
@@ -982,7 +982,7 @@ func TestOwnershipJudgedByLaterAnswers(t *testing.T) {
 		{Key: "track:3", Start: at(10.5)}, // back
 		{Key: "track:1", Start: at(-0.5)}, // before it became hot
 	}
-	judgeOwnership(gaps, h)
+	judgeOwnership(gaps, h, nil)
 	var got []string
 	for _, g := range gaps {
 		got = append(got, g.Owner)
@@ -1040,5 +1040,34 @@ func TestUnionOwnershipOfADownReplica(t *testing.T) {
 				t.Errorf("hot keys %v: the down replica's keys are still watched", u.keys)
 			}
 		})
+	}
+}
+
+// A gap that begins within firstReadGrace of an owned spell that started as the key turned hot on its owner is a
+// cold start (the owner could not have read its TTL yet); a later gap, or one as early in a spell the replica
+// gained while the key was hot (a takeover after a kill -9, which the heir must cover), stays a hot key's gap.
+func TestGapSoonAfterTurningHotIsAColdStart(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	h := ownHistory{}
+	for _, key := range []string{"album:1", "album:2", "album:3"} {
+		h.extend(key, ownedSpan{replica: "r2", since: at(0), seen: at(5000)})
+	}
+	fresh := freshSpells{{"r2", "album:1", at(0).UnixNano()}: true, {"r2", "album:2", at(0).UnixNano()}: true}
+	gaps := []gap{
+		{Key: "album:1", Start: at(230), Length: 479 * time.Millisecond}, // turned hot 230 ms before: unread
+		{Key: "album:2", Start: at(800), Length: 300 * time.Millisecond}, // 800 ms after: the owner's to count
+		{Key: "album:3", Start: at(230), Length: 300 * time.Millisecond}, // gained while hot: the heir's to count
+	}
+	judgeOwnership(gaps, h, fresh)
+	got := map[string]bool{}
+	for _, g := range gaps {
+		got[g.Key] = g.ColdStart
+		if g.Unowned || g.Owner != "r2" {
+			t.Errorf("%s: owner %q, unowned %v; want r2's", g.Key, g.Owner, g.Unowned)
+		}
+	}
+	if want := map[string]bool{"album:1": true, "album:2": false, "album:3": false}; !reflect.DeepEqual(got, want) {
+		t.Errorf("ColdStart by key: got %v, want %v", got, want)
 	}
 }
