@@ -129,23 +129,42 @@ func TestLostAccessScoresWrittenBack(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "a poll after the first", func() bool {
 		return w.Progress().After(p0.Add(2 * cfg.PollInterval))
 	})
-	for i := 1; i <= 10; i++ {
-		admin.ZIncrBy(ctx, cfg.AccessKey, 1, strconv.Itoa(i))
+	// One transaction: a poll sees every id's rise or none. Sent one by one, a poll that ran between them saw ids
+	// 1–5 rise (and made them hot) but remembered 6–10 from before their rise, one below what "before" reads.
+	if _, err := admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i := 1; i <= 10; i++ {
+			p.ZIncrBy(ctx, cfg.AccessKey, 1, strconv.Itoa(i))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	want := "1,2,3,4,5"
 	testenv.EventuallyDiag(t, 10*time.Second, "the five hottest hot", func() (bool, string) { h := hot(); return h == want, h })
+	// And a poll that read the rise: ids 1–5 can be hot before it (admitted on their first readings), and a daemon
+	// that never read 6–10 after their rise remembers them one below what "before" reads (CI saw 9.33 for 10.33).
+	p1 := w.Progress()
+	testenv.Eventually(t, 10*time.Second, "a poll after the rise", func() bool {
+		return w.Progress().After(p1.Add(2 * cfg.PollInterval))
+	})
 	// The loss, and a second of reads after it: the cold ids read more than the hot ones.
 	before := map[int]float64{}
 	for i := 1; i <= 10; i++ {
 		before[i] = admin.ZScore(ctx, cfg.AccessKey, strconv.Itoa(i)).Val()
 	}
-	admin.Del(ctx, cfg.AccessKey)
-	for i := 1; i <= 10; i++ {
-		n := 1.0
-		if i > 5 {
-			n = 3
+	// The loss and the reads after it in one transaction, so that every poll sees either the set before or after.
+	if _, err := admin.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, cfg.AccessKey)
+		for i := 1; i <= 10; i++ {
+			n := 1.0
+			if i > 5 {
+				n = 3
+			}
+			p.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: n, Member: strconv.Itoa(i)})
 		}
-		admin.ZAdd(ctx, cfg.AccessKey, redis.Z{Score: n, Member: strconv.Itoa(i)})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	restored := func() float64 { return counter(t, reg, "keepwarm_warmer_access_scores_restored_total", nil) }
 	testenv.EventuallyDiag(t, 5*time.Second, "the ten fallen scores written back", func() (bool, string) {
@@ -164,9 +183,9 @@ func TestLostAccessScoresWrittenBack(t *testing.T) {
 		t.Errorf("%d log lines of the write-back, want 1", n)
 	}
 	// Five more polls: the hot set is what it was, and nothing more is written back.
-	p1 := w.Progress()
+	p2 := w.Progress()
 	testenv.Eventually(t, 10*time.Second, "five more poll intervals", func() bool {
-		return w.Progress().After(p1.Add(5 * cfg.PollInterval))
+		return w.Progress().After(p2.Add(5 * cfg.PollInterval))
 	})
 	if h := hot(); h != want {
 		t.Errorf("hot set after the loss = %s, want %s", h, want)
