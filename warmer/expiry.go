@@ -263,24 +263,38 @@ func (k *loopState) judgeReading(h *hotState, now time.Time, pttl time.Duration,
 	if h.expiry.IsZero() || h.counted || h.missing || h.invalidated || pttl <= 0 {
 		return
 	}
-	if k.w.fleet != nil && k.w.fleet.stale(now) {
-		// This replica stalled past its heartbeat (a SIGSTOP, a frozen VM): the others owned its keys meanwhile
-		// and refreshed them, so the expiry it knew is stale. Its next heartbeat re-learns every key (setView).
-		return
-	}
 	if now.Before(h.expiry.Add(expiryTolerance)) {
 		return // the value the daemon knew may still have been there
 	}
+	if k.w.fleet != nil && k.w.fleet.stale(now) {
+		// This replica stalled past its heartbeat (a SIGSTOP, a frozen VM): the others owned its keys meanwhile
+		// and refreshed them, so the expiry it knew is stale. Its next heartbeat re-learns every key (setView).
+		k.notCounted(h, now, "this replica's heartbeat lapsed: the others owned the key", "pttl", pttl)
+		return
+	}
 	if latestWrite := now.Add(pttl - k.cfg.TTL); latestWrite.Before(h.expiry.Add(-expiryTolerance)) {
-		return // written before the known expiry: an early rewrite, not a rebuild after a miss
+		// Written before the known expiry: an early rewrite, not a rebuild after a miss.
+		k.notCounted(h, now, "rewritten before its known expiry (its TTL left says so)", "pttl", pttl)
+		return
 	}
 	k.countMiss(h, now, why)
+}
+
+// notCounted logs, at debug level, a reading of h taken at now after its known expiry that is not counted as a
+// miss, and why: the soak's per-key check names the gaps no daemon logged, and these lines say what the owner
+// made of them.
+func (k *loopState) notCounted(h *hotState, now time.Time, why string, args ...any) {
+	k.log.Debug("hot key past its known expiry, not counted: "+why,
+		append([]any{"id", h.id, "expiry", h.expiry, "since_expiry", now.Sub(h.expiry)}, args...)...)
 }
 
 // noteGone judges a hot key found missing: an SLO miss (countMiss) unless the daemon never knew it
 // present (zero expiry), the origin has no row for it, or it was invalidated (a del event: an app's or the
 // change stream's invalidation, the only exclusions of the SLO). Each expiry counts once.
 func (k *loopState) noteGone(h *hotState, now time.Time) {
+	if h.invalidated && !h.expiry.IsZero() && !h.counted {
+		k.notCounted(h, now, "gone, invalidated (a del event or a lock taken with the value)")
+	}
 	if h.counted || h.missing || h.invalidated || h.expiry.IsZero() {
 		return
 	}

@@ -140,6 +140,9 @@ func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time
 		// the value and the lock) after our origin query read the old row. An invalidation, not an SLO miss;
 		// rebuild it at once, so that the new row is cached within one refresh, not one recheck later. Unless a
 		// flush the canary has not noticed yet took the lock: rereadOwned looks at lockGoneAt then.
+		if !h.expiry.IsZero() && now.After(h.expiry.Add(expiryTolerance)) && !h.counted {
+			k.notCounted(h, now, "its lock vanished while the lease held: taken for an invalidation")
+		}
 		h.lockGoneAt, h.lockGoneExpiry, h.lockGoneLearned = now, h.expiry, h.learnedAt
 		h.invalidated = true
 		h.needPTTL = false
@@ -194,6 +197,9 @@ func (k *loopState) settleOne(p *pipeline, it *item, runErr error, now time.Time
 	case ResultOK:
 		switch {
 		case it.prevUnknown:
+			if !h.expiry.IsZero() && p.start.After(h.expiry.Add(expiryTolerance)) && !h.counted {
+				k.notCounted(h, p.start, "a re-sent publish wrote it; the value it replaced is unknown")
+			}
 		case it.prevTTL == lockstep.PrevGone:
 			// The publish found the value already gone: an expiry the periodic check may never have seen.
 			k.noteHandover(h, pttlGone, now)
