@@ -111,3 +111,32 @@ func TestLateLeaseKeepsItsKeys(t *testing.T) {
 		t.Errorf("lease_extensions_total{result=late} = %v after a second stall, want 3", got)
 	}
 }
+
+// TestRenewalThatKeptNoLockProvesNoLease: a renewal that Redis ran after every lock of the batch had lapsed (sent
+// just before a paused Redis resumed) finds them all gone. It must not move the lease's deadline: a publish whose
+// lock was found gone before that deadline is taken for an invalidation, an exclusion from the SLO, where this
+// was a lapse whose key had expired in the pause (seed 7201: five gaps of 5–8 s counted by nobody). A renewal
+// that kept one lock does move it: the batch's locks share one lease.
+func TestRenewalThatKeptNoLockProvesNoLease(t *testing.T) {
+	t.Parallel()
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	const lease = 500 * time.Millisecond
+	p := &pipeline{k: &keyspace{log: slog.New(slog.DiscardHandler)}, m: m, now: func() time.Time { return t0.Add(10 * time.Second) },
+		cfg: KeyspaceConfig{Name: "k"}, lease: lease, leaseUntil: t0.Add(lease)}
+	a := &item{id: "a", renew: true, closing: true} // its publish is in flight
+	b := &item{id: "b", renew: true, closing: true}
+	items := []*item{a, b}
+	p.renewed(items, t0.Add(9*time.Second), items, []bool{false, false}, nil)
+	if got := p.leaseUntil.Sub(t0); got != lease {
+		t.Errorf("after a renewal that kept no lock, the lease runs until %v; want still %v", got, lease)
+	}
+	c := &item{id: "c", renew: true}
+	p.renewed([]*item{c, a}, t0.Add(9*time.Second), []*item{c, a}, []bool{true, false}, nil)
+	if got, want := p.leaseUntil.Sub(t0), 9*time.Second+lease; got != want {
+		t.Errorf("after a renewal that kept a lock, the lease runs until %v; want %v", got, want)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -578,9 +579,14 @@ func (p *pipeline) renewLeases(ctx context.Context, items []*item) *leaseRenewal
 	return r
 }
 
-// renewed applies one renewal's result: on success the lease runs from when it was sent, and a lock found gone or
-// taken is lost (unless the batch's own publish or fail-safe may have deleted it); a failed round trip changes
-// nothing (noteLateLeasesLocked counts the lateness; the publish checks the token).
+// renewed applies one renewal's result: a lock found gone or taken is lost (unless the batch's own publish or
+// fail-safe may have deleted it); when it kept at least one lock, the lease runs from when it was sent (the
+// batch's locks share one lease: one still held when Redis ran the renewal proves the lease was). A renewal that
+// kept none proves nothing: Redis may have run it after the lease lapsed, and moving the deadline then made a
+// publish that found its lock gone pass for an invalidation (settleOne's lock_gone), not a lapse. A Redis SIGSTOP
+// soak (seed 7201) lost five misses so: a renewal sent just before Redis resumed found every lock lapsed, and
+// the publishes that came back after it were read as invalidated. A failed round trip changes nothing
+// (noteLateLeasesLocked counts the lateness; the publish checks the token).
 func (p *pipeline) renewed(items []*item, sent time.Time, live []*item, ok []bool, err error) {
 	if err != nil {
 		p.k.log.Debug("lease renewal failed", "locks", len(live), "error", err)
@@ -588,7 +594,9 @@ func (p *pipeline) renewed(items []*item, sent time.Time, live []*item, ok []boo
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.leaseUntil = sent.Add(p.lease)
+	if slices.Contains(ok, true) {
+		p.leaseUntil = sent.Add(p.lease)
+	}
 	var kept, lost int
 	for i, it := range live {
 		switch {
