@@ -291,15 +291,63 @@ func (h ownHistory) owner(key string, at time.Time) (sp ownedSpan, ok bool) {
 // A gap that began within firstReadGrace of a spell that started when the key turned hot on its owner (fresh:
 // owned_since = hot_since) is a cold start: the owner cannot know a key's TTL before its first reading, and one
 // that finds the key gone cannot tell an expired value from one never written (docs/operations.md, "What a kill -9
-// still costs").
-func judgeOwnership(gaps []gap, h ownHistory, fresh freshSpells) {
+// still costs"). The grace counts only time in which Redis answered: redisDown are the spans in which the soak had
+// every Redis node stopped (a SIGSTOP, a restart, a failover). A key that turned hot as Redis stopped cannot be
+// read until it answers again; redis-sigstop soaks (seeds 7202, 7203) saw such keys, hot 0.2 s after the pause
+// began, expire 3–7 s into it.
+func judgeOwnership(gaps []gap, h ownHistory, fresh freshSpells, redisDown []span) {
 	for i := range gaps {
 		sp, ok := h.owner(gaps[i].Key, gaps[i].Start)
 		gaps[i].Owner, gaps[i].Vouch, gaps[i].Unowned = sp.replica, sp, !ok
-		if ok && fresh[spellID{sp.replica, gaps[i].Key, sp.spell().UnixNano()}] && gaps[i].Start.Sub(sp.spell()) < firstReadGrace {
+		if ok && fresh[spellID{sp.replica, gaps[i].Key, sp.spell().UnixNano()}] &&
+			answering(sp.spell(), gaps[i].Start, redisDown) < firstReadGrace {
 			gaps[i].ColdStart = true
 		}
 	}
+}
+
+// redisDown returns the spans in which the faults had the daemons' whole Redis stopped: a SIGSTOP, a restart or a
+// failover of the single Redis or of the Sentinel group's primary (judgeOwnership). A cluster's faults stop one
+// master of several: none is listed.
+func (s *soak) redisDown(faults []faultRecord) []span {
+	if s.cluster != nil {
+		return nil
+	}
+	var down []span
+	for _, r := range faults {
+		switch r.Kind {
+		case faultRedisStop, faultRedisRestart, faultFailover:
+			if r.err == nil && !r.started.IsZero() && !r.ended.IsZero() {
+				down = append(down, span{from: r.started, to: r.ended})
+			}
+		}
+	}
+	return down
+}
+
+// answering is how much of [from, to) lies outside every span of down (spans may overlap; to before from: 0).
+func answering(from, to time.Time, down []span) time.Duration {
+	if !to.After(from) {
+		return 0
+	}
+	d := to.Sub(from)
+	covered := from // the part of [from, to) up to covered is accounted for
+	sorted := slices.SortedFunc(slices.Values(down), func(a, b span) int { return a.from.Compare(b.from) })
+	for _, x := range sorted {
+		lo, hi := maxTime(x.from, covered), minTime(x.to, to)
+		if hi.After(lo) {
+			d -= hi.Sub(lo)
+			covered = hi
+		}
+	}
+	return d
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // firstReadGrace bounds how long after a key turns hot on its owner the owner's first PTTL reading comes: the loop
@@ -765,7 +813,7 @@ func (s *soak) run(ctx context.Context, stderr io.Writer) (*soakResult, error) {
 	obsStop()
 	res.gaps = <-gapsCh
 	s.bookMu.Lock()
-	judgeOwnership(res.gaps, s.ownHist, s.freshSpell)
+	judgeOwnership(res.gaps, s.ownHist, s.freshSpell, s.redisDown(res.faults))
 	s.bookMu.Unlock()
 	res.droppedGaps = obs.track.dropped
 	res.watched = obs.track.watched

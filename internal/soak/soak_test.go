@@ -939,7 +939,7 @@ func TestGapTrackerOwnership(t *testing.T) {
 	g.observe(at(1150), hot, map[string]time.Duration{"track:1": -2, "track:2": -2, "track:3": -2})
 	g.observe(at(1200), hot, map[string]time.Duration{"track:1": 10 * time.Second, "track:2": 10 * time.Second, "track:3": 10 * time.Second})
 	gaps := g.finish(at(1300))
-	judgeOwnership(gaps, h, nil)
+	judgeOwnership(gaps, h, nil, nil)
 	got, owners := map[string]bool{}, map[string]string{}
 	for _, x := range gaps {
 		got[x.Key], owners[x.Key] = x.Unowned, x.Owner
@@ -982,7 +982,7 @@ func TestOwnershipJudgedByLaterAnswers(t *testing.T) {
 		{Key: "track:3", Start: at(10.5)}, // back
 		{Key: "track:1", Start: at(-0.5)}, // before it became hot
 	}
-	judgeOwnership(gaps, h, nil)
+	judgeOwnership(gaps, h, nil, nil)
 	var got []string
 	for _, g := range gaps {
 		got = append(got, g.Owner)
@@ -1059,7 +1059,7 @@ func TestGapSoonAfterTurningHotIsAColdStart(t *testing.T) {
 		{Key: "album:2", Start: at(800), Length: 300 * time.Millisecond}, // 800 ms after: the owner's to count
 		{Key: "album:3", Start: at(230), Length: 300 * time.Millisecond}, // gained while hot: the heir's to count
 	}
-	judgeOwnership(gaps, h, fresh)
+	judgeOwnership(gaps, h, fresh, nil)
 	got := map[string]bool{}
 	for _, g := range gaps {
 		got[g.Key] = g.ColdStart
@@ -1069,5 +1069,32 @@ func TestGapSoonAfterTurningHotIsAColdStart(t *testing.T) {
 	}
 	if want := map[string]bool{"album:1": true, "album:2": false, "album:3": false}; !reflect.DeepEqual(got, want) {
 		t.Errorf("ColdStart by key: got %v, want %v", got, want)
+	}
+
+	// The grace counts only time in which Redis answered: a key that turned hot 100 ms before Redis stopped for
+	// 9 s, and expired 5 s into the stop, had 100 ms to be read (a cold start); one hot 700 ms before had 700 ms.
+	down := []span{{from: at(100), to: at(9100)}, {from: at(200), to: at(300)}} // overlapping spans count once
+	for _, key := range []string{"album:4", "album:5"} {
+		h.extend(key, ownedSpan{replica: "r2", since: at(0), seen: at(12000)})
+		fresh[spellID{"r2", key, at(0).UnixNano()}] = true
+	}
+	gaps = []gap{
+		{Key: "album:4", Start: at(5000), Length: time.Second},
+		{Key: "album:2", Start: at(5000), Length: time.Second}, // the same, without the stop: the owner's
+	}
+	judgeOwnership(gaps[:1], h, fresh, down)
+	judgeOwnership(gaps[1:], h, fresh, nil)
+	h.extend("album:5", ownedSpan{replica: "r2", since: at(0), seen: at(12000)})
+	late := []gap{{Key: "album:5", Start: at(5000), Length: time.Second}}
+	judgeOwnership(late, h, fresh, []span{{from: at(700), to: at(9100)}})
+	if !gaps[0].ColdStart || gaps[1].ColdStart || late[0].ColdStart {
+		t.Errorf("ColdStart: hot 100 ms before a Redis stop = %v (want true); without the stop = %v (want false); hot 700 ms before = %v (want false)",
+			gaps[0].ColdStart, gaps[1].ColdStart, late[0].ColdStart)
+	}
+	if got := answering(at(0), at(5000), down); got != 100*time.Millisecond {
+		t.Errorf("answering over [0, 5 s) with Redis down from 100 ms = %v, want 100ms", got)
+	}
+	if got := answering(at(5000), at(0), down); got != 0 {
+		t.Errorf("answering over an empty span = %v, want 0", got)
 	}
 }
