@@ -264,7 +264,11 @@ func (k *loopState) judgeReading(h *hotState, now time.Time, pttl time.Duration,
 		return
 	}
 	if now.Before(h.expiry.Add(expiryTolerance)) {
-		return // the value the daemon knew may still have been there
+		// The value the daemon knew may still have been there.
+		if !now.Before(h.expiry) {
+			k.notCounted(h, now, "a new value read within the expiry's tolerance", "pttl", pttl)
+		}
+		return
 	}
 	if k.w.fleet != nil && k.w.fleet.stale(now) {
 		// This replica stalled past its heartbeat (a SIGSTOP, a frozen VM): the others owned its keys meanwhile
