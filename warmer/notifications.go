@@ -447,6 +447,9 @@ func (k *loopState) event(event, id string, n int) {
 			if h.pendingGone != "del" { // an invalidation outranks an expiry: the app meant the key gone
 				h.pendingGone = event
 			}
+			if event == "expired" {
+				h.expiredHeard = k.w.now()
+			}
 		}
 		return
 	}
@@ -479,6 +482,9 @@ func (k *loopState) event(event, id string, n int) {
 		// of its stale copies until Sentinel demotes it. So read the key's PTTL first (the client follows ASK and
 		// MOVED, and goes to the current master) and count it only if it is gone. See learnExpiries.
 		h.needPTTL, h.goneEvent = true, event
+		if event == "expired" {
+			h.expiredHeard = now
+		}
 		k.adopt = append(k.adopt, h)
 	}
 }
