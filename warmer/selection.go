@@ -353,20 +353,20 @@ type hotState struct {
 	idx    int       // position in the due queue, -1 when not queued
 	due    time.Time // when the next refresh is due
 
-	expiry      time.Time     // best known expiry of the cache key; zero when unknown or missing
-	learnedAt   time.Time     // when the value of that expiry was written by the daemon, or first seen
-	needPTTL    bool          // the expiry must be (re)learnt with PTTL before the key is scheduled
-	goneEvent   string        // with needPTTL: the expired, evicted or del event that asked for the PTTL (see onEvent)
+	expiry    time.Time // best known expiry of the cache key; zero when unknown or missing
+	learnedAt time.Time // when the value of that expiry was written by the daemon, or first seen
+	needPTTL  bool      // the expiry must be (re)learnt with PTTL before the key is scheduled
+	goneEvent string    // with needPTTL: the expired, evicted or del event that asked for the PTTL (see onEvent)
 	// expiredHeard is when Redis last announced this key expired while it was hot and owned here (event; zero: not
 	// since the last reading). Heard at or after the known expiry, it proves the value the daemon knew expired
 	// unrewritten: a new value read after it is a rebuild after a miss, however close to that expiry (learnExpiries).
 	expiredHeard time.Time
-	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
-	inflight    bool          // a refresh batch holds this key
-	missing     bool          // the origin had no row at the last refresh
-	lastRebuild time.Duration // duration of the last successful rebuild (origin query)
-	rebuildP95  time.Duration // decayed-maximum estimate of the rebuild p95
-	lastRefresh time.Time
+	persistent   bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
+	inflight     bool          // a refresh batch holds this key
+	missing      bool          // the origin had no row at the last refresh
+	lastRebuild  time.Duration // duration of the last successful rebuild (origin query)
+	rebuildP95   time.Duration // decayed-maximum estimate of the rebuild p95
+	lastRefresh  time.Time
 	// refreshFoundValue: the last refresh's publish replaced a value that was there (its TTL known and > 0), so
 	// the key was present just before it (readPTTLs, after a flush).
 	refreshFoundValue bool
