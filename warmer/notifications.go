@@ -472,6 +472,9 @@ func (k *loopState) event(event, id string, n int) {
 		if event == "evicted" {
 			k.w.m.ev.evicted.WithLabelValues(k.name).Add(float64(n))
 		}
+		if event == "expired" && k.doubtResolved(h, now) {
+			return // the replaced value's expiry, counted; the current value is far from its own
+		}
 		h.ownWrite = false
 		if h.missing {
 			return

@@ -361,12 +361,16 @@ type hotState struct {
 	// since the last reading). Heard at or after the known expiry, it proves the value the daemon knew expired
 	// unrewritten: a new value read after it is a rebuild after a miss, however close to that expiry (learnExpiries).
 	expiredHeard time.Time
-	persistent   bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
-	inflight     bool          // a refresh batch holds this key
-	missing      bool          // the origin had no row at the last refresh
-	lastRebuild  time.Duration // duration of the last successful rebuild (origin query)
-	rebuildP95   time.Duration // decayed-maximum estimate of the rebuild p95
-	lastRefresh  time.Time
+	// doubted is the expiry of the value last replaced, uncounted, by a new value read within expiryTolerance of
+	// it (judgeRebuild; zero: none since): an expired keyevent heard soon after, while the new value is far from
+	// its own expiry, can only be that value's, and counts its miss then (doubtResolved).
+	doubted     time.Time
+	persistent  bool          // PTTL −1: the key has no TTL; it is reported and never overwritten
+	inflight    bool          // a refresh batch holds this key
+	missing     bool          // the origin had no row at the last refresh
+	lastRebuild time.Duration // duration of the last successful rebuild (origin query)
+	rebuildP95  time.Duration // decayed-maximum estimate of the rebuild p95
+	lastRefresh time.Time
 	// refreshFoundValue: the last refresh's publish replaced a value that was there (its TTL known and > 0), so
 	// the key was present just before it (readPTTLs, after a flush).
 	refreshFoundValue bool
