@@ -125,7 +125,8 @@ func TestRenewalThatKeptNoLockProvesNoLease(t *testing.T) {
 	}
 	t0 := time.Unix(1_800_000_000, 0)
 	const lease = 500 * time.Millisecond
-	p := &pipeline{k: &keyspace{log: slog.New(slog.DiscardHandler)}, m: m, now: func() time.Time { return t0.Add(10 * time.Second) },
+	now := t0.Add(10 * time.Second)
+	p := &pipeline{k: &keyspace{log: slog.New(slog.DiscardHandler)}, m: m, now: func() time.Time { return now },
 		cfg: KeyspaceConfig{Name: "k"}, lease: lease, leaseUntil: t0.Add(lease)}
 	a := &item{id: "a", renew: true, closing: true} // its publish is in flight
 	b := &item{id: "b", renew: true, closing: true}
@@ -133,6 +134,20 @@ func TestRenewalThatKeptNoLockProvesNoLease(t *testing.T) {
 	p.renewed(items, t0.Add(9*time.Second), items, []bool{false, false}, nil)
 	if got := p.leaseUntil.Sub(t0); got != lease {
 		t.Errorf("after a renewal that kept no lock, the lease runs until %v; want still %v", got, lease)
+	}
+	if a.goneInLease || b.goneInLease {
+		t.Error("locks found gone by a renewal answered after the deadline are marked gone within the lease")
+	}
+	// Sent before the deadline and answered before it: the lock vanished while the lease held (an invalidation);
+	// the deadline moves on from the send.
+	now = t0.Add(300 * time.Millisecond)
+	d := &item{id: "d", renew: true, closing: true}
+	p.renewed([]*item{d}, t0.Add(200*time.Millisecond), []*item{d}, []bool{false}, nil)
+	if !d.goneInLease {
+		t.Error("a lock found gone by a renewal answered within the lease is not marked gone within it")
+	}
+	if got, want := p.leaseUntil.Sub(t0), 200*time.Millisecond+lease; got != want {
+		t.Errorf("after a renewal sent before the deadline, the lease runs until %v; want %v", got, want)
 	}
 	c := &item{id: "c", renew: true}
 	p.renewed([]*item{c, a}, t0.Add(9*time.Second), []*item{c, a}, []bool{true, false}, nil)

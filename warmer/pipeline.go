@@ -46,6 +46,9 @@ type item struct {
 	renew     bool // the batch acquired this lock: renew it until the release
 	closing   bool // a publish or the fail-safe of this key is under way: the lock may vanish by our own doing
 	leaseLost bool // a renewal found the lock gone or taken; folded into lost by the batch (foldLeasesLocked)
+	// goneInLease: a renewal answered before the lease's deadline found the lock gone: it vanished while the
+	// lease held (an invalidation, or the batch's own publish), whenever the publish's own reply comes.
+	goneInLease bool
 
 	result      string
 	reason      string // for ResultError: which failure (ReasonX)
@@ -372,7 +375,7 @@ func (p *pipeline) fetchAndPublish(ctx context.Context, items []*item) error {
 			if it.missing {
 				it.result = ResultMissing
 			}
-		case errors.Is(r.Err, lockstep.ErrLockGone) && replied.Before(p.leaseUntil):
+		case errors.Is(r.Err, lockstep.ErrLockGone) && (replied.Before(p.leaseUntil) || it.goneInLease):
 			it.owned = false
 			it.result, it.err = ResultLockGone, r.Err
 		case errors.Is(r.Err, lockstep.ErrLockLost), errors.Is(r.Err, lockstep.ErrLockGone):
@@ -580,13 +583,19 @@ func (p *pipeline) renewLeases(ctx context.Context, items []*item) *leaseRenewal
 }
 
 // renewed applies one renewal's result: a lock found gone or taken is lost (unless the batch's own publish or
-// fail-safe may have deleted it); when it kept at least one lock, the lease runs from when it was sent (the
-// batch's locks share one lease: one still held when Redis ran the renewal proves the lease was). A renewal that
-// kept none proves nothing: Redis may have run it after the lease lapsed, and moving the deadline then made a
-// publish that found its lock gone pass for an invalidation (settleOne's lock_gone), not a lapse. A Redis SIGSTOP
-// soak (seed 7201) lost five misses so: a renewal sent just before Redis resumed found every lock lapsed, and
-// the publishes that came back after it were read as invalidated. A failed round trip changes nothing
-// (noteLateLeasesLocked counts the lateness; the publish checks the token).
+// fail-safe may have deleted it), and one found gone by a renewal answered before the deadline vanished while the
+// lease held (goneInLease: a publish that finds it gone later is an invalidation, not a lapse). The deadline
+// moves to when the renewal was sent, plus the lease, when it kept at least one lock (the batch's locks share one
+// lease: one still held when Redis ran the renewal proves the lease was), or when it was sent before the current
+// deadline (a lock it found gone may have vanished while the lease held; judged so, an invalidation racing the
+// renewals on a loaded machine is not taken for a lapse: TestInvalidationDuringRefreshIsNoMiss). One sent after
+// the deadline that kept none proves nothing: Redis may have run it after the lease lapsed, and moving the
+// deadline then made a publish that found its lock gone pass for an invalidation (settleOne's lock_gone), not a
+// lapse. A Redis SIGSTOP soak (seed 7201) lost five misses so: renewals sent while Redis was stopped, the last
+// just before it resumed, found every lock lapsed, and the publishes that came back after them were read as
+// invalidated. A lock found gone is not renewed again, so renewals that keep nothing extend the deadline by one
+// lease at most. A failed round trip changes nothing (noteLateLeasesLocked counts the lateness; the publish
+// checks the token).
 func (p *pipeline) renewed(items []*item, sent time.Time, live []*item, ok []bool, err error) {
 	if err != nil {
 		p.k.log.Debug("lease renewal failed", "locks", len(live), "error", err)
@@ -594,7 +603,13 @@ func (p *pipeline) renewed(items []*item, sent time.Time, live []*item, ok []boo
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if slices.Contains(ok, true) {
+	inLease := p.now().Before(p.leaseUntil) // answered (at the latest now) while the lease held
+	for i, it := range live {
+		if !ok[i] && inLease {
+			it.goneInLease = true
+		}
+	}
+	if slices.Contains(ok, true) || sent.Before(p.leaseUntil) {
 		p.leaseUntil = sent.Add(p.lease)
 	}
 	var kept, lost int
