@@ -620,6 +620,14 @@ func TestReportChecksCanFail(t *testing.T) {
 		// within the hot union's lag) cannot be judged either way; on polled keys they are phantoms.
 		{"counts on keys not polled then", func(r *soakResult) { phantoms(r, at, false) }, ""},
 		{"counts on polled keys with no gap", func(r *soakResult) { phantoms(r, at, true) }, "no phantom misses"},
+		// The same counts on gaps the observer called cold starts: real absences, whose owners read the TTL in
+		// time after all (short-notice misses). No phantoms.
+		{"counts on cold starts the observer saw", func(r *soakResult) {
+			phantoms(r, at, true)
+			for i := 10; i < 15; i++ {
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: fmt.Sprintf("track:%d", i), Start: at(50), Length: 300 * time.Millisecond, ColdStart: true})
+			}
+		}, ""},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
 		{"killed replica's lock past the lease", func(r *soakResult) {
 			r.killed = []killedLocks{{at: at(50), replica: "r2", held: 2, longest: 10 * time.Second, bound: 500 * time.Millisecond,
