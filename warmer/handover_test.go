@@ -49,15 +49,24 @@ func TestHandoverCountsOnlyKeysGoneAfterTheOwnersLastBeat(t *testing.T) {
 	alone := testView("r1", "r1") // r2 is gone: r1 owns every key
 	const interval = 500 * time.Millisecond
 	tests := []struct {
-		name string
-		gone time.Duration // before the takeover, when Redis announced the key gone; 0: not announced
-		want int64
+		name  string
+		gone  time.Duration // before the takeover, when Redis announced the key gone; 0: not announced
+		want  int64
+		hot   time.Duration // how long the key has been hot at the takeover (0: 20 s, more than one TTL)
+		event string        // the announcement ("": expired)
 	}{
-		{"gone long before the owner died", 5 * time.Second, 0},
-		{"gone before the owner's last heartbeat", 1300 * time.Millisecond, 0},
-		{"gone after it: the owner let it expire", 1200 * time.Millisecond, 1},
-		{"gone just before the takeover", 100 * time.Millisecond, 1},
-		{"never announced (notifications off)", 0, 1},
+		{"gone long before the owner died", 5 * time.Second, 0, 0, ""},
+		{"gone before the owner's last heartbeat", 1300 * time.Millisecond, 0, 0, ""},
+		{"gone after it: the owner let it expire", 1200 * time.Millisecond, 1, 0, ""},
+		{"gone just before the takeover", 100 * time.Millisecond, 1, 0, ""},
+		{"never announced (notifications off)", 0, 1, 0, ""},
+		// Hot for less than one TTL, the previous owner may never have written it: not counted, unless Redis
+		// announced its expiry (or eviction) since that owner's last heartbeat, which proves it was written (seed
+		// 5004 beside stress-ng: track:3094, hot 5.8 s, 363 ms missing, counted by nobody).
+		{"hot 6 s, expiry announced just before the takeover", 100 * time.Millisecond, 1, 6 * time.Second, ""},
+		{"hot 6 s, eviction announced just before the takeover", 100 * time.Millisecond, 1, 6 * time.Second, "evicted"},
+		{"hot 6 s, deleted just before the takeover", 100 * time.Millisecond, 0, 6 * time.Second, "del"},
+		{"hot 6 s, never announced", 0, 0, 6 * time.Second, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,9 +87,16 @@ func TestHandoverCountsOnlyKeysGoneAfterTheOwnersLastBeat(t *testing.T) {
 				s.setHot(map[string]bool{id: true}) // hot here too, owned by r2
 				s.adopt = s.adopt[:0]
 			})
-			clock.Advance(20*time.Second - tt.gone) // hot for longer than one TTL at the takeover
+			hot, event := tt.hot, tt.event
+			if hot == 0 {
+				hot = 20 * time.Second // longer than one TTL at the takeover
+			}
+			if event == "" {
+				event = "expired"
+			}
+			clock.Advance(hot - tt.gone)
 			if tt.gone > 0 {
-				k.mail.Send(func(s *loopState) { s.event("expired", id, 1) })
+				k.mail.Send(func(s *loopState) { s.event(event, id, 1) })
 			}
 			clock.Advance(tt.gone)
 			k.mail.Send(func(s *loopState) {

@@ -430,9 +430,9 @@ func (k *loopState) event(event, id string, n int) {
 		// Its owner judges it. Only when it went is kept, for a takeover of the key (noteHandover).
 		switch event {
 		case "expired", "evicted", "del":
-			h.goneHeard = k.w.now()
+			h.goneHeard, h.goneHeardKind = k.w.now(), event
 		case "set":
-			h.goneHeard = time.Time{}
+			h.goneHeard, h.goneHeardKind = time.Time{}, ""
 		}
 		return
 	}

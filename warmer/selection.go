@@ -398,6 +398,7 @@ type hotState struct {
 	// announced it expired, evicted or deleted while another replica owned it (zero once a write of it is heard):
 	// a key taken over gone since before its previous owner's last heartbeat was no miss of its (noteHandover).
 	takenOverAt, goneHeard time.Time
+	goneHeardKind          string // goneHeard's event: expired, evicted or del
 	// flushedSince is, while a flush's re-read of the key is pending (rereadAll), the moment since which Redis is
 	// known emptied (the flush canary's last write); zero otherwise.
 	flushedSince time.Time
