@@ -628,6 +628,12 @@ func TestReportChecksCanFail(t *testing.T) {
 				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: fmt.Sprintf("track:%d", i), Start: at(50), Length: 300 * time.Millisecond, ColdStart: true})
 			}
 		}, ""},
+		{"counts on gaps of keys not hot for their owner", func(r *soakResult) {
+			phantoms(r, at, true)
+			for i := 10; i < 15; i++ {
+				r.gaps = append(r.gaps, gap{Keyspace: "track", Key: fmt.Sprintf("track:%d", i), Start: at(50), Length: 300 * time.Millisecond, Unowned: true})
+			}
+		}, ""},
 		{"orphaned lock", func(r *soakResult) { r.orphanLocks = []string{"lock:track:1"} }, "lock:track:1"},
 		{"killed replica's lock past the lease", func(r *soakResult) {
 			r.killed = []killedLocks{{at: at(50), replica: "r2", held: 2, longest: 10 * time.Second, bound: 500 * time.Millisecond,
